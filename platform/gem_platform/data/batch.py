@@ -1,0 +1,54 @@
+"""The jagged batch every model block consumes: values + offsets, never padded."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+from torchrec import KeyedJaggedTensor
+
+TASKS: tuple[str, ...] = ("ctr", "cvr")
+
+
+@dataclass
+class JaggedBatch:
+    """One batch of B samples.
+
+    The behaviour history of sample b is positions ``seq_offsets[b]:seq_offsets[b+1]`` of the
+    ``seq_*`` tensors, oldest first. ``labels[:, 0]`` is the click, ``labels[:, 1]`` the
+    conversion, which is only defined where the sample was clicked (``cvr_mask``).
+    """
+
+    seq_offsets: torch.Tensor  # (B+1,) int64
+    seq_item_ids: torch.Tensor  # (T,) int64, 1-based item ids (0 = none)
+    seq_action_types: torch.Tensor  # (T,) int64
+    seq_age: torch.Tensor  # (T,) float32, log1p(seconds between the event and the request)
+    ad_item_id: torch.Tensor  # (B,) int64, the candidate ad's item id
+    sparse: KeyedJaggedTensor  # non-sequence categorical features (single- and multi-hot)
+    dense: torch.Tensor  # (B, D) float32
+    labels: torch.Tensor  # (B, 2) float32: ctr, cvr
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.seq_offsets.numel() - 1)
+
+    @property
+    def seq_lengths(self) -> torch.Tensor:
+        return self.seq_offsets[1:] - self.seq_offsets[:-1]
+
+    @property
+    def max_seq_len(self) -> int:
+        lengths = self.seq_lengths
+        return int(lengths.max().item()) if lengths.numel() else 0
+
+    @property
+    def cvr_mask(self) -> torch.Tensor:
+        """Samples on which the CVR task is defined (clicked ones)."""
+        return self.labels[:, 0] > 0.5
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> JaggedBatch:
+        moved = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            moved[f.name] = v.to(device, non_blocking=non_blocking)
+        return JaggedBatch(**moved)
