@@ -1,0 +1,95 @@
+"""Pure PyTorch reference for jagged attention: exact, differentiable by autograd, any device.
+
+Semantics (shared with the Triton kernels):
+- q, k, v: (total_tokens, heads, head_dim); offsets: int64 (B+1,), sequence b owns rows
+  offsets[b]:offsets[b+1]. Attention never crosses sequences.
+- scale defaults to 1/sqrt(head_dim).
+- causal: query i sees key j only if j <= i (positions within the sequence).
+- window=(left, right): query i sees key j only if i-left <= j <= i+right; combined with causal
+  when both are given.
+- A query row with no valid key outputs 0 (and gets zero gradient).
+Scores, softmax and the PV product are computed in fp32; the output has q's dtype.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets: torch.Tensor,
+                  window: tuple[int, int] | None) -> None:
+    if q.dim() != 3 or k.shape != q.shape or v.shape != q.shape:
+        raise ValueError(f"q, k, v must share one (total_tokens, heads, head_dim) shape; got "
+                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if offsets.dim() != 1 or offsets.numel() < 1:
+        raise ValueError("offsets must be a 1-D (B+1,) tensor")
+    if window is not None:
+        if len(window) != 2 or window[0] < 0 or window[1] < 0:
+            raise ValueError(f"window must be (left, right) with both >= 0; got {window}")
+
+
+def attention_mask(n: int, causal: bool, window: tuple[int, int] | None,
+                   device: torch.device | str = "cpu") -> torch.Tensor | None:
+    """(n, n) bool mask of allowed (query, key) pairs for one sequence; None = all allowed."""
+    if not causal and window is None:
+        return None
+    i = torch.arange(n, device=device)[:, None]
+    j = torch.arange(n, device=device)[None, :]
+    mask = torch.ones(n, n, dtype=torch.bool, device=device)
+    if causal:
+        mask &= j <= i
+    if window is not None:
+        left, right = int(window[0]), int(window[1])
+        mask &= (j >= i - left) & (j <= i + right)
+    return mask
+
+
+def _one_sequence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                  causal: bool, window: tuple[int, int] | None) -> torch.Tensor:
+    """q, k, v: (n, H, D) fp32 -> (n, H, D) fp32."""
+    n = q.shape[0]
+    s = torch.einsum("ihd,jhd->hij", q, k) * scale  # (H, n, n)
+    mask = attention_mask(n, causal, window, q.device)
+    if mask is not None:
+        s = torch.where(mask, s, torch.full_like(s, float("-inf")))
+    # Row max as a constant shift (softmax is invariant to it, so detaching keeps gradients
+    # exact); rows with no valid key get shift 0 so that every exp below is exp(-inf) = 0.
+    m = s.detach().amax(dim=-1, keepdim=True)
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    p = torch.exp(s - m)
+    denom = p.sum(dim=-1, keepdim=True)
+    o = torch.einsum("hij,jhd->ihd", p, v)
+    # Empty rows: p = 0, so o = 0 / tiny = 0 with a finite (zero) gradient.
+    return o / denom.clamp_min(torch.finfo(torch.float32).tiny).permute(1, 0, 2)
+
+
+def jagged_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                               offsets: torch.Tensor, max_len: int | None = None, *,
+                               causal: bool = False, window: tuple[int, int] | None = None,
+                               scale: float | None = None, kernel: object = None,
+                               deterministic: bool = False) -> torch.Tensor:
+    """Jagged softmax attention, one sequence at a time. Same signature as ``jagged_attention``
+    (``max_len``, ``kernel`` and ``deterministic`` are accepted and ignored)."""
+    del max_len, kernel, deterministic
+    _check_inputs(q, k, v, offsets, window)
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+    offs = [int(x) for x in offsets.tolist()]
+    qf, kf, vf = q.float(), k.float(), v.float()
+    outs = []
+    for b in range(len(offs) - 1):
+        s, e = offs[b], offs[b + 1]
+        if e <= s:
+            continue
+        outs.append(_one_sequence(qf[s:e], kf[s:e], vf[s:e], scale, causal, window))
+    if not outs:
+        return (q * 0).to(q.dtype) if q.requires_grad else torch.zeros_like(q)
+    out = torch.cat(outs, dim=0)
+    total = q.shape[0]
+    if out.shape[0] != total:  # rows outside [offsets[0], offsets[-1]) are not attended
+        full = q.new_zeros(q.shape, dtype=torch.float32)
+        full = full.index_copy(0, torch.arange(offs[0], offs[-1], device=q.device), out)
+        out = full
+    return out.to(q.dtype)
