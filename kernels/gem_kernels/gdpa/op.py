@@ -1,0 +1,35 @@
+"""Public GDPA op: Triton kernels on CUDA, PyTorch reference elsewhere."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from gem_kernels.dispatch import Kernel, resolve_kernel
+from gem_kernels.gdpa.reference import check_inputs, gdpa_reference
+
+
+def gdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: torch.Tensor,
+         kv_offsets: torch.Tensor, max_q: int, max_kv: int, *, activation: str = "silu",
+         scale: float | None = None, norm: str = "none",
+         kernel: Kernel | str | None = None) -> torch.Tensor:
+    """Generalized dot-product attention on jagged Q and jagged KV, no softmax.
+
+    out_i = sum over the KV rows j of i's sample of act(scale * q_i . k_j) * v_j, optionally
+    divided by the sample's KV length (norm="kv_len"; 0 rows -> 0) or by max_kv
+    (norm="max_len"). q: (total_q, H, d); k, v: (total_kv, H, d); q_offsets, kv_offsets:
+    int64 (B+1,); max_q / max_kv >= the longest Q / KV sample. activation: "silu", "gelu",
+    "gelu_tanh" or "identity". scale defaults to 1/sqrt(d). kernel: None/'auto' (Triton on
+    CUDA, reference elsewhere), 'triton' or 'pytorch'. Returns (total_q, H, d) in q's dtype.
+    """
+    check_inputs(q, k, v, q_offsets, kv_offsets, activation, norm)
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+    which = resolve_kernel(kernel, q, k, v)
+    if which is Kernel.PYTORCH:
+        return gdpa_reference(q, k, v, q_offsets, kv_offsets, max_q, max_kv,
+                              activation=activation, scale=scale, norm=norm)
+    # The Triton kernels land next; until then the reference serves CUDA too.
+    return gdpa_reference(q, k, v, q_offsets, kv_offsets, max_q, max_kv,
+                          activation=activation, scale=scale, norm=norm)
