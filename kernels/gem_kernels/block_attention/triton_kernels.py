@@ -1,0 +1,182 @@
+"""Triton kernels for block attention: a one-program block plan, the forward and the backward.
+
+Each (block, head) pair is an independent BLOCK x BLOCK problem whose q, k, v fit in registers,
+so a tile is read once, its scores and exact softmax are computed in one pass (no online
+rescaling, no logsumexp in HBM) and its output is written once. The backward recomputes the
+softmax from q and k and gets the rowsum(dO * O) term as rowsum(P * dP), so it reads neither O
+nor any saved statistic. Both kernels run a persistent grid: programs stride over the
+(block, head) work items, head fastest, so neighbouring programs read neighbouring bytes.
+
+RoPE (rotate-half convention, see rope.py) is applied to the q and k tiles right after the load;
+the backward applies the inverse rotation to dq and dk just before the store. q and k are
+handled as two halves of head_dim/2 columns each, so the rotation is elementwise and the score
+is the sum of two half-width dots.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def plan_kernel(OFF, PLAN, NBLK, B, BLOCK: tl.constexpr, BB: tl.constexpr):
+    """One program: per block (start token, length, position of its first token)."""
+    i = tl.arange(0, BB)
+    m = i < B
+    s = tl.load(OFF + i, mask=m, other=0).to(tl.int32)
+    e = tl.load(OFF + i + 1, mask=m, other=0).to(tl.int32)
+    n = e - s
+    nb = (n + BLOCK - 1) // BLOCK
+    first = tl.cumsum(nb, 0) - nb
+    tl.store(NBLK, tl.sum(nb, 0))
+    for j in range(0, tl.max(nb, 0)):
+        mj = m & (j < nb)
+        blk = first + j
+        tl.store(PLAN + blk * 3, s + j * BLOCK, mask=mj)
+        tl.store(PLAN + blk * 3 + 1, tl.minimum(n - j * BLOCK, BLOCK), mask=mj)
+        tl.store(PLAN + blk * 3 + 2, tl.zeros_like(s) + j * BLOCK, mask=mj)
+
+
+@triton.jit
+def _rotate(x1, x2, c, s):
+    """RoPE on the two halves, fp32 in, fp32 out."""
+    return x1 * c - x2 * s, x2 * c + x1 * s
+
+
+@triton.jit
+def _load_tile_halves(X, row_off, h_off, cols, rmask, HALF: tl.constexpr):
+    p = X + row_off[:, None] + h_off + cols[None, :]
+    x1 = tl.load(p, mask=rmask[:, None], other=0.0)
+    x2 = tl.load(p + HALF, mask=rmask[:, None], other=0.0)
+    return x1, x2
+
+
+@triton.jit
+def _scores_to_probs(q1, q2, k1, k2, rows, length, qk_scale, CAUSAL: tl.constexpr):
+    """Exact softmax of one tile's scores (fp32), padded keys (and future keys) masked."""
+    s = tl.dot(q1, tl.trans(k1))
+    s = tl.dot(q2, tl.trans(k2), s)
+    s = s * qk_scale
+    keep = (rows < length)[None, :]
+    if CAUSAL:
+        keep = keep & (rows[None, :] <= rows[:, None])
+    s = tl.where(keep, s, float("-inf"))
+    m = tl.max(s, 1)
+    p = tl.exp2(s - m[:, None])
+    return p / tl.sum(p, 1)[:, None]
+
+
+@triton.jit
+def fwd_kernel(Q, K, V, Out, PLAN, NBLK, COS, SIN,
+               sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, so_t, so_h,
+               H, qk_scale,
+               BLOCK: tl.constexpr, D: tl.constexpr, ROPE: tl.constexpr,
+               CAUSAL: tl.constexpr, CTAS: tl.constexpr):
+    HALF: tl.constexpr = D // 2
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    n_items = tl.load(NBLK) * H
+    rows = tl.arange(0, BLOCK)
+    cols = tl.arange(0, HALF)
+    dcols = tl.arange(0, D)
+    dtype = Q.dtype.element_ty
+    for w in range(pid, n_items, nprog):
+        blk = w // H
+        h = w % H
+        start = tl.load(PLAN + blk * 3)
+        length = tl.load(PLAN + blk * 3 + 1)
+        tok = (start + rows).to(tl.int64)
+        rmask = rows < length
+        q1, q2 = _load_tile_halves(Q, tok * sq_t, h * sq_h, cols, rmask, HALF)
+        k1, k2 = _load_tile_halves(K, tok * sk_t, h * sk_h, cols, rmask, HALF)
+        v = tl.load(V + (tok * sv_t)[:, None] + h * sv_h + dcols[None, :],
+                    mask=rmask[:, None], other=0.0)
+        if ROPE:
+            pos0 = tl.load(PLAN + blk * 3 + 2)
+            t = (pos0 + rows)[:, None] * HALF + cols[None, :]
+            c = tl.load(COS + t, mask=rmask[:, None], other=0.0)
+            sn = tl.load(SIN + t, mask=rmask[:, None], other=0.0)
+            a, b = _rotate(q1.to(tl.float32), q2.to(tl.float32), c, sn)
+            q1, q2 = a.to(dtype), b.to(dtype)
+            a, b = _rotate(k1.to(tl.float32), k2.to(tl.float32), c, sn)
+            k1, k2 = a.to(dtype), b.to(dtype)
+        p = _scores_to_probs(q1, q2, k1, k2, rows, length, qk_scale, CAUSAL)
+        o = tl.dot(p.to(dtype), v)
+        tl.store(Out + (tok * so_t)[:, None] + h * so_h + dcols[None, :], o.to(dtype),
+                 mask=rmask[:, None])
+
+
+@triton.jit
+def bwd_kernel(Q, K, V, DO, DQ, DK, DV, PLAN, NBLK, COS, SIN,
+               sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sdo_t, sdo_h, sg_t, sg_h,
+               H, qk_scale, sm_scale,
+               BLOCK: tl.constexpr, D: tl.constexpr, ROPE: tl.constexpr,
+               CAUSAL: tl.constexpr, CTAS: tl.constexpr):
+    """dq, dk, dv share one layout (sg_t, sg_h); dq and dk leave rotated back by RoPE^T."""
+    HALF: tl.constexpr = D // 2
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    n_items = tl.load(NBLK) * H
+    rows = tl.arange(0, BLOCK)
+    cols = tl.arange(0, HALF)
+    dcols = tl.arange(0, D)
+    dtype = Q.dtype.element_ty
+    for w in range(pid, n_items, nprog):
+        blk = w // H
+        h = w % H
+        start = tl.load(PLAN + blk * 3)
+        length = tl.load(PLAN + blk * 3 + 1)
+        tok = (start + rows).to(tl.int64)
+        rmask = rows < length
+        q1, q2 = _load_tile_halves(Q, tok * sq_t, h * sq_h, cols, rmask, HALF)
+        k1, k2 = _load_tile_halves(K, tok * sk_t, h * sk_h, cols, rmask, HALF)
+        v = tl.load(V + (tok * sv_t)[:, None] + h * sv_h + dcols[None, :],
+                    mask=rmask[:, None], other=0.0)
+        do = tl.load(DO + (tok * sdo_t)[:, None] + h * sdo_h + dcols[None, :],
+                     mask=rmask[:, None], other=0.0)
+        if ROPE:
+            pos0 = tl.load(PLAN + blk * 3 + 2)
+            t = (pos0 + rows)[:, None] * HALF + cols[None, :]
+            c = tl.load(COS + t, mask=rmask[:, None], other=0.0)
+            sn = tl.load(SIN + t, mask=rmask[:, None], other=0.0)
+            a, b = _rotate(q1.to(tl.float32), q2.to(tl.float32), c, sn)
+            q1, q2 = a.to(dtype), b.to(dtype)
+            a, b = _rotate(k1.to(tl.float32), k2.to(tl.float32), c, sn)
+            k1, k2 = a.to(dtype), b.to(dtype)
+        p = _scores_to_probs(q1, q2, k1, k2, rows, length, qk_scale, CAUSAL)
+        dv = tl.dot(tl.trans(p.to(dtype)), do)
+        dp = tl.dot(do, tl.trans(v))
+        # rowsum(dO * O) == rowsum(P * dP): no read of O needed.
+        delta = tl.sum(p * dp, 1)
+        ds = (p * (dp - delta[:, None]) * sm_scale).to(dtype)
+        dq1 = tl.dot(ds, k1)
+        dq2 = tl.dot(ds, k2)
+        dst = tl.trans(ds)
+        dk1 = tl.dot(dst, q1)
+        dk2 = tl.dot(dst, q2)
+        if ROPE:
+            # Inverse rotation (RoPE^T): angle -> -angle.
+            dq1, dq2 = _rotate(dq1, dq2, c, -sn)
+            dk1, dk2 = _rotate(dk1, dk2, c, -sn)
+        g = (tok * sg_t)[:, None] + h * sg_h
+        gm = rmask[:, None]
+        tl.store(DQ + g + cols[None, :], dq1.to(dtype), mask=gm)
+        tl.store(DQ + g + HALF + cols[None, :], dq2.to(dtype), mask=gm)
+        tl.store(DK + g + cols[None, :], dk1.to(dtype), mask=gm)
+        tl.store(DK + g + HALF + cols[None, :], dk2.to(dtype), mask=gm)
+        tl.store(DV + g + dcols[None, :], dv.to(dtype), mask=gm)
+
+
+FWD_CONFIGS = [
+    triton.Config({"CTAS": c}, num_warps=w, num_stages=s)
+    for w, c in ((4, 4), (4, 8), (8, 2), (8, 4)) for s in (1, 2)
+]
+BWD_CONFIGS = [
+    triton.Config({"CTAS": c}, num_warps=w, num_stages=s)
+    for w, c in ((4, 2), (4, 4), (8, 1), (8, 2)) for s in (1, 2)
+]
+fwd_kernel_tuned = triton.autotune(FWD_CONFIGS, key=["D", "ROPE", "CAUSAL", "H"])(fwd_kernel)
+bwd_kernel_tuned = triton.autotune(BWD_CONFIGS, key=["D", "ROPE", "CAUSAL", "H"])(bwd_kernel)
