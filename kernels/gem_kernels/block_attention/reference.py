@@ -11,7 +11,8 @@ Semantics (shared with the Triton kernels):
 - rope (RopeConfig or RopeTables) rotates q and k by position within the sequence before the
   scores; v is not rotated.
 - scale defaults to 1/sqrt(head_dim).
-Scores, softmax and the PV product are computed in fp32; the output has q's dtype.
+Scores, softmax and the PV product are computed in fp32 (fp64 for fp64 inputs); the output
+has q's dtype. RoPE tables are fp32.
 """
 
 from __future__ import annotations
@@ -68,7 +69,8 @@ def block_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if scale is None:
         scale = 1.0 / math.sqrt(dim)
     offsets = offsets.to(q.device)
-    qf, kf, vf = q.float(), k.float(), v.float()
+    compute = torch.float64 if q.dtype == torch.float64 else torch.float32
+    qf, kf, vf = q.to(compute), k.to(compute), v.to(compute)
     if rope is not None:
         positions = sequence_positions(offsets, total)
         tables = rope_tables_for(rope, max(int(positions.max().item()) + 1, 1) if total else 1,

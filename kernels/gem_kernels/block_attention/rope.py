@@ -86,10 +86,11 @@ def sequence_positions(offsets: torch.Tensor, total_tokens: int) -> torch.Tensor
 
 def apply_rope_reference(x: torch.Tensor, positions: torch.Tensor,
                          tables: RopeTables) -> torch.Tensor:
-    """Rotate x (tokens, H, d) by per-token positions; computed in fp32, returns fp32."""
+    """Rotate x (tokens, H, d) by per-token positions; computed and returned in fp32 (fp64
+    for fp64 x)."""
     half = x.shape[-1] // 2
-    cos = tables.cos.to(x.device)[positions][:, None, :]  # (tokens, 1, d/2)
-    sin = tables.sin.to(x.device)[positions][:, None, :]
-    xf = x.float()
+    xf = x.double() if x.dtype == torch.float64 else x.float()
+    cos = tables.cos.to(device=x.device, dtype=xf.dtype)[positions][:, None, :]  # (tokens,1,d/2)
+    sin = tables.sin.to(device=x.device, dtype=xf.dtype)[positions][:, None, :]
     x1, x2 = xf[..., :half], xf[..., half:]
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
