@@ -97,18 +97,26 @@ class ParallelConfig(BaseModel):
 
     def validate_against_world(self, world: int | None = None) -> None:
         """Raise RecipeError (naming the field and the valid choices) when a size doesn't divide
-        the world size, the host size or the host count. ``world`` defaults to ``workers``."""
+        the world size, the host size or the host count. ``world`` defaults to ``workers``;
+        host checks run when the ranks per host are known (set, or 1 for CPU workers)."""
         world = self.workers if world is None else world
+        self.validate_world(world)
+        per_host = self.ranks_per_host()
+        if per_host is not None:
+            self.validate_hosts(world, per_host)
+
+    def validate_world(self, world: int) -> None:
+        """Checks that need only the world size."""
         wfield = "parallel.workers"
         if self.hsdp_shard_group is not None:
             _require_divides("hsdp_shard_group", self.hsdp_shard_group, wfield, world)
         if self.embedding_group is not None:
             _require_divides("embedding_group", self.embedding_group, wfield, world)
-        per_host = self.ranks_per_host()
-        if per_host is None:
-            if self.expert_parallel > 1 and world % self.expert_parallel != 0:
-                _require_divides("expert_parallel", self.expert_parallel, wfield, world)
-            return
+        _require_divides("expert_parallel", self.expert_parallel, wfield, world)
+
+    def validate_hosts(self, world: int, per_host: int) -> None:
+        """Checks against ``per_host`` ranks on every host (and hosts_per_zone when set)."""
+        wfield = "parallel.workers"
         if per_host > world:
             raise RecipeError(
                 f"parallel.gpus_per_host={per_host} is larger than {wfield}={world}.",
