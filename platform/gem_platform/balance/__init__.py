@@ -1,0 +1,47 @@
+"""Batch balancing: Base Batch Shuffling, its cost models, and the padding-waste and
+straggler-overhead measures that tell whether balancing (or jagged kernels) pay."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gem_platform.balance.base import Batcher, LoaderStateError, common_steps_per_epoch
+from gem_platform.balance.bbs import BBSBatcher
+from gem_platform.balance.config import LoaderConfig
+from gem_platform.balance.cost import batch_work, sample_work
+from gem_platform.balance.sequential import SequentialBatcher
+from gem_platform.balance.stats import (
+    BalanceTracker,
+    StepBalance,
+    measure_step,
+    padding_waste,
+    straggler_overhead,
+)
+
+
+def make_batcher(
+    cfg: LoaderConfig, seq_lengths: np.ndarray, steps_per_epoch: int | None = None
+) -> Batcher:
+    """The batcher ``cfg.batching`` names, over one rank's samples (see base.py for the
+    step count, tail and resume rules)."""
+    if cfg.batching == "bbs":
+        return BBSBatcher(cfg, seq_lengths, steps_per_epoch)
+    return SequentialBatcher(cfg, seq_lengths, steps_per_epoch)
+
+
+__all__ = [
+    "BBSBatcher",
+    "BalanceTracker",
+    "Batcher",
+    "LoaderConfig",
+    "LoaderStateError",
+    "SequentialBatcher",
+    "StepBalance",
+    "batch_work",
+    "common_steps_per_epoch",
+    "make_batcher",
+    "measure_step",
+    "padding_waste",
+    "sample_work",
+    "straggler_overhead",
+]
