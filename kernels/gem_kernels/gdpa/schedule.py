@@ -1,0 +1,121 @@
+"""Work list and persistent schedule for the GDPA kernels.
+
+A work item is one (sample, row block, head): a block of query rows in the forward and dQ
+kernels, a block of key rows in the dK/dV kernel. Its inner loop visits exactly the column
+blocks that hold that sample's data, so no (query block, key block) tile outside a sample is
+ever computed: tile skipping comes from the offsets, not from masking.
+
+Items are sorted by work (descending) and dealt to the programs of a persistent grid in
+snake (zig-zag) order: round r gives items to programs 0..P-1 when r is even and P-1..0 when
+odd, so one program's big item is followed by a small one and long samples spread over all
+SMs. Each program then runs its items in that order.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Schedule:
+    """Items (n, 3) int32 [sample, block, head] grouped by program; prog_ptr (P+1,) int32."""
+
+    items: torch.Tensor
+    prog_ptr: torch.Tensor
+    num_programs: int
+    work: torch.Tensor  # (P,) float64 work per program (CPU), for reporting
+
+    @property
+    def num_items(self) -> int:
+        return int(self.items.shape[0])
+
+
+def item_work(col_lengths: torch.Tensor, block_cols: int) -> torch.Tensor:
+    """Cost of one item: its column blocks plus one for loading and storing its row tile."""
+    return torch.div(col_lengths + block_cols - 1, block_cols, rounding_mode="floor") + 1
+
+
+def build_items(row_lengths: torch.Tensor, col_lengths: torch.Tensor, block_rows: int,
+                block_cols: int, heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """All (sample, row block, head) items with at least one row, and their work (CPU)."""
+    row_lengths = row_lengths.to("cpu", torch.int64)
+    col_lengths = col_lengths.to("cpu", torch.int64)
+    nblk = torch.div(row_lengths + block_rows - 1, block_rows, rounding_mode="floor")
+    total = int(nblk.sum())
+    sample = torch.repeat_interleave(torch.arange(nblk.numel()), nblk, output_size=total)
+    first = torch.cumsum(nblk, 0) - nblk
+    blk = torch.arange(total) - first[sample]
+    work = item_work(col_lengths[sample], block_cols)
+    h = torch.arange(heads).repeat(total)
+    items = torch.stack([sample.repeat_interleave(heads), blk.repeat_interleave(heads), h], 1)
+    return items, work.repeat_interleave(heads)
+
+
+def deal(work: torch.Tensor, num_programs: int, snake: bool = True) -> torch.Tensor:
+    """Program of each item. snake=True: sorted by work and dealt zig-zag; False: natural
+    order, round-robin (what an unsorted persistent grid does)."""
+    n = work.numel()
+    if not snake:
+        return torch.arange(n) % num_programs
+    order = torch.argsort(-work.double(), stable=True)
+    rank = torch.arange(n)
+    rnd = rank // num_programs
+    lane = rank % num_programs
+    prog_sorted = torch.where(rnd % 2 == 0, lane, num_programs - 1 - lane)
+    prog = torch.empty(n, dtype=torch.int64)
+    prog[order] = prog_sorted
+    return prog
+
+
+def imbalance(work: torch.Tensor, prog: torch.Tensor, num_programs: int,
+              num_sms: int | None = None) -> float:
+    """max/mean work per SM (program p runs on SM p % num_sms; per program if None)."""
+    per_prog = torch.zeros(num_programs, dtype=torch.float64).index_add_(0, prog,
+                                                                         work.double())
+    if num_sms is not None and num_sms < num_programs:
+        per_sm = torch.zeros(num_sms, dtype=torch.float64)
+        per_sm.index_add_(0, torch.arange(num_programs) % num_sms, per_prog)
+        per_prog = per_sm
+    return float(per_prog.max() / per_prog.mean()) if per_prog.numel() else 1.0
+
+
+def build_schedule(row_lengths: torch.Tensor, col_lengths: torch.Tensor, block_rows: int,
+                   block_cols: int, heads: int, max_programs: int,
+                   device: torch.device | str) -> Schedule:
+    items, work = build_items(row_lengths, col_lengths, block_rows, block_cols, heads)
+    n = items.shape[0]
+    p = max(1, min(max_programs, n))
+    prog = deal(work, p)
+    # Within a program keep the dealt (descending work) order.
+    order = torch.argsort(prog * (n + 1) + torch.argsort(torch.argsort(-work.double(),
+                                                                      stable=True)))
+    counts = torch.bincount(prog, minlength=p)
+    prog_ptr = torch.zeros(p + 1, dtype=torch.int64)
+    prog_ptr[1:] = torch.cumsum(counts, 0)
+    per_prog = torch.zeros(p, dtype=torch.float64).index_add_(0, prog, work.double())
+    return Schedule(items=items[order].to(torch.int32).contiguous().to(device),
+                    prog_ptr=prog_ptr.to(torch.int32).to(device), num_programs=p,
+                    work=per_prog)
+
+
+class ScheduleCache:
+    """Reuses schedules while the same offsets tensors (same object, unmodified) come back,
+    e.g. across the layers of one batch; a new batch rebuilds."""
+
+    def __init__(self, size: int = 16) -> None:
+        self._entries: list[tuple[tuple, weakref.ref, weakref.ref, int, int, Schedule]] = []
+        self._size = size
+
+    def get(self, key: tuple, rows: torch.Tensor, cols: torch.Tensor, build) -> Schedule:
+        for k, r, c, rv, cv, sched in self._entries:
+            if k == key and r() is rows and c() is cols and rows._version == rv \
+                    and cols._version == cv:
+                return sched
+        sched = build()
+        self._entries.append((key, weakref.ref(rows), weakref.ref(cols), rows._version,
+                              cols._version, sched))
+        del self._entries[:-self._size]
+        return sched

@@ -1,0 +1,180 @@
+"""GDPA backward Triton kernels: dK/dV over key blocks, dQ over query blocks.
+
+With S = scale Q K^T, P = act(S), O = P V (times the norm factor c):
+  dV = c P^T dO,   dP = c dO V^T,   dS = dP * act'(S),   dQ = scale dS K,   dK = scale dS^T Q.
+No softmax means no row statistics to save or recompute (no logsumexp, no rowsum(dO * O)).
+Two persistent kernels, each owning its outputs (no atomics, deterministic):
+- dK/dV: an item is (sample, key block, head); it loops over the sample's query blocks.
+- dQ: an item is (sample, query block, head); it loops over the sample's key blocks.
+Both use the snake schedule and prefetch the next item's row tiles as the forward does.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from gem_kernels.gdpa.activations import act_fwd_and_grad
+from gem_kernels.gdpa.triton_fwd import (
+    TileConfig,
+    _pow2_at_least,
+    load_item,
+    load_rows,
+    norm_factor,
+    store_rows,
+)
+
+
+def dkdv_config(max_q: int, max_kv: int, head_dim: int) -> TileConfig:
+    """Rows are key blocks, columns query blocks."""
+    if max_kv <= 64:
+        return TileConfig(_pow2_at_least(max_kv, 16, 64), 64, num_warps=4, num_stages=2,
+                          ctas_per_sm=2)
+    if max_q <= 32:
+        return TileConfig(64, _pow2_at_least(max_q, 16, 32), num_warps=4, num_stages=1,
+                          ctas_per_sm=2)
+    return TileConfig(64, 64, num_warps=4, num_stages=2, ctas_per_sm=2)
+
+
+def dq_config(max_q: int, max_kv: int, head_dim: int) -> TileConfig:
+    """Rows are query blocks, columns key blocks."""
+    if max_kv <= 64:
+        return TileConfig(64, _pow2_at_least(max_kv, 16, 64), num_warps=4, num_stages=1,
+                          ctas_per_sm=2)
+    if max_q <= 32:
+        return TileConfig(_pow2_at_least(max_q, 16, 32), 64, num_warps=4, num_stages=2,
+                          ctas_per_sm=2)
+    return TileConfig(64, 64, num_warps=4, num_stages=2, ctas_per_sm=2)
+
+
+@triton.jit
+def _gdpa_dkdv_kernel(Q, K, V, DO, DK, DV, q_off, kv_off, items, prog_ptr,
+                      stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+                      stride_dot, stride_doh, scale, inv_max_kv,
+                      ACT: tl.constexpr, NORM: tl.constexpr, D: tl.constexpr,
+                      BN: tl.constexpr, BM: tl.constexpr, STAGES: tl.constexpr,
+                      PREFETCH: tl.constexpr):
+    """dK, dV share k's / v's strides."""
+    pid = tl.program_id(0)
+    start = tl.load(prog_ptr + pid)
+    end = tl.load(prog_ptr + pid + 1)
+    _, blk, h, r0, rlen, c0, clen = load_item(items, q_off, kv_off, start, False)
+    k = load_rows(K, r0, rlen, blk, h, stride_kt, stride_kh, BN, D)
+    v = load_rows(V, r0, rlen, blk, h, stride_vt, stride_vh, BN, D)
+    offs_m = tl.arange(0, BM)
+    offs_d = tl.arange(0, D)
+    for it in range(start, end):
+        nxt = tl.minimum(it + 1, end - 1)
+        _, nblk, nh, nr0, nrlen, nc0, nclen = load_item(items, q_off, kv_off, nxt, False)
+        if PREFETCH:
+            k_next = load_rows(K, nr0, nrlen, nblk, nh, stride_kt, stride_kh, BN, D)
+            v_next = load_rows(V, nr0, nrlen, nblk, nh, stride_vt, stride_vh, BN, D)
+        dk = tl.zeros((BN, D), dtype=tl.float32)
+        dv = tl.zeros((BN, D), dtype=tl.float32)
+        q_base = Q + h * stride_qh + offs_d[None, :]
+        do_base = DO + h * stride_doh + offs_d[None, :]
+        for m0 in tl.range(0, clen, BM, num_stages=STAGES):
+            cols = m0 + offs_m
+            cmask = (cols < clen)[:, None]
+            crow = (c0 + cols).to(tl.int64)[:, None]
+            q = tl.load(q_base + crow * stride_qt, mask=cmask, other=0.0)
+            do = tl.load(do_base + crow * stride_dot, mask=cmask, other=0.0)
+            st = tl.dot(k, tl.trans(q)) * scale  # (BN, BM) = S^T
+            pt, dact = act_fwd_and_grad(st, ACT)
+            dv = tl.dot(pt.to(do.dtype), do, dv)
+            dpt = tl.dot(v, tl.trans(do))
+            dk = tl.dot((dpt * dact).to(q.dtype), q, dk)
+        c = norm_factor(rlen, inv_max_kv, NORM)  # rows are the sample's keys
+        store_rows(DK, dk * (c * scale), r0, rlen, blk, h, stride_kt, stride_kh, BN, D)
+        store_rows(DV, dv * c, r0, rlen, blk, h, stride_vt, stride_vh, BN, D)
+        if not PREFETCH:
+            k_next = load_rows(K, nr0, nrlen, nblk, nh, stride_kt, stride_kh, BN, D)
+            v_next = load_rows(V, nr0, nrlen, nblk, nh, stride_vt, stride_vh, BN, D)
+        k = k_next
+        v = v_next
+        blk = nblk
+        h = nh
+        r0 = nr0
+        rlen = nrlen
+        c0 = nc0
+        clen = nclen
+
+
+@triton.jit
+def _gdpa_dq_kernel(Q, K, V, DO, DQ, q_off, kv_off, items, prog_ptr,
+                    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+                    stride_dot, stride_doh, scale, inv_max_kv,
+                    ACT: tl.constexpr, NORM: tl.constexpr, D: tl.constexpr,
+                    BM: tl.constexpr, BN: tl.constexpr, STAGES: tl.constexpr,
+                    PREFETCH: tl.constexpr):
+    """dQ shares q's strides."""
+    pid = tl.program_id(0)
+    start = tl.load(prog_ptr + pid)
+    end = tl.load(prog_ptr + pid + 1)
+    _, blk, h, r0, rlen, c0, clen = load_item(items, q_off, kv_off, start, True)
+    q = load_rows(Q, r0, rlen, blk, h, stride_qt, stride_qh, BM, D)
+    do = load_rows(DO, r0, rlen, blk, h, stride_dot, stride_doh, BM, D)
+    offs_n = tl.arange(0, BN)
+    offs_d = tl.arange(0, D)
+    for it in range(start, end):
+        nxt = tl.minimum(it + 1, end - 1)
+        _, nblk, nh, nr0, nrlen, nc0, nclen = load_item(items, q_off, kv_off, nxt, True)
+        if PREFETCH:
+            q_next = load_rows(Q, nr0, nrlen, nblk, nh, stride_qt, stride_qh, BM, D)
+            do_next = load_rows(DO, nr0, nrlen, nblk, nh, stride_dot, stride_doh, BM, D)
+        dq = tl.zeros((BM, D), dtype=tl.float32)
+        k_base = K + h * stride_kh + offs_d[None, :]
+        v_base = V + h * stride_vh + offs_d[None, :]
+        for n0 in tl.range(0, clen, BN, num_stages=STAGES):
+            cols = n0 + offs_n
+            cmask = (cols < clen)[:, None]
+            crow = (c0 + cols).to(tl.int64)[:, None]
+            k = tl.load(k_base + crow * stride_kt, mask=cmask, other=0.0)
+            v = tl.load(v_base + crow * stride_vt, mask=cmask, other=0.0)
+            s = tl.dot(q, tl.trans(k)) * scale
+            _, dact = act_fwd_and_grad(s, ACT)
+            dp = tl.dot(do, tl.trans(v))
+            dq = tl.dot((dp * dact).to(k.dtype), k, dq)
+        c = norm_factor(clen, inv_max_kv, NORM)
+        store_rows(DQ, dq * (c * scale), r0, rlen, blk, h, stride_qt, stride_qh, BM, D)
+        if not PREFETCH:
+            q_next = load_rows(Q, nr0, nrlen, nblk, nh, stride_qt, stride_qh, BM, D)
+            do_next = load_rows(DO, nr0, nrlen, nblk, nh, stride_dot, stride_doh, BM, D)
+        q = q_next
+        do = do_next
+        blk = nblk
+        h = nh
+        r0 = nr0
+        rlen = nrlen
+        c0 = nc0
+        clen = nclen
+
+
+def launch_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
+               q_offsets: torch.Tensor, kv_offsets: torch.Tensor, sched_kv, cfg_kv: TileConfig,
+               sched_q, cfg_q: TileConfig, act_code: int, norm_code: int, scale: float,
+               max_kv: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) in the inputs' dtypes; every row is written by exactly one item."""
+    dq = torch.empty_like(q)
+    dk = torch.empty_like(k)
+    dv = torch.empty_like(v)
+    inv_max_kv = 1.0 / max(max_kv, 1)
+    d = q.shape[-1]
+    if sched_kv.num_items:
+        _gdpa_dkdv_kernel[(sched_kv.num_programs,)](
+            q, k, v, do, dk, dv, q_offsets, kv_offsets, sched_kv.items, sched_kv.prog_ptr,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            do.stride(0), do.stride(1), scale, inv_max_kv,
+            ACT=act_code, NORM=norm_code, D=d, BN=cfg_kv.block_rows, BM=cfg_kv.block_cols,
+            STAGES=cfg_kv.num_stages, PREFETCH=cfg_kv.prefetch, num_warps=cfg_kv.num_warps,
+            num_stages=cfg_kv.num_stages)
+    if sched_q.num_items:
+        _gdpa_dq_kernel[(sched_q.num_programs,)](
+            q, k, v, do, dq, q_offsets, kv_offsets, sched_q.items, sched_q.prog_ptr,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            do.stride(0), do.stride(1), scale, inv_max_kv,
+            ACT=act_code, NORM=norm_code, D=d, BM=cfg_q.block_rows, BN=cfg_q.block_cols,
+            STAGES=cfg_q.num_stages, PREFETCH=cfg_q.prefetch, num_warps=cfg_q.num_warps,
+            num_stages=cfg_q.num_stages)
+    return dq, dk, dv

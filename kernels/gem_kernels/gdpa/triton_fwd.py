@@ -1,0 +1,156 @@
+"""GDPA forward Triton kernel: persistent grid over a snake-dealt work list.
+
+Each program walks its items (sample, query block, head). Per item: O = act(scale Q K^T) V over
+the sample's KV blocks only (fp32 accumulate), then an optional 1/n norm and a masked store.
+There is no softmax, so there is no running max, no rescale and no logsumexp.
+
+With short KV the inner loop runs 1-2 times and a classic K/V prefetch never fills, so the
+pipeline is over the outer loop: with PREFETCH the next item's query tile is loaded before
+the current item's matmuls, and its latency hides behind them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from gem_kernels.gdpa.activations import act_fwd
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """Block sizes and launch shape of one kernel."""
+
+    block_rows: int
+    block_cols: int
+    num_warps: int = 4
+    num_stages: int = 2
+    ctas_per_sm: int = 2
+    prefetch: bool = True
+
+
+def _pow2_at_least(n: int, lo: int, hi: int) -> int:
+    return max(lo, min(hi, triton.next_power_of_2(max(int(n), 1))))
+
+
+def fwd_config(max_q: int, max_kv: int, head_dim: int) -> TileConfig:
+    """Heuristic tiles: small column tiles for short KV, small row tiles for short Q."""
+    if max_kv <= 64:
+        return TileConfig(128 if head_dim <= 64 else 64, _pow2_at_least(max_kv, 16, 64),
+                          num_warps=4, num_stages=1, ctas_per_sm=4)
+    if max_q <= 32:
+        return TileConfig(_pow2_at_least(max_q, 16, 32), 64, num_warps=4, num_stages=3,
+                          ctas_per_sm=4)
+    return TileConfig(128, 64 if head_dim > 64 else 128, num_warps=8, num_stages=2,
+                      ctas_per_sm=1)
+
+
+@triton.jit
+def load_item(items, q_off, kv_off, it, ROW_IS_Q: tl.constexpr):
+    """(sample, block, head, row_start, row_len, col_start, col_len) of item ``it``."""
+    b = tl.load(items + it * 3)
+    blk = tl.load(items + it * 3 + 1)
+    h = tl.load(items + it * 3 + 2)
+    q0 = tl.load(q_off + b)
+    q1 = tl.load(q_off + b + 1)
+    k0 = tl.load(kv_off + b)
+    k1 = tl.load(kv_off + b + 1)
+    if ROW_IS_Q:
+        return b, blk, h, q0, q1 - q0, k0, k1 - k0
+    else:
+        return b, blk, h, k0, k1 - k0, q0, q1 - q0
+
+
+@triton.jit
+def load_rows(ptr, start, length, blk, h, stride_t, stride_h, BLOCK: tl.constexpr,
+              D: tl.constexpr):
+    """(BLOCK, D) tile of rows blk*BLOCK.. of one sample and head; rows past the end are 0."""
+    rows = blk * BLOCK + tl.arange(0, BLOCK)
+    offs = (start + rows).to(tl.int64)[:, None] * stride_t + h * stride_h \
+        + tl.arange(0, D)[None, :]
+    return tl.load(ptr + offs, mask=(rows < length)[:, None], other=0.0)
+
+
+@triton.jit
+def store_rows(ptr, x, start, length, blk, h, stride_t, stride_h, BLOCK: tl.constexpr,
+               D: tl.constexpr):
+    rows = blk * BLOCK + tl.arange(0, BLOCK)
+    offs = (start + rows).to(tl.int64)[:, None] * stride_t + h * stride_h \
+        + tl.arange(0, D)[None, :]
+    tl.store(ptr + offs, x.to(ptr.dtype.element_ty), mask=(rows < length)[:, None])
+
+
+@triton.jit
+def norm_factor(col_len, inv_max_kv, NORM: tl.constexpr):
+    """1/n for norm 'kv_len' (0 rows -> 0, the sum is 0 anyway), 1/max_kv, or 1."""
+    if NORM == 1:
+        return 1.0 / tl.maximum(col_len, 1).to(tl.float32)
+    elif NORM == 2:
+        return inv_max_kv
+    else:
+        return 1.0
+
+
+@triton.jit
+def _gdpa_fwd_kernel(Q, K, V, Out, q_off, kv_off, items, prog_ptr,
+                     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+                     stride_ot, stride_oh, scale, inv_max_kv,
+                     ACT: tl.constexpr, NORM: tl.constexpr, D: tl.constexpr,
+                     BM: tl.constexpr, BN: tl.constexpr, STAGES: tl.constexpr,
+                     PREFETCH: tl.constexpr):
+    pid = tl.program_id(0)
+    start = tl.load(prog_ptr + pid)
+    end = tl.load(prog_ptr + pid + 1)
+    _, blk, h, r0, rlen, c0, clen = load_item(items, q_off, kv_off, start, True)
+    q = load_rows(Q, r0, rlen, blk, h, stride_qt, stride_qh, BM, D)
+    offs_n = tl.arange(0, BN)
+    offs_d = tl.arange(0, D)
+    for it in range(start, end):
+        nxt = tl.minimum(it + 1, end - 1)
+        _, nblk, nh, nr0, nrlen, nc0, nclen = load_item(items, q_off, kv_off, nxt, True)
+        if PREFETCH:
+            q_next = load_rows(Q, nr0, nrlen, nblk, nh, stride_qt, stride_qh, BM, D)
+        acc = tl.zeros((BM, D), dtype=tl.float32)
+        k_base = K + h * stride_kh + offs_d[None, :]
+        v_base = V + h * stride_vh + offs_d[None, :]
+        for n0 in tl.range(0, clen, BN, num_stages=STAGES):
+            cols = n0 + offs_n
+            cmask = (cols < clen)[:, None]
+            crow = (c0 + cols).to(tl.int64)[:, None]
+            k = tl.load(k_base + crow * stride_kt, mask=cmask, other=0.0)
+            v = tl.load(v_base + crow * stride_vt, mask=cmask, other=0.0)
+            s = tl.dot(q, tl.trans(k)) * scale
+            # K and V rows past the sample are 0, so act(0) = 0 times v = 0: no mask needed.
+            p = act_fwd(s, ACT)
+            acc = tl.dot(p.to(v.dtype), v, acc)
+        acc = acc * norm_factor(clen, inv_max_kv, NORM)
+        store_rows(Out, acc, r0, rlen, blk, h, stride_ot, stride_oh, BM, D)
+        if not PREFETCH:
+            q_next = load_rows(Q, nr0, nrlen, nblk, nh, stride_qt, stride_qh, BM, D)
+        q = q_next
+        blk = nblk
+        h = nh
+        r0 = nr0
+        rlen = nrlen
+        c0 = nc0
+        clen = nclen
+
+
+def launch_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: torch.Tensor,
+               kv_offsets: torch.Tensor, sched, cfg: TileConfig, act_code: int, norm_code: int,
+               scale: float, max_kv: int) -> torch.Tensor:
+    """Output (total_q, H, d); every row is written by exactly one item."""
+    out = torch.empty_like(q)
+    if sched.num_items == 0:
+        return out
+    _gdpa_fwd_kernel[(sched.num_programs,)](
+        q, k, v, out, q_offsets, kv_offsets, sched.items, sched.prog_ptr,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        out.stride(0), out.stride(1), scale, 1.0 / max(max_kv, 1),
+        ACT=act_code, NORM=norm_code, D=q.shape[-1], BM=cfg.block_rows, BN=cfg.block_cols,
+        STAGES=cfg.num_stages, PREFETCH=cfg.prefetch, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages)
+    return out
