@@ -254,11 +254,7 @@ def _expert_sets(
     _forbid_cross_zone(shard_set, placement, field, "expert shard", unit="hosts")
 
     replicate_groups = [
-        [
-            h * per_host + k * ep + e
-            for h in range(p, hosts, span)
-            for k in range(per_host // ep)
-        ]
+        [h * per_host + k * ep + e for h in range(p, hosts, span) for k in range(per_host // ep)]
         for e in range(ep)
         for p in range(span)
     ]
