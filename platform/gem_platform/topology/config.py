@@ -115,7 +115,8 @@ class ParallelConfig(BaseModel):
         _require_divides("expert_parallel", self.expert_parallel, wfield, world)
 
     def validate_hosts(self, world: int, per_host: int) -> None:
-        """Checks against ``per_host`` ranks on every host (and hosts_per_zone when set)."""
+        """Checks against ``per_host`` ranks on every host. A partial last zone is allowed:
+        whether groups stay inside zones is checked on the placement (mesh.py)."""
         wfield = "parallel.workers"
         if per_host > world:
             raise RecipeError(
@@ -127,7 +128,5 @@ class ParallelConfig(BaseModel):
             "expert_parallel", self.expert_parallel, "parallel.gpus_per_host", per_host
         )
         hosts = world // per_host
-        if self.hosts_per_zone is not None and hosts > self.hosts_per_zone:
-            _require_divides("hosts_per_zone", self.hosts_per_zone, "the host count", hosts)
         if self.expert_shard_hosts is not None:
             _require_divides("expert_shard_hosts", self.expert_shard_hosts, "the host count", hosts)
