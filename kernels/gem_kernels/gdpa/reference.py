@@ -57,19 +57,25 @@ def unpad_jagged(x: torch.Tensor, offsets: torch.Tensor, total: int) -> torch.Te
     return x[batch, pos]
 
 
-def gdpa_padded(qp: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, kv_valid: torch.Tensor,
-                *, activation: str = "silu", scale: float | None = None, norm: str = "none",
-                max_kv: int | None = None) -> torch.Tensor:
-    """GDPA on padded (B, Lq, H, d) / (B, Lkv, H, d) tensors in their own dtype; kv_valid is
-    (B, Lkv) bool. Padded query rows produce garbage-free zeros only if their q rows are 0."""
+def gdpa_padded(qp: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor,
+                kv_valid: torch.Tensor | None, *, activation: str = "silu",
+                scale: float | None = None, norm: str = "none", max_kv: int | None = None,
+                kv_len: torch.Tensor | None = None) -> torch.Tensor:
+    """GDPA on zero-padded (B, Lq, H, d) / (B, Lkv, H, d) tensors in their own dtype.
+
+    kv_valid: (B, Lkv) bool mask of real keys, or None to skip masking: every activation here
+    has act(0) = 0, so zero-padded K and V rows contribute exactly 0 anyway. kv_len: (B,)
+    lengths for norm="kv_len" (taken from kv_valid when None)."""
     if scale is None:
         scale = 1.0 / math.sqrt(qp.shape[-1])
     s = torch.einsum("bqhd,bkhd->bhqk", qp, kp) * scale
-    p = apply_activation(s, activation) * kv_valid[:, None, None, :].to(s.dtype)
+    p = apply_activation(s, activation)
+    if kv_valid is not None:
+        p = p * kv_valid[:, None, None, :].to(s.dtype)
     out = torch.einsum("bhqk,bkhd->bqhd", p, vp)
     if norm == "kv_len":
-        n = kv_valid.sum(dim=1).clamp_min(1).to(out.dtype)
-        out = out / n[:, None, None, None]
+        n = kv_len if kv_len is not None else kv_valid.sum(dim=1)
+        out = out / n.clamp_min(1).to(out.dtype)[:, None, None, None]
     elif norm == "max_len":
         out = out / float(max_kv if max_kv is not None else kp.shape[1])
     return out

@@ -19,6 +19,7 @@ from gem_kernels.gdpa.activations import act_fwd_and_grad
 from gem_kernels.gdpa.triton_fwd import (
     TileConfig,
     _pow2_at_least,
+    _prec,
     load_item,
     load_rows,
     norm_factor,
@@ -54,7 +55,7 @@ def _gdpa_dkdv_kernel(Q, K, V, DO, DK, DV, q_off, kv_off, items, prog_ptr,
                       stride_dot, stride_doh, scale, inv_max_kv,
                       ACT: tl.constexpr, NORM: tl.constexpr, D: tl.constexpr,
                       BN: tl.constexpr, BM: tl.constexpr, STAGES: tl.constexpr,
-                      PREFETCH: tl.constexpr):
+                      PREFETCH: tl.constexpr, PREC: tl.constexpr):
     """dK, dV share k's / v's strides."""
     pid = tl.program_id(0)
     start = tl.load(prog_ptr + pid)
@@ -80,11 +81,11 @@ def _gdpa_dkdv_kernel(Q, K, V, DO, DK, DV, q_off, kv_off, items, prog_ptr,
             crow = (c0 + cols).to(tl.int64)[:, None]
             q = tl.load(q_base + crow * stride_qt, mask=cmask, other=0.0)
             do = tl.load(do_base + crow * stride_dot, mask=cmask, other=0.0)
-            st = tl.dot(k, tl.trans(q)) * scale  # (BN, BM) = S^T
+            st = tl.dot(k, tl.trans(q), input_precision=PREC) * scale  # (BN, BM) = S^T
             pt, dact = act_fwd_and_grad(st, ACT)
-            dv = tl.dot(pt.to(do.dtype), do, dv)
-            dpt = tl.dot(v, tl.trans(do))
-            dk = tl.dot((dpt * dact).to(q.dtype), q, dk)
+            dv = tl.dot(pt.to(do.dtype), do, dv, input_precision=PREC)
+            dpt = tl.dot(v, tl.trans(do), input_precision=PREC)
+            dk = tl.dot((dpt * dact).to(q.dtype), q, dk, input_precision=PREC)
         c = norm_factor(rlen, inv_max_kv, NORM)  # rows are the sample's keys
         store_rows(DK, dk * (c * scale), r0, rlen, blk, h, stride_kt, stride_kh, BN, D)
         store_rows(DV, dv * c, r0, rlen, blk, h, stride_vt, stride_vh, BN, D)
@@ -107,7 +108,7 @@ def _gdpa_dq_kernel(Q, K, V, DO, DQ, q_off, kv_off, items, prog_ptr,
                     stride_dot, stride_doh, scale, inv_max_kv,
                     ACT: tl.constexpr, NORM: tl.constexpr, D: tl.constexpr,
                     BM: tl.constexpr, BN: tl.constexpr, STAGES: tl.constexpr,
-                    PREFETCH: tl.constexpr):
+                    PREFETCH: tl.constexpr, PREC: tl.constexpr):
     """dQ shares q's strides."""
     pid = tl.program_id(0)
     start = tl.load(prog_ptr + pid)
@@ -132,10 +133,10 @@ def _gdpa_dq_kernel(Q, K, V, DO, DQ, q_off, kv_off, items, prog_ptr,
             crow = (c0 + cols).to(tl.int64)[:, None]
             k = tl.load(k_base + crow * stride_kt, mask=cmask, other=0.0)
             v = tl.load(v_base + crow * stride_vt, mask=cmask, other=0.0)
-            s = tl.dot(q, tl.trans(k)) * scale
+            s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale
             _, dact = act_fwd_and_grad(s, ACT)
-            dp = tl.dot(do, tl.trans(v))
-            dq = tl.dot((dp * dact).to(k.dtype), k, dq)
+            dp = tl.dot(do, tl.trans(v), input_precision=PREC)
+            dq = tl.dot((dp * dact).to(k.dtype), k, dq, input_precision=PREC)
         c = norm_factor(clen, inv_max_kv, NORM)
         store_rows(DQ, dq * (c * scale), r0, rlen, blk, h, stride_qt, stride_qh, BM, D)
         if not PREFETCH:
@@ -167,7 +168,8 @@ def launch_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tens
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             do.stride(0), do.stride(1), scale, inv_max_kv,
             ACT=act_code, NORM=norm_code, D=d, BN=cfg_kv.block_rows, BM=cfg_kv.block_cols,
-            STAGES=cfg_kv.num_stages, PREFETCH=cfg_kv.prefetch, num_warps=cfg_kv.num_warps,
+            STAGES=cfg_kv.num_stages, PREFETCH=cfg_kv.prefetch, PREC=_prec(q),
+            num_warps=cfg_kv.num_warps,
             num_stages=cfg_kv.num_stages)
     if sched_q.num_items:
         _gdpa_dq_kernel[(sched_q.num_programs,)](
@@ -175,6 +177,7 @@ def launch_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tens
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             do.stride(0), do.stride(1), scale, inv_max_kv,
             ACT=act_code, NORM=norm_code, D=d, BM=cfg_q.block_rows, BN=cfg_q.block_cols,
-            STAGES=cfg_q.num_stages, PREFETCH=cfg_q.prefetch, num_warps=cfg_q.num_warps,
+            STAGES=cfg_q.num_stages, PREFETCH=cfg_q.prefetch, PREC=_prec(q),
+            num_warps=cfg_q.num_warps,
             num_stages=cfg_q.num_stages)
     return dq, dk, dv

@@ -48,6 +48,11 @@ def fwd_config(max_q: int, max_kv: int, head_dim: int) -> TileConfig:
                       ctas_per_sm=1)
 
 
+def _prec(x: torch.Tensor) -> str:
+    """fp32 inputs get exact fp32 dots (tests, fp32 training); 16-bit ones ignore it."""
+    return "ieee" if x.dtype == torch.float32 else "tf32"
+
+
 @triton.jit
 def load_item(items, q_off, kv_off, it, ROW_IS_Q: tl.constexpr):
     """(sample, block, head, row_start, row_len, col_start, col_len) of item ``it``."""
@@ -100,7 +105,7 @@ def _gdpa_fwd_kernel(Q, K, V, Out, q_off, kv_off, items, prog_ptr,
                      stride_ot, stride_oh, scale, inv_max_kv,
                      ACT: tl.constexpr, NORM: tl.constexpr, D: tl.constexpr,
                      BM: tl.constexpr, BN: tl.constexpr, STAGES: tl.constexpr,
-                     PREFETCH: tl.constexpr):
+                     PREFETCH: tl.constexpr, PREC: tl.constexpr):
     pid = tl.program_id(0)
     start = tl.load(prog_ptr + pid)
     end = tl.load(prog_ptr + pid + 1)
@@ -122,10 +127,10 @@ def _gdpa_fwd_kernel(Q, K, V, Out, q_off, kv_off, items, prog_ptr,
             crow = (c0 + cols).to(tl.int64)[:, None]
             k = tl.load(k_base + crow * stride_kt, mask=cmask, other=0.0)
             v = tl.load(v_base + crow * stride_vt, mask=cmask, other=0.0)
-            s = tl.dot(q, tl.trans(k)) * scale
+            s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale
             # K and V rows past the sample are 0, so act(0) = 0 times v = 0: no mask needed.
             p = act_fwd(s, ACT)
-            acc = tl.dot(p.to(v.dtype), v, acc)
+            acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PREC)
         acc = acc * norm_factor(clen, inv_max_kv, NORM)
         store_rows(Out, acc, r0, rlen, blk, h, stride_ot, stride_oh, BM, D)
         if not PREFETCH:
@@ -151,6 +156,6 @@ def launch_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: tor
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         out.stride(0), out.stride(1), scale, 1.0 / max(max_kv, 1),
         ACT=act_code, NORM=norm_code, D=q.shape[-1], BM=cfg.block_rows, BN=cfg.block_cols,
-        STAGES=cfg.num_stages, PREFETCH=cfg.prefetch, num_warps=cfg.num_warps,
+        STAGES=cfg.num_stages, PREFETCH=cfg.prefetch, PREC=_prec(q), num_warps=cfg.num_warps,
         num_stages=cfg.num_stages)
     return out

@@ -1,0 +1,237 @@
+"""GDPA: reference semantics, schedule (tile skipping, snake balance), the GELU-tanh polynomial,
+and the Triton kernels against the reference, forward and backward.
+
+Without CUDA the Triton kernels run under the interpreter (fp32/fp16 only: its bf16 dot is
+wrong); GPU tests (bf16 and fp16, head_dim 64/128, self / cross / pooled shapes) carry the gpu
+marker.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
+
+from gem_kernels.gdpa import gdpa, gdpa_reference  # noqa: E402
+from gem_kernels.gdpa.activations import (  # noqa: E402
+    GELU_POLY_VALID_RANGE,
+    gelu_tanh_exact,
+    gelu_tanh_poly,
+)
+from gem_kernels.gdpa.schedule import build_items, build_schedule, deal, imbalance  # noqa: E402
+from gem_kernels.testing import lognormal_lengths, offsets_from_lengths  # noqa: E402
+
+interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                 reason="CPU Triton interpreter tests (CUDA present)")
+ACTS = ["silu", "gelu", "gelu_tanh", "identity"]
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
+
+
+def _loop_reference(q, k, v, ql, kl, act, scale, norm, max_kv):
+    """Per-sample float64 loop: the definition, written independently of the padded one."""
+    acts = {"silu": torch.nn.functional.silu, "gelu": torch.nn.functional.gelu,
+            "gelu_tanh": gelu_tanh_exact, "identity": lambda x: x}
+    outs, qs, ks = [], 0, 0
+    for lq, lk in zip(ql, kl, strict=True):
+        s = torch.einsum("ihd,jhd->hij", q[qs:qs + lq].double(), k[ks:ks + lk].double())
+        o = torch.einsum("hij,jhd->ihd", acts[act](s * scale), v[ks:ks + lk].double())
+        if norm == "kv_len":
+            o = o / max(lk, 1)
+        elif norm == "max_len":
+            o = o / max_kv
+        outs.append(o)
+        qs, ks = qs + lq, ks + lk
+    return torch.cat(outs)
+
+
+def _inputs(ql, kl, heads, dim, dtype, device, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(sum(ql), heads, dim, generator=g).to(device, dtype)
+    k = torch.randn(sum(kl), heads, dim, generator=g).to(device, dtype)
+    v = torch.randn(sum(kl), heads, dim, generator=g).to(device, dtype)
+    return q, k, v, offsets_from_lengths(ql, device), offsets_from_lengths(kl, device)
+
+
+# --- reference ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("norm", ["none", "kv_len", "max_len"])
+def test_reference_matches_per_sample_definition(act: str, norm: str) -> None:
+    ql, kl = [3, 0, 5, 1, 4], [2, 4, 0, 1, 7]
+    q, k, v, qo, ko = _inputs(ql, kl, 2, 8, torch.float32, "cpu")
+    out = gdpa_reference(q, k, v, qo, ko, 5, 7, activation=act, norm=norm)
+    want = _loop_reference(q, k, v, ql, kl, act, 1 / math.sqrt(8), norm, 7)
+    assert out.shape == q.shape
+    assert _rel(out, want) < 1e-6
+    # Sample 2 has no KV: its rows are exactly 0.
+    assert torch.equal(out[3:8], torch.zeros_like(out[3:8]))
+
+
+def test_reference_empty_q_and_kv_and_gradients() -> None:
+    q, k, v, _, ko = _inputs([0, 0], [3, 2], 2, 8, torch.float32, "cpu")
+    for t in (q, k, v):
+        t.requires_grad_(True)
+    out = gdpa_reference(q, k, v, offsets_from_lengths([0, 0]), ko, 1, 3)
+    assert out.shape == (0, 2, 8)
+    out.sum().backward()
+    assert torch.equal(k.grad, torch.zeros_like(k))
+    q, k, v, qo, ko = _inputs([2, 3], [0, 0], 2, 8, torch.float32, "cpu")
+    out = gdpa_reference(q, k, v, qo, ko, 3, 0, norm="kv_len")
+    assert torch.equal(out, torch.zeros_like(out))
+
+
+def test_reference_gradients_match_autograd_of_definition() -> None:
+    ql, kl = [4, 1, 6], [3, 5, 1]
+    q, k, v, qo, ko = _inputs(ql, kl, 2, 8, torch.float64, "cpu")
+    for t in (q, k, v):
+        t.requires_grad_(True)
+    do = torch.randn(q.shape, dtype=torch.float64)
+    out = gdpa_reference(q, k, v, qo, ko, 6, 5, activation="gelu")
+    g = torch.autograd.grad(out, (q, k, v), do)
+    want = torch.autograd.grad(_loop_reference(q, k, v, ql, kl, "gelu", 1 / math.sqrt(8),
+                                               "none", 5), (q, k, v), do)
+    for a, b in zip(g, want, strict=True):
+        assert _rel(a, b) < 1e-5
+
+
+def test_auto_dispatch_off_cuda_is_the_reference() -> None:
+    q, k, v, qo, ko = _inputs([3, 2], [2, 2], 2, 8, torch.float32, "cpu")
+    a = gdpa(q, k, v, qo, ko, 3, 2, activation="gelu", kernel=None)
+    b = gdpa(q, k, v, qo, ko, 3, 2, activation="gelu", kernel="pytorch")
+    assert torch.equal(a, b)
+    with pytest.raises(ValueError):
+        gdpa(q, k, v, qo, ko, 3, 2, activation="relu")
+
+
+# --- GELU-tanh polynomial ----------------------------------------------------------------
+
+def test_gelu_tanh_polynomial_below_bf16_resolution_over_documented_range() -> None:
+    x = torch.linspace(-GELU_POLY_VALID_RANGE, GELU_POLY_VALID_RANGE, 1_000_001)
+    exact = gelu_tanh_exact(x.double())
+    err = (gelu_tanh_poly(x).double() - exact).abs()
+    bound = exact.abs().clamp_min(2.0 ** -4) * 2.0 ** -9  # half a bf16 ulp
+    assert (err <= bound).all(), float((err / bound).max())
+    # and it really is below what bf16 itself can resolve: rounding exact to bf16 errs more
+    assert err.max() < (exact.to(torch.bfloat16).double() - exact).abs().max()
+
+
+# --- schedule ------------------------------------------------------------------------------
+
+def test_items_cover_exactly_the_valid_tiles() -> None:
+    rows, cols = torch.tensor([130, 0, 64, 1]), torch.tensor([5, 7, 0, 300])
+    items, work = build_items(rows, cols, 64, 32, heads=2)
+    # row blocks: 3 + 0 + 1 + 1 = 5 per head; the empty-Q sample has no item
+    assert items.shape == (10, 3)
+    assert set(items[:, 0].tolist()) == {0, 2, 3}
+    # work = column blocks of the sample + 1 (the row tile's load/store)
+    by_sample = {int(s): int(w) for s, w in zip(items[:, 0], work, strict=True)}
+    assert by_sample == {0: 2, 2: 1, 3: 11}
+
+
+def test_snake_schedule_balances_long_tailed_work() -> None:
+    lengths = torch.tensor(lognormal_lengths(256, 470, 2048, seed=1))
+    items, work = build_items(lengths, lengths, 128, 128, heads=4)
+    p = 132
+    snake = imbalance(work, deal(work, p, snake=True), p)
+    naive = imbalance(work, deal(work, p, snake=False), p)
+    assert snake <= 1.1 < naive
+    sched = build_schedule(lengths, lengths, 128, 128, 4, p, "cpu")
+    assert sched.prog_ptr[-1] == items.shape[0] and sched.num_programs == p
+    # every item is scheduled exactly once
+    got = sorted(map(tuple, sched.items.tolist()))
+    assert got == sorted(map(tuple, items.to(torch.int32).tolist()))
+    assert float(sched.work.max() / sched.work.mean()) <= 1.1
+
+
+# --- Triton kernels under the CPU interpreter --------------------------------------------
+
+def _check_triton(ql, kl, heads, dim, dtype, device, act, norm, fwd_tol, bwd_tol):
+    q, k, v, qo, ko = _inputs(ql, kl, heads, dim, dtype, device, seed=sum(ql) + len(kl))
+    for t in (q, k, v):
+        t.requires_grad_(True)
+    max_q, max_kv = max(ql + [1]), max(kl + [1])
+    out = gdpa(q, k, v, qo, ko, max_q, max_kv, activation=act, norm=norm, kernel="triton")
+    assert out.dtype == dtype and out.shape == q.shape
+    assert torch.isfinite(out).all()
+    do = torch.randn(out.shape, generator=torch.Generator().manual_seed(7)).to(device, dtype)
+    grads = torch.autograd.grad(out, (q, k, v), do)
+    qf, kf, vf = (t.detach().float().requires_grad_(True) for t in (q, k, v))
+    ref = gdpa_reference(qf, kf, vf, qo, ko, max_q, max_kv, activation=act, norm=norm)
+    ref_grads = torch.autograd.grad(ref, (qf, kf, vf), do.float())
+    assert _rel(out, ref) < fwd_tol, (act, norm, _rel(out, ref))
+    for name, a, b in zip("qkv", grads, ref_grads, strict=True):
+        assert torch.isfinite(a).all()
+        assert _rel(a, b) < bwd_tol, (name, act, norm, _rel(a, b))
+    # rows of samples without KV are exactly 0
+    qs = 0
+    for lq, lk in zip(ql, kl, strict=True):
+        if lk == 0 and lq:
+            assert torch.equal(out[qs:qs + lq].float(), torch.zeros(lq, heads, dim))
+        qs += lq
+
+
+@interpreter
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("ql,kl,norm", [
+    ([20, 0, 37, 1, 3], [5, 9, 0, 1, 17], "none"),     # empty Q, empty KV, length 1
+    ([40, 17, 1], [3, 1, 2], "kv_len"),                 # cross: long Q, short KV
+    ([1, 3, 2], [50, 0, 21], "max_len"),                # pooled: short Q, long KV
+])
+def test_triton_interpreter_fp32(act, ql, kl, norm) -> None:
+    tol = 2e-3 if act == "gelu_tanh" else 1e-5  # polynomial vs exact tanh
+    _check_triton(ql, kl, 2, 16, torch.float32, "cpu", act, norm, tol, 10 * tol)
+
+
+@interpreter
+def test_triton_interpreter_fp16_d32() -> None:
+    _check_triton([9, 33, 0], [33, 2, 4], 1, 32, torch.float16, "cpu", "silu", "none",
+                  2e-3, 1e-2)
+
+
+@interpreter
+def test_triton_interpreter_all_empty() -> None:
+    q, k, v, qo, ko = _inputs([0, 0], [0, 0], 2, 16, torch.float32, "cpu")
+    assert gdpa(q, k, v, qo, ko, 1, 1, kernel="triton").shape == (0, 2, 16)
+
+
+# --- GPU ---------------------------------------------------------------------------------
+
+def _gpu_lengths(shape: str) -> tuple[list[int], list[int]]:
+    """Long-tailed jagged lengths for the three uses; one empty Q and one empty KV sample."""
+    long_q = lognormal_lengths(12, 150, 400, seed=3)
+    long_kv = lognormal_lengths(12, 150, 400, seed=4)
+    short = [1, 16, 64, 0, 7, 33, 2, 16, 16, 5, 64, 1]
+    ql, kl = {"self": (long_q, long_q), "cross": (long_q, short),
+              "pooled": ([min(x, 32) for x in short], long_kv)}[shape]
+    ql, kl = list(ql), list(kl)
+    ql[1], kl[3] = 0, 0
+    return ql, kl
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("shape", ["self", "cross", "pooled"])
+@pytest.mark.parametrize("dtype,dim,act", [(torch.bfloat16, 128, a) for a in ACTS]
+                         + [(torch.float16, 64, "silu"), (torch.bfloat16, 64, "gelu_tanh")])
+def test_triton_gpu(shape, dtype, dim, act) -> None:
+    ql, kl = _gpu_lengths(shape)
+    tol = 2e-2 if dtype is torch.bfloat16 else 5e-3
+    norm = {"self": "none", "cross": "kv_len", "pooled": "max_len"}[shape]
+    _check_triton(ql, kl, 2, dim, dtype, "cuda", act, norm, tol, 2 * tol)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("act", ACTS)
+def test_triton_gpu_fp32_gradients(act) -> None:
+    tol = 2e-3 if act == "gelu_tanh" else 1e-4
+    _check_triton([70, 1, 130, 0, 3], [9, 200, 1, 5, 0], 2, 64, torch.float32, "cuda", act,
+                  "kv_len", tol, 10 * tol)
