@@ -175,10 +175,14 @@ def test_triton_rejects_unsupported_dtype() -> None:
     assert block_attention(q, k, v, off).shape == q.shape
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("dim", [64, 128])
-@pytest.mark.parametrize("rope", [None, RopeConfig()])
-@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(("dtype", "dim", "rope", "causal"), [
+    (torch.bfloat16, 128, RopeConfig(), False),
+    (torch.bfloat16, 128, None, True),
+    (torch.bfloat16, 64, RopeConfig(), True),
+    (torch.float16, 64, None, False),
+    (torch.float16, 128, RopeConfig(), False),
+    (torch.float16, 64, RopeConfig(500.0), False),
+])
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_triton_gpu_fwd_bwd(dtype, dim, rope, causal) -> None:

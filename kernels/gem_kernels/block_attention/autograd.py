@@ -12,6 +12,21 @@ from gem_kernels.block_attention.rope import Rope, rope_tables_for
 
 _PLAN_MAX_BATCH = 16384  # the plan is one program over the whole batch up to this size
 _INTERPRET_META = {"CTAS": 1, "num_warps": 4}
+# Launch settings per head_dim when not autotuning (CTAS: resident programs per SM).
+DEFAULT_META = {
+    64: ({"CTAS": 8, "num_warps": 4, "num_stages": 1},
+         {"CTAS": 4, "num_warps": 4, "num_stages": 1}),
+    128: ({"CTAS": 4, "num_warps": 4, "num_stages": 1},
+          {"CTAS": 2, "num_warps": 8, "num_stages": 1}),
+}
+_AUTOTUNE = False
+
+
+def use_autotune(enabled: bool) -> None:
+    """Autotune launch settings per (head_dim, heads, rope, causal) on first use (benchmarks);
+    off by default so that tests and first steps do not pay for tuning compiles."""
+    global _AUTOTUNE
+    _AUTOTUNE = bool(enabled)
 
 
 def _interpreting() -> bool:
@@ -67,16 +82,18 @@ class _BlockAttention(torch.autograd.Function):
         grid = _grid(max_blocks * heads, q.device)
         if _interpreting():
             tk.fwd_kernel[grid](*args, **consts, **_INTERPRET_META)
-        else:
+        elif _AUTOTUNE:
             tk.fwd_kernel_tuned[grid](*args, **consts)
+        else:
+            tk.fwd_kernel[grid](*args, **consts, **DEFAULT_META[dim][0])
         ctx.save_for_backward(q, k, v, plan, nblk, cos, sin)
-        ctx.meta = (block, scale, causal, max_blocks)
+        ctx.meta = (block, scale, causal, max_blocks, _AUTOTUNE)
         return o
 
     @staticmethod
     def backward(ctx, do):  # noqa: ANN001
         q, k, v, plan, nblk, cos, sin = ctx.saved_tensors
-        block, scale, causal, max_blocks = ctx.meta
+        block, scale, causal, max_blocks, autotune = ctx.meta
         total, heads, dim = q.shape
         if do.stride(-1) != 1:
             do = do.contiguous()
@@ -91,8 +108,10 @@ class _BlockAttention(torch.autograd.Function):
         grid = _grid(max_blocks * heads, q.device)
         if _interpreting():
             tk.bwd_kernel[grid](*args, **consts, **_INTERPRET_META)
-        else:
+        elif autotune:
             tk.bwd_kernel_tuned[grid](*args, **consts)
+        else:
+            tk.bwd_kernel[grid](*args, **consts, **DEFAULT_META[dim][1])
         return dq, dk, dv, None, None, None, None, None, None
 
 

@@ -1,0 +1,395 @@
+"""Block attention (64-token blocks, RoPE fused) against the ways to get the same job done
+without it, forward and forward+backward, on the same jagged inputs in the same run.
+
+Reproduce (H200; results committed as docs/bench/block_attention.json):
+    PYTHONPATH=kernels:platform python -m gem_kernels.bench.block_attention --out $OUT
+
+Variants (RoPE, base 10000, is part of every one):
+- ours: ``block_attention(..., rope=RopeConfig())``, RoPE inside the kernels. ``ours_tuned``
+  is the same with launch settings autotuned; ``ours_norope`` shows what RoPE costs us.
+- sdpa_blocks: eager RoPE ops, then every sequence padded to a multiple of 64 and reshaped into
+  (num_blocks, H, 64, d) for F.scaled_dot_product_attention. When no block is partial the
+  reshape is a view and SDPA runs unmasked (flash); otherwise the pad/unpad copies are timed
+  and a key-padding mask is passed (which moves SDPA off its flash backend).
+- flex_blocks: eager RoPE ops, then compiled FlexAttention over the whole jagged batch as one
+  (1, H, T, d) sequence with a block mask "same 64-block" (block mask built outside timing,
+  as a model builds it once per batch for all layers).
+- jfa_sliding: eager RoPE ops, then the jagged flash attention op with window (32, 31), i.e.
+  64 keys per query like a block; recorded as unavailable when its Triton path is absent.
+
+Counting: useful FLOPs = 4 * sum over blocks of (real block length)^2 * H * d forward, 2.5x
+that backward (3.5x for fwd+bwd); padding done by a baseline is never counted as useful.
+jfa_sliding's useful FLOPs count its own window (64 keys per query, fewer at sequence ends).
+HBM bytes are the op's minimum: forward reads q, k, v and writes o; backward reads q, k, v, dO
+and writes dq, dk, dv (RoPE tables are tiny and L2-resident); the same count for every variant,
+so frac_hbm is the fraction of the roofline each variant reaches.
+The "layer" cases time a self-attention layer (QKV projection, attention, output projection),
+forward+backward, with block64 (ours) against sliding-window JFA and SDPA on blocks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from gem_kernels.bench.common import (
+    BenchRow,
+    add_ratios,
+    fill_rates,
+    print_table,
+    time_ms,
+    write_json,
+)
+from gem_kernels.block_attention import RopeConfig, block_attention, build_rope_tables
+from gem_kernels.testing import lognormal_lengths, offsets_from_lengths
+
+BLOCK = 64
+ROPE = RopeConfig(10000.0)
+DTYPE = torch.bfloat16
+
+
+@dataclass
+class Case:
+    name: str
+    lengths: list[int]
+    heads: int
+    dim: int = 128
+
+
+def _cases(quick: bool) -> list[Case]:
+    if quick:
+        return [Case("fixed_B4_L1024_H4", [1024] * 4, 4),
+                Case("longtail_B16_H8", _multiple_of(lognormal_lengths(16, 400, 4096, 8), 128),
+                     8)]
+    tail = _multiple_of(lognormal_lengths(64, 1024, 4096, min_len=8, sigma=1.0, seed=0), 128)
+    return [Case("fixed_B16_L4096_H4", [4096] * 16, 4),
+            Case("longtail_B64_max4096_H4", tail, 4),
+            Case("longtail_B64_max4096_H8", tail, 8)]
+
+
+def _multiple_of(lengths: list[int], m: int) -> list[int]:
+    """Trim the longest sequence so the total is a multiple of m (FlexAttention wants it)."""
+    lengths = list(lengths)
+    i = max(range(len(lengths)), key=lengths.__getitem__)
+    lengths[i] -= sum(lengths) % m
+    return lengths
+
+
+def block_flops(lengths: list[int], heads: int, dim: int) -> float:
+    per_seq = 0
+    for n in lengths:
+        full, rest = divmod(n, BLOCK)
+        per_seq += full * BLOCK * BLOCK + rest * rest
+    return 4.0 * per_seq * heads * dim
+
+
+def window_flops(lengths: list[int], heads: int, dim: int, left: int, right: int) -> float:
+    pairs = 0
+    for n in lengths:
+        for i in range(n):
+            pairs += min(n - 1, i + right) - max(0, i - left) + 1
+    return 4.0 * pairs * heads * dim
+
+
+def rope_eager(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Separate RoPE ops (rotate-half, as in the kernel); cos/sin: (T, 1, d/2) in x's dtype."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+class Inputs:
+    """One jagged batch and everything a variant precomputes once per batch."""
+
+    def __init__(self, case: Case, device: torch.device, seed: int = 0) -> None:
+        g = torch.Generator(device="cpu").manual_seed(seed)
+        self.case = case
+        self.total = sum(case.lengths)
+        shape = (self.total, case.heads, case.dim)
+        self.q, self.k, self.v, self.dout = (
+            torch.randn(shape, generator=g).to(device=device, dtype=DTYPE) for _ in range(4))
+        self.offsets = offsets_from_lengths(case.lengths, device)
+        pos = torch.cat([torch.arange(n) for n in case.lengths]).to(device)
+        tables = build_rope_tables(max(case.lengths), case.dim, ROPE.base, device)
+        self.cos = tables.cos[pos][:, None, :].to(DTYPE)
+        self.sin = tables.sin[pos][:, None, :].to(DTYPE)
+        nblocks = [math.ceil(n / BLOCK) for n in case.lengths]
+        self.num_blocks = sum(nblocks)
+        self.partial = any(n % BLOCK for n in case.lengths)
+        blk, slot, base, bb = [], [], 0, 0
+        for n, nb in zip(case.lengths, nblocks, strict=True):
+            j = torch.arange(n)
+            blk.append(bb + j // BLOCK)
+            slot.append(j % BLOCK)
+            base += n
+            bb += nb
+        block_id = torch.cat(blk)
+        self.flat = (block_id * BLOCK + torch.cat(slot)).to(device)
+        valid = torch.zeros(self.num_blocks * BLOCK, dtype=torch.bool)
+        valid[self.flat.cpu()] = True
+        self.key_mask = valid.view(self.num_blocks, 1, 1, BLOCK).to(device)
+        self.block_id = block_id.to(device=device, dtype=torch.int32)
+        self._flex_mask = None
+
+    def grads(self) -> tuple[torch.Tensor, ...]:
+        return tuple(x.detach().requires_grad_() for x in (self.q, self.k, self.v))
+
+    def flex_mask(self):  # noqa: ANN201
+        if self._flex_mask is None:
+            from torch.nn.attention.flex_attention import create_block_mask
+
+            bid = self.block_id
+
+            def same_block(b, h, qi, ki):  # noqa: ANN001, ANN202
+                return bid[qi] == bid[ki]
+
+            self._flex_mask = create_block_mask(same_block, 1, 1, self.total, self.total,
+                                                device=self.q.device)
+        return self._flex_mask
+
+
+# ---- attention variants: (q, k, v) un-rotated (T, H, d) -> (T, H, d) -------------------------
+
+def attn_ours(x: Inputs) -> Callable:
+    return lambda q, k, v: block_attention(q, k, v, x.offsets, rope=ROPE)
+
+
+def attn_ours_norope(x: Inputs) -> Callable:
+    return lambda q, k, v: block_attention(q, k, v, x.offsets)
+
+
+def attn_sdpa_blocks(x: Inputs) -> Callable:
+    nb, h, d = x.num_blocks, x.case.heads, x.case.dim
+
+    def to_blocks(t: torch.Tensor) -> torch.Tensor:
+        if not x.partial:
+            return t.view(nb, BLOCK, h, d).transpose(1, 2)
+        padded = t.new_zeros(nb * BLOCK, h, d).index_copy(0, x.flat, t)
+        return padded.view(nb, BLOCK, h, d).transpose(1, 2)
+
+    def fn(q, k, v):  # noqa: ANN001, ANN202
+        q, k = rope_eager(q, x.cos, x.sin), rope_eager(k, x.cos, x.sin)
+        mask = x.key_mask if x.partial else None
+        o = F.scaled_dot_product_attention(to_blocks(q), to_blocks(k), to_blocks(v),
+                                           attn_mask=mask)
+        o = o.transpose(1, 2).reshape(nb * BLOCK, h, d)
+        return o if not x.partial else o[x.flat]
+
+    return fn
+
+
+_FLEX = None
+
+
+def attn_flex_blocks(x: Inputs) -> Callable:
+    global _FLEX
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if _FLEX is None:
+        _FLEX = torch.compile(flex_attention, dynamic=False)
+    mask = x.flex_mask()
+
+    def fn(q, k, v):  # noqa: ANN001, ANN202
+        q, k = rope_eager(q, x.cos, x.sin), rope_eager(k, x.cos, x.sin)
+        o = _FLEX(*(t.transpose(0, 1).unsqueeze(0) for t in (q, k, v)), block_mask=mask)
+        return o[0].transpose(0, 1)
+
+    return fn
+
+
+JFA_WINDOW = (32, 31)
+
+
+def attn_jfa_sliding(x: Inputs) -> Callable:
+    from gem_kernels.jagged_attention import jagged_attention
+
+    max_len = max(x.case.lengths)
+
+    def fn(q, k, v):  # noqa: ANN001, ANN202
+        q, k = rope_eager(q, x.cos, x.sin), rope_eager(k, x.cos, x.sin)
+        return jagged_attention(q, k, v, x.offsets, max_len, window=JFA_WINDOW,
+                                kernel="triton")
+
+    return fn
+
+
+def jfa_status(device: torch.device) -> str | None:
+    """None when the sliding-window JFA Triton path runs and agrees with its reference."""
+    try:
+        from gem_kernels.jagged_attention import (
+            jagged_attention,
+            jagged_attention_reference,
+            triton_op,  # noqa: F401
+        )
+
+        g = torch.Generator().manual_seed(1)
+        q, k, v = (torch.randn(200, 2, 128, generator=g).to(device, DTYPE) for _ in range(3))
+        off = offsets_from_lengths([70, 130], device)
+        out = jagged_attention(q, k, v, off, 130, window=JFA_WINDOW, kernel="triton")
+        ref = jagged_attention_reference(q.float(), k.float(), v.float(), off, 130,
+                                         window=JFA_WINDOW)
+        err = ((out.float() - ref).norm() / ref.norm()).item()
+        return None if err < 3e-2 else f"wrong result (rel err {err:.2e})"
+    except Exception as e:  # noqa: BLE001 - any failure means the baseline is unavailable
+        return f"unavailable: {type(e).__name__}: {str(e)[:200]}"
+
+
+# ---- timing -----------------------------------------------------------------------------------
+
+def _fwd(fn: Callable, x: Inputs) -> Callable:
+    return lambda: fn(x.q, x.k, x.v)
+
+
+def _fwd_bwd(fn: Callable, x: Inputs) -> Callable:
+    q, k, v = x.grads()
+
+    def run():  # noqa: ANN202
+        out = fn(q, k, v)
+        return torch.autograd.grad(out, (q, k, v), x.dout)
+
+    return run
+
+
+def bench_attention(x: Inputs, variants: dict[str, Callable], rows: list[BenchRow],
+                    notes: dict) -> None:
+    c = x.case
+    fl = block_flops(c.lengths, c.heads, c.dim)
+    tok_bytes = x.total * c.heads * c.dim * 2
+    for name, make in variants.items():
+        flops = fl if name != "jfa_sliding" else window_flops(c.lengths, c.heads, c.dim,
+                                                              *JFA_WINDOW)
+        try:
+            fn = make(x)
+            for direction, wrap, mult, nbytes in (("fwd", _fwd, 1.0, 4 * tok_bytes),
+                                                  ("fwd+bwd", _fwd_bwd, 3.5, 11 * tok_bytes)):
+                t0 = time.time()
+                bench_fn = wrap(fn, x)
+                bench_fn()
+                torch.cuda.synchronize()
+                ms = time_ms(bench_fn)
+                row = fill_rates(BenchRow(c.name, name, direction, ms), flops * mult, nbytes)
+                row.extra["setup_s"] = round(time.time() - t0, 1)
+                rows.append(row)
+        except Exception as e:  # noqa: BLE001 - record and go on with the other variants
+            notes.setdefault("errors", []).append(f"{c.name}/{name}: {type(e).__name__}: {e}")
+            traceback.print_exc()
+
+
+def bench_layer(x: Inputs, attn: dict[str, Callable], rows: list[BenchRow], notes: dict
+                ) -> None:
+    """Self-attention layer fwd+bwd: x -> QKV projection -> attention -> output projection."""
+    c = x.case
+    model = c.heads * c.dim
+    g = torch.Generator().manual_seed(2)
+    dev = x.q.device
+    hid = torch.randn(x.total, model, generator=g).to(dev, DTYPE).requires_grad_()
+    w_qkv = (torch.randn(3 * model, model, generator=g) / math.sqrt(model)).to(dev, DTYPE)
+    w_out = (torch.randn(model, model, generator=g) / math.sqrt(model)).to(dev, DTYPE)
+    w_qkv.requires_grad_()
+    w_out.requires_grad_()
+    dy = torch.randn(x.total, model, generator=g).to(dev, DTYPE)
+    proj_flops = 2.0 * x.total * model * 4 * model * 3  # fwd + bwd of both projections
+    for name, make in attn.items():
+        try:
+            fn = make(x)
+
+            def run(fn=fn):  # noqa: ANN001, ANN202
+                qkv = F.linear(hid, w_qkv).view(x.total, 3, c.heads, c.dim)
+                o = fn(qkv[:, 0], qkv[:, 1], qkv[:, 2])
+                y = F.linear(o.reshape(x.total, model), w_out)
+                return torch.autograd.grad(y, (hid, w_qkv, w_out), dy)
+
+            run()
+            torch.cuda.synchronize()
+            ms = time_ms(run)
+            af = (block_flops(c.lengths, c.heads, c.dim) if name != "jfa_sliding"
+                  else window_flops(c.lengths, c.heads, c.dim, *JFA_WINDOW))
+            rows.append(fill_rates(BenchRow(c.name + "/layer", name, "fwd+bwd", ms),
+                                   proj_flops + 3.5 * af))
+        except Exception as e:  # noqa: BLE001
+            notes.setdefault("errors", []).append(f"{c.name}/layer/{name}: {type(e).__name__}: {e}")
+            traceback.print_exc()
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", default="bench_out", help="directory for block_attention.json")
+    p.add_argument("--quick", action="store_true", help="small inputs, fewer cases")
+    p.add_argument("--no-layer", action="store_true", help="skip the self-attention layer")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("this benchmark needs a CUDA GPU")
+    from gem_kernels.block_attention import autograd as ba_autograd
+    from gem_kernels.block_attention import triton_kernels as tk
+
+    dev = torch.device("cuda")
+    notes: dict = {"block": BLOCK, "dtype": str(DTYPE), "rope_base": ROPE.base,
+                   "jfa_window": list(JFA_WINDOW), "default_meta": {
+                       str(k): v for k, v in ba_autograd.DEFAULT_META.items()}}
+    jfa = jfa_status(dev)
+    notes["jfa_sliding"] = jfa or "available"
+    rows: list[BenchRow] = []
+    out = Path(args.out) / "block_attention.json"
+
+    def tuned(fn_maker: Callable) -> Callable:
+        def make(x: Inputs) -> Callable:
+            inner = fn_maker(x)
+
+            def fn(q, k, v):  # noqa: ANN001, ANN202
+                ba_autograd.use_autotune(True)
+                try:
+                    return inner(q, k, v)
+                finally:
+                    ba_autograd.use_autotune(False)
+
+            return fn
+
+        return make
+
+    variants = {"ours": attn_ours, "ours_tuned": tuned(attn_ours),
+                "ours_norope": attn_ours_norope, "sdpa_blocks": attn_sdpa_blocks,
+                "flex_blocks": attn_flex_blocks}
+    if jfa is None:
+        variants["jfa_sliding"] = attn_jfa_sliding
+    layer = {k: variants[k] for k in ("ours", "sdpa_blocks", "jfa_sliding") if k in variants}
+    for case in _cases(args.quick):
+        x = Inputs(case, dev)
+        notes.setdefault("cases", {})[case.name] = {
+            "B": len(case.lengths), "H": case.heads, "d": case.dim, "tokens": x.total,
+            "blocks": x.num_blocks, "max_len": max(case.lengths),
+            "mean_len": round(x.total / len(case.lengths), 1),
+            "partial_blocks": sum(1 for n in case.lengths if n % BLOCK)}
+        bench_attention(x, variants, rows, notes)
+        if not args.no_layer:
+            bench_layer(x, layer, rows, notes)
+        notes["autotuned"] = {
+            "fwd": {str(k): str(v) for k, v in tk.fwd_kernel_tuned.cache.items()},
+            "bwd": {str(k): str(v) for k, v in tk.bwd_kernel_tuned.cache.items()}}
+        write_json(rows, out, notes)  # after every case, so a cut-off run still reports
+        del x
+        torch.cuda.empty_cache()
+    for base in ("sdpa_blocks", "flex_blocks", "jfa_sliding"):
+        add_ratios(rows, "ours", base)
+        notes[f"ours_vs_{base}"] = {f"{r.case}/{r.direction}": round(r.ratio_to_baseline, 3)
+                                    for r in rows if r.variant == "ours"
+                                    and r.ratio_to_baseline is not None}
+    add_ratios(rows, "ours", "sdpa_blocks")
+    write_json(rows, out, notes)
+    print_table(rows, "block attention (bf16, RoPE in every variant; ratio = sdpa_blocks / ours)")
+    for base in ("flex_blocks", "jfa_sliding"):
+        print(f"ours speed-up vs {base}: {notes[f'ours_vs_{base}']}")
+    if notes.get("errors"):
+        print("errors:", *notes["errors"], sep="\n  ")
+    print("jfa_sliding:", notes["jfa_sliding"])
+
+
+if __name__ == "__main__":
+    main()
