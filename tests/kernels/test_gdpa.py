@@ -143,11 +143,15 @@ def test_snake_schedule_balances_long_tailed_work() -> None:
     snake = imbalance(work, deal(work, p, snake=True), p)
     naive = imbalance(work, deal(work, p, snake=False), p)
     assert snake <= 1.1 < naive
-    sched = build_schedule(lengths, lengths, 128, 128, 4, p, "cpu")
+    offs = offsets_from_lengths(lengths)
+    sched = build_schedule(offs, offs, 128, 128, 4, p, "cpu")
     assert sched.prog_ptr[-1] == items.shape[0] and sched.num_programs == p
-    # every item is scheduled exactly once
+    # every item is scheduled exactly once, with its sample's row/column ranges
     got = sorted(map(tuple, sched.items.tolist()))
-    assert got == sorted(map(tuple, items.to(torch.int32).tolist()))
+    s = items[:, 0]
+    want = torch.stack([items[:, 1], items[:, 2], offs[:-1][s], lengths[s], offs[:-1][s],
+                        lengths[s]], 1)
+    assert got == sorted(map(tuple, want.to(torch.int32).tolist()))
     assert float(sched.work.max() / sched.work.mean()) <= 1.1
 
 

@@ -26,11 +26,8 @@ def schedule_for(rows_offsets: torch.Tensor, cols_offsets: torch.Tensor, heads: 
     key = (cfg.block_rows, cfg.block_cols, cfg.ctas_per_sm, heads, str(device))
 
     def build() -> Schedule:
-        offs_r = rows_offsets.to("cpu")
-        offs_c = cols_offsets.to("cpu")
-        return build_schedule(offs_r[1:] - offs_r[:-1], offs_c[1:] - offs_c[:-1],
-                              cfg.block_rows, cfg.block_cols, heads,
-                              num_sms(device) * cfg.ctas_per_sm, device)
+        return build_schedule(rows_offsets, cols_offsets, cfg.block_rows, cfg.block_cols,
+                              heads, num_sms(device) * cfg.ctas_per_sm, device)
 
     return _CACHE.get(key, rows_offsets, cols_offsets, build)
 
@@ -45,7 +42,7 @@ class GDPAFunction(torch.autograd.Function):
         d, heads = q.shape[-1], q.shape[1]
         cfg = fwd_cfg or fwd_config(max_q, max_kv, d)
         sched = schedule_for(q_offsets, kv_offsets, heads, cfg, q.device)
-        out = launch_fwd(q, k, v, q_offsets, kv_offsets, sched, cfg, ACT_CODE[activation],
+        out = launch_fwd(q, k, v, sched, cfg, ACT_CODE[activation],
                          norm_code, scale, max_kv)
         ctx.save_for_backward(q, k, v, q_offsets, kv_offsets)
         ctx.meta = (max_q, max_kv, activation, scale, norm_code, dkdv_cfg, dq_cfg)
@@ -60,7 +57,7 @@ class GDPAFunction(torch.autograd.Function):
         cfg_q = dq_cfg or dq_config(max_q, max_kv, d)
         sched_kv = schedule_for(kv_offsets, q_offsets, heads, cfg_kv, q.device)
         sched_q = schedule_for(q_offsets, kv_offsets, heads, cfg_q, q.device)
-        dq, dk, dv = launch_bwd(q, k, v, do.contiguous(), q_offsets, kv_offsets, sched_kv,
+        dq, dk, dv = launch_bwd(q, k, v, do.contiguous(), sched_kv,
                                 cfg_kv, sched_q, cfg_q, ACT_CODE[activation], norm_code,
                                 scale, max_kv)
         return dq, dk, dv, None, None, None, None, None, None, None, None, None, None

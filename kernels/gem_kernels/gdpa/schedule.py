@@ -21,7 +21,9 @@ import torch
 
 @dataclass
 class Schedule:
-    """Items (n, 3) int32 [sample, block, head] grouped by program; prog_ptr (P+1,) int32."""
+    """items (n, 6) int32 [block, head, row_start, row_len, col_start, col_len] grouped by
+    program (everything an item needs, so the kernel's next-item loads never chain);
+    prog_ptr (P+1,) int32."""
 
     items: torch.Tensor
     prog_ptr: torch.Tensor
@@ -82,21 +84,30 @@ def imbalance(work: torch.Tensor, prog: torch.Tensor, num_programs: int,
     return float(per_prog.max() / per_prog.mean()) if per_prog.numel() else 1.0
 
 
-def build_schedule(row_lengths: torch.Tensor, col_lengths: torch.Tensor, block_rows: int,
+def build_schedule(row_offsets: torch.Tensor, col_offsets: torch.Tensor, block_rows: int,
                    block_cols: int, heads: int, max_programs: int,
-                   device: torch.device | str) -> Schedule:
-    items, work = build_items(row_lengths, col_lengths, block_rows, block_cols, heads)
+                   device: torch.device | str, snake: bool = True) -> Schedule:
+    """snake=False keeps the natural item order dealt round-robin (the unbalanced baseline)."""
+    row_offsets = row_offsets.to("cpu", torch.int64)
+    col_offsets = col_offsets.to("cpu", torch.int64)
+    row_len = row_offsets[1:] - row_offsets[:-1]
+    col_len = col_offsets[1:] - col_offsets[:-1]
+    items, work = build_items(row_len, col_len, block_rows, block_cols, heads)
     n = items.shape[0]
     p = max(1, min(max_programs, n))
-    prog = deal(work, p)
-    # Within a program keep the dealt (descending work) order.
-    order = torch.argsort(prog * (n + 1) + torch.argsort(torch.argsort(-work.double(),
-                                                                      stable=True)))
+    prog = deal(work, p, snake)
+    # Within a program keep the dealt order (descending work with snake, natural without).
+    rank = torch.argsort(torch.argsort(-work.double(), stable=True)) if snake \
+        else torch.arange(n)
+    order = torch.argsort(prog * (n + 1) + rank)
     counts = torch.bincount(prog, minlength=p)
     prog_ptr = torch.zeros(p + 1, dtype=torch.int64)
     prog_ptr[1:] = torch.cumsum(counts, 0)
     per_prog = torch.zeros(p, dtype=torch.float64).index_add_(0, prog, work.double())
-    return Schedule(items=items[order].to(torch.int32).contiguous().to(device),
+    sample = items[:, 0]
+    meta = torch.stack([items[:, 1], items[:, 2], row_offsets[:-1][sample], row_len[sample],
+                        col_offsets[:-1][sample], col_len[sample]], 1)[order]
+    return Schedule(items=meta.to(torch.int32).contiguous().to(device),
                     prog_ptr=prog_ptr.to(torch.int32).to(device), num_programs=p,
                     work=per_prog)
 

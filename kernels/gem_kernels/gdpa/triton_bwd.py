@@ -20,7 +20,7 @@ from gem_kernels.gdpa.triton_fwd import (
     TileConfig,
     _pow2_at_least,
     _prec,
-    load_item,
+    load_meta,
     load_rows,
     norm_factor,
     store_rows,
@@ -50,24 +50,24 @@ def dq_config(max_q: int, max_kv: int, head_dim: int) -> TileConfig:
 
 
 @triton.jit
-def _gdpa_dkdv_kernel(Q, K, V, DO, DK, DV, q_off, kv_off, items, prog_ptr,
+def _gdpa_dkdv_kernel(Q, K, V, DO, DK, DV, items, prog_ptr,
                       stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
                       stride_dot, stride_doh, scale, inv_max_kv,
                       ACT: tl.constexpr, NORM: tl.constexpr, D: tl.constexpr,
                       BN: tl.constexpr, BM: tl.constexpr, STAGES: tl.constexpr,
                       PREFETCH: tl.constexpr, PREC: tl.constexpr):
-    """dK, dV share k's / v's strides."""
+    """Items are key blocks (rows = keys, columns = queries); dK, dV share k's / v's strides."""
     pid = tl.program_id(0)
     start = tl.load(prog_ptr + pid)
     end = tl.load(prog_ptr + pid + 1)
-    _, blk, h, r0, rlen, c0, clen = load_item(items, q_off, kv_off, start, False)
+    blk, h, r0, rlen, c0, clen = load_meta(items, start)
+    nblk, nh, nr0, nrlen, nc0, nclen = load_meta(items, tl.minimum(start + 1, end - 1))
     k = load_rows(K, r0, rlen, blk, h, stride_kt, stride_kh, BN, D)
     v = load_rows(V, r0, rlen, blk, h, stride_vt, stride_vh, BN, D)
     offs_m = tl.arange(0, BM)
     offs_d = tl.arange(0, D)
     for it in range(start, end):
-        nxt = tl.minimum(it + 1, end - 1)
-        _, nblk, nh, nr0, nrlen, nc0, nclen = load_item(items, q_off, kv_off, nxt, False)
+        mblk, mh, mr0, mrlen, mc0, mclen = load_meta(items, tl.minimum(it + 2, end - 1))
         if PREFETCH:
             k_next = load_rows(K, nr0, nrlen, nblk, nh, stride_kt, stride_kh, BN, D)
             v_next = load_rows(V, nr0, nrlen, nblk, nh, stride_vt, stride_vh, BN, D)
@@ -94,33 +94,29 @@ def _gdpa_dkdv_kernel(Q, K, V, DO, DK, DV, q_off, kv_off, items, prog_ptr,
             v_next = load_rows(V, nr0, nrlen, nblk, nh, stride_vt, stride_vh, BN, D)
         k = k_next
         v = v_next
-        blk = nblk
-        h = nh
-        r0 = nr0
-        rlen = nrlen
-        c0 = nc0
-        clen = nclen
+        blk, h, r0, rlen, c0, clen = nblk, nh, nr0, nrlen, nc0, nclen
+        nblk, nh, nr0, nrlen, nc0, nclen = mblk, mh, mr0, mrlen, mc0, mclen
 
 
 @triton.jit
-def _gdpa_dq_kernel(Q, K, V, DO, DQ, q_off, kv_off, items, prog_ptr,
+def _gdpa_dq_kernel(Q, K, V, DO, DQ, items, prog_ptr,
                     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
                     stride_dot, stride_doh, scale, inv_max_kv,
                     ACT: tl.constexpr, NORM: tl.constexpr, D: tl.constexpr,
                     BM: tl.constexpr, BN: tl.constexpr, STAGES: tl.constexpr,
                     PREFETCH: tl.constexpr, PREC: tl.constexpr):
-    """dQ shares q's strides."""
+    """Items are query blocks; dQ shares q's strides."""
     pid = tl.program_id(0)
     start = tl.load(prog_ptr + pid)
     end = tl.load(prog_ptr + pid + 1)
-    _, blk, h, r0, rlen, c0, clen = load_item(items, q_off, kv_off, start, True)
+    blk, h, r0, rlen, c0, clen = load_meta(items, start)
+    nblk, nh, nr0, nrlen, nc0, nclen = load_meta(items, tl.minimum(start + 1, end - 1))
     q = load_rows(Q, r0, rlen, blk, h, stride_qt, stride_qh, BM, D)
     do = load_rows(DO, r0, rlen, blk, h, stride_dot, stride_doh, BM, D)
     offs_n = tl.arange(0, BN)
     offs_d = tl.arange(0, D)
     for it in range(start, end):
-        nxt = tl.minimum(it + 1, end - 1)
-        _, nblk, nh, nr0, nrlen, nc0, nclen = load_item(items, q_off, kv_off, nxt, True)
+        mblk, mh, mr0, mrlen, mc0, mclen = load_meta(items, tl.minimum(it + 2, end - 1))
         if PREFETCH:
             q_next = load_rows(Q, nr0, nrlen, nblk, nh, stride_qt, stride_qh, BM, D)
             do_next = load_rows(DO, nr0, nrlen, nblk, nh, stride_dot, stride_doh, BM, D)
@@ -144,18 +140,13 @@ def _gdpa_dq_kernel(Q, K, V, DO, DQ, q_off, kv_off, items, prog_ptr,
             do_next = load_rows(DO, nr0, nrlen, nblk, nh, stride_dot, stride_doh, BM, D)
         q = q_next
         do = do_next
-        blk = nblk
-        h = nh
-        r0 = nr0
-        rlen = nrlen
-        c0 = nc0
-        clen = nclen
+        blk, h, r0, rlen, c0, clen = nblk, nh, nr0, nrlen, nc0, nclen
+        nblk, nh, nr0, nrlen, nc0, nclen = mblk, mh, mr0, mrlen, mc0, mclen
 
 
-def launch_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
-               q_offsets: torch.Tensor, kv_offsets: torch.Tensor, sched_kv, cfg_kv: TileConfig,
-               sched_q, cfg_q: TileConfig, act_code: int, norm_code: int, scale: float,
-               max_kv: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def launch_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, sched_kv,
+               cfg_kv: TileConfig, sched_q, cfg_q: TileConfig, act_code: int, norm_code: int,
+               scale: float, max_kv: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) in the inputs' dtypes; every row is written by exactly one item."""
     dq = torch.empty_like(q)
     dk = torch.empty_like(k)
@@ -164,7 +155,7 @@ def launch_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tens
     d = q.shape[-1]
     if sched_kv.num_items:
         _gdpa_dkdv_kernel[(sched_kv.num_programs,)](
-            q, k, v, do, dk, dv, q_offsets, kv_offsets, sched_kv.items, sched_kv.prog_ptr,
+            q, k, v, do, dk, dv, sched_kv.items, sched_kv.prog_ptr,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             do.stride(0), do.stride(1), scale, inv_max_kv,
             ACT=act_code, NORM=norm_code, D=d, BN=cfg_kv.block_rows, BM=cfg_kv.block_cols,
@@ -173,7 +164,7 @@ def launch_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tens
             num_stages=cfg_kv.num_stages)
     if sched_q.num_items:
         _gdpa_dq_kernel[(sched_q.num_programs,)](
-            q, k, v, do, dq, q_offsets, kv_offsets, sched_q.items, sched_q.prog_ptr,
+            q, k, v, do, dq, sched_q.items, sched_q.prog_ptr,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             do.stride(0), do.stride(1), scale, inv_max_kv,
             ACT=act_code, NORM=norm_code, D=d, BM=cfg_q.block_rows, BN=cfg_q.block_cols,

@@ -54,19 +54,12 @@ def _prec(x: torch.Tensor) -> str:
 
 
 @triton.jit
-def load_item(items, q_off, kv_off, it, ROW_IS_Q: tl.constexpr):
-    """(sample, block, head, row_start, row_len, col_start, col_len) of item ``it``."""
-    b = tl.load(items + it * 3)
-    blk = tl.load(items + it * 3 + 1)
-    h = tl.load(items + it * 3 + 2)
-    q0 = tl.load(q_off + b)
-    q1 = tl.load(q_off + b + 1)
-    k0 = tl.load(kv_off + b)
-    k1 = tl.load(kv_off + b + 1)
-    if ROW_IS_Q:
-        return b, blk, h, q0, q1 - q0, k0, k1 - k0
-    else:
-        return b, blk, h, k0, k1 - k0, q0, q1 - q0
+def load_meta(items, it):
+    """(block, head, row_start, row_len, col_start, col_len) of item ``it``: independent
+    scalar loads, so prefetching them never waits on another load."""
+    base = items + it * 6
+    return (tl.load(base), tl.load(base + 1), tl.load(base + 2), tl.load(base + 3),
+            tl.load(base + 4), tl.load(base + 5))
 
 
 @triton.jit
@@ -100,7 +93,7 @@ def norm_factor(col_len, inv_max_kv, NORM: tl.constexpr):
 
 
 @triton.jit
-def _gdpa_fwd_kernel(Q, K, V, Out, q_off, kv_off, items, prog_ptr,
+def _gdpa_fwd_kernel(Q, K, V, Out, items, prog_ptr,
                      stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
                      stride_ot, stride_oh, scale, inv_max_kv,
                      ACT: tl.constexpr, NORM: tl.constexpr, D: tl.constexpr,
@@ -109,13 +102,14 @@ def _gdpa_fwd_kernel(Q, K, V, Out, q_off, kv_off, items, prog_ptr,
     pid = tl.program_id(0)
     start = tl.load(prog_ptr + pid)
     end = tl.load(prog_ptr + pid + 1)
-    _, blk, h, r0, rlen, c0, clen = load_item(items, q_off, kv_off, start, True)
+    # Item metadata runs two items ahead, the query tile one item ahead.
+    blk, h, r0, rlen, c0, clen = load_meta(items, start)
+    nblk, nh, nr0, nrlen, nc0, nclen = load_meta(items, tl.minimum(start + 1, end - 1))
     q = load_rows(Q, r0, rlen, blk, h, stride_qt, stride_qh, BM, D)
     offs_n = tl.arange(0, BN)
     offs_d = tl.arange(0, D)
     for it in range(start, end):
-        nxt = tl.minimum(it + 1, end - 1)
-        _, nblk, nh, nr0, nrlen, nc0, nclen = load_item(items, q_off, kv_off, nxt, True)
+        mblk, mh, mr0, mrlen, mc0, mclen = load_meta(items, tl.minimum(it + 2, end - 1))
         if PREFETCH:
             q_next = load_rows(Q, nr0, nrlen, nblk, nh, stride_qt, stride_qh, BM, D)
         acc = tl.zeros((BM, D), dtype=tl.float32)
@@ -136,23 +130,18 @@ def _gdpa_fwd_kernel(Q, K, V, Out, q_off, kv_off, items, prog_ptr,
         if not PREFETCH:
             q_next = load_rows(Q, nr0, nrlen, nblk, nh, stride_qt, stride_qh, BM, D)
         q = q_next
-        blk = nblk
-        h = nh
-        r0 = nr0
-        rlen = nrlen
-        c0 = nc0
-        clen = nclen
+        blk, h, r0, rlen, c0, clen = nblk, nh, nr0, nrlen, nc0, nclen
+        nblk, nh, nr0, nrlen, nc0, nclen = mblk, mh, mr0, mrlen, mc0, mclen
 
 
-def launch_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: torch.Tensor,
-               kv_offsets: torch.Tensor, sched, cfg: TileConfig, act_code: int, norm_code: int,
-               scale: float, max_kv: int) -> torch.Tensor:
+def launch_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sched, cfg: TileConfig,
+               act_code: int, norm_code: int, scale: float, max_kv: int) -> torch.Tensor:
     """Output (total_q, H, d); every row is written by exactly one item."""
     out = torch.empty_like(q)
     if sched.num_items == 0:
         return out
     _gdpa_fwd_kernel[(sched.num_programs,)](
-        q, k, v, out, q_offsets, kv_offsets, sched.items, sched.prog_ptr,
+        q, k, v, out, sched.items, sched.prog_ptr,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         out.stride(0), out.stride(1), scale, 1.0 / max(max_kv, 1),
         ACT=act_code, NORM=norm_code, D=q.shape[-1], BM=cfg.block_rows, BN=cfg.block_cols,
