@@ -1,0 +1,31 @@
+"""Block-scaled FP8 training for linear layers: quantization (32x32 or 1x128/128x128 blocks,
+optional random Hadamard and stochastic rounding), the FP8 GEMM, and ``Fp8BlockLinear``.
+
+Every op takes ``kernel=`` (Triton on CUDA, the PyTorch reference elsewhere).
+"""
+
+from gem_kernels.fp8.gemm import gemm
+from gem_kernels.fp8.linear import (
+    Fp8BlockLinear,
+    Fp8Config,
+    fp8_block_linear,
+    hadamard_for,
+    quantize_weight,
+)
+from gem_kernels.fp8.quantize import quantize
+from gem_kernels.fp8.reference import (
+    FP8_DTYPE,
+    BlockFp8,
+    apply_hadamard,
+    dequantize_reference,
+    gemm_reference,
+    hadamard_matrix,
+    quantize_reference,
+)
+from gem_kernels.fp8.tensor import Fp8BlockWeight
+
+__all__ = [
+    "FP8_DTYPE", "BlockFp8", "Fp8BlockLinear", "Fp8BlockWeight", "Fp8Config", "apply_hadamard",
+    "dequantize_reference", "fp8_block_linear", "gemm", "gemm_reference", "hadamard_for",
+    "hadamard_matrix", "quantize", "quantize_reference", "quantize_weight",
+]

@@ -1,0 +1,108 @@
+"""FP8 GEMM on 32x32 block-scaled operands (Triton), C = A @ B in bf16.
+
+Scheme: Hopper has no block-scaled MMA, so the K loop runs in steps of 32 (one scale block):
+each step is an fp8 x fp8 tensor-core dot of a (BM x 32) by (32 x BN) tile into a fresh fp32
+partial product, which is multiplied by the outer product of the A-scales of its rows' blocks
+and the B-scales of its columns' blocks, then added to the fp32 accumulator. This is exactly
+sum_k deq(A)[m, k] deq(B)[k, n] with fp32 accumulation, i.e. what the format means. The price
+is one scale-multiply-add per accumulator element per 32 of K on the CUDA cores, which is why
+the 128-block route (cuBLAS, promotion every 128 of K) can be faster.
+
+Operands are read through strides, so a transposed operand (``BlockFp8.t()``) needs no copy.
+For Hopper's fp8 MMA both tiles should be K-contiguous in memory (A row-major, B column-major);
+callers give the backward a K-contiguous copy of the weight bytes.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from gem_kernels.dispatch import Kernel, resolve_kernel
+from gem_kernels.fp8.reference import BlockFp8, gemm_reference
+
+_CONFIGS = [
+    triton.Config({"BM": 128, "BN": 128, "GROUP_M": 8}, num_warps=8, num_stages=4),
+    triton.Config({"BM": 128, "BN": 256, "GROUP_M": 8}, num_warps=8, num_stages=3),
+    triton.Config({"BM": 256, "BN": 128, "GROUP_M": 8}, num_warps=8, num_stages=3),
+    triton.Config({"BM": 128, "BN": 128, "GROUP_M": 8}, num_warps=4, num_stages=5),
+]
+
+
+@triton.jit
+def _gemm_body(a_ptr, b_ptr, sa_ptr, sb_ptr, c_ptr, M, N, K,
+               stride_am, stride_ak, stride_bk, stride_bn,
+               stride_sam, stride_sak, stride_sbk, stride_sbn, stride_cm, stride_cn,
+               BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr):
+    BK: tl.constexpr = 32
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BM)
+    num_n = tl.cdiv(N, BN)
+    group = pid // (GROUP_M * num_n)
+    first_m = group * GROUP_M
+    size_m = tl.minimum(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % (GROUP_M * num_n)) % size_m
+    pid_n = (pid % (GROUP_M * num_n)) // size_m
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    offs_k = tl.arange(0, BK)
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+    a_ptrs = a_ptr + offs_m[:, None].to(tl.int64) * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :].to(tl.int64) * stride_bn
+    sa_ptrs = sa_ptr + (offs_m // 32) * stride_sam
+    sb_ptrs = sb_ptr + (offs_n // 32) * stride_sbn
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for kb in range(0, tl.cdiv(K, BK)):
+        k_ok = offs_k < K - kb * BK
+        a = tl.load(a_ptrs, mask=mask_m[:, None] & k_ok[None, :], other=0.0)
+        b = tl.load(b_ptrs, mask=k_ok[:, None] & mask_n[None, :], other=0.0)
+        sa = tl.load(sa_ptrs + kb * stride_sak, mask=mask_m, other=0.0)
+        sb = tl.load(sb_ptrs + kb * stride_sbk, mask=mask_n, other=0.0)
+        part = tl.dot(a, b)
+        acc += part * (sa[:, None] * sb[None, :])
+        a_ptrs += BK * stride_ak
+        b_ptrs += BK * stride_bk
+    c_ptrs = c_ptr + offs_m[:, None].to(tl.int64) * stride_cm + offs_n[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+
+
+_gemm_autotuned = triton.autotune(configs=_CONFIGS, key=["M", "N", "K"])(_gemm_body)
+
+
+def _check(a: BlockFp8, b: BlockFp8) -> None:
+    if a.block != (32, 32) or b.block != (32, 32):
+        raise ValueError("the Triton FP8 GEMM takes 32x32 block-scaled operands")
+    if a.data.shape[1] != b.data.shape[0]:
+        raise ValueError(f"inner dimensions differ: {tuple(a.shape)} @ {tuple(b.shape)}")
+
+
+def gemm_triton(a: BlockFp8, b: BlockFp8, out_dtype: torch.dtype = torch.bfloat16,
+                autotune: bool = True) -> torch.Tensor:
+    _check(a, b)
+    m, k = a.data.shape
+    n = b.data.shape[1]
+    c = torch.empty((m, n), dtype=out_dtype, device=a.data.device)
+    args = (a.data, b.data, a.scale, b.scale, c, m, n, k,
+            a.data.stride(0), a.data.stride(1), b.data.stride(0), b.data.stride(1),
+            a.scale.stride(0), a.scale.stride(1), b.scale.stride(0), b.scale.stride(1),
+            c.stride(0), c.stride(1))
+    if autotune:
+        grid = lambda meta: (triton.cdiv(m, meta["BM"]) * triton.cdiv(n, meta["BN"]),)
+        _gemm_autotuned[grid](*args)
+    else:  # small fixed tiles: the interpreter and tiny shapes
+        bm, bn = 32, 32
+        grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
+        _gemm_body[grid](*args, BM=bm, BN=bn, GROUP_M=4)
+    return c
+
+
+def gemm(a: BlockFp8, b: BlockFp8, out_dtype: torch.dtype = torch.bfloat16, *,
+         kernel: Kernel | str | None = None) -> torch.Tensor:
+    """A (M x K) @ B (K x N) for 32x32 block-scaled FP8 operands; fp32 accumulation."""
+    which = resolve_kernel(kernel, a.data, b.data)
+    if which is Kernel.PYTORCH:
+        _check(a, b)
+        return gemm_reference(a, b, out_dtype)
+    return gemm_triton(a, b, out_dtype, autotune=a.data.device.type == "cuda")

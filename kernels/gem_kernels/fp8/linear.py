@@ -1,0 +1,225 @@
+"""``Fp8BlockLinear``: a linear layer whose forward and input-gradient GEMMs run in FP8.
+
+Two routes (``block``):
+- 32: GEM's square 32x32 blocks for activations, weights and output gradients; our Triton
+  quantizer and Triton GEMM. Each tensor is quantized once: the backward reads the weight's
+  and the gradient's bytes and scales transposed.
+- 128: activations and output gradients in 1x128 blocks, weights in 128x128 blocks, GEMMs
+  through cuBLAS blockwise scaled_mm (``torch.nn.functional.scaled_mm``, Hopper). The weight's
+  128x128 blocks are reused transposed for the input gradient.
+
+Weight gradient: bf16 by default (GEM keeps it out of low precision); ``wgrad='fp8'`` (block 32
+only) computes it from the 32x32 FP8 gradient and activation, and then the layer saves only the
+FP8 activation for the backward (half the bytes of bf16).
+
+Hadamard: the same random orthogonal Q rotates the reduction dimension (in_features) of the
+activation and of the weight, so (X Q)(W Q)^T = X W^T. The input gradient then comes out
+rotated, dY (W Q) = dX Q, and is rotated back with Q^T (a small block-diagonal bf16 matmul).
+Stochastic rounding applies to the output-gradient quantization; forward operands round to
+nearest.
+
+Without CUDA the same arithmetic runs on the PyTorch reference (quantize/dequantize emulated in
+fp32), so CPU training with FP8 layers works and matches the GPU numerics up to summation order.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gem_kernels.dispatch import Kernel, resolve_kernel
+from gem_kernels.fp8.gemm import gemm
+from gem_kernels.fp8.quantize import quantize
+from gem_kernels.fp8.reference import BlockFp8, apply_hadamard, gemm_reference, hadamard_matrix
+from gem_kernels.fp8.tensor import Fp8BlockWeight
+
+
+@dataclass(frozen=True)
+class Fp8Config:
+    """What an FP8 linear layer does; mirrors the recipe's precision section."""
+
+    block: int = 32
+    hadamard: bool = False
+    hadamard_block: int = 128
+    stochastic_rounding: bool = False
+    wgrad: str = "bf16"  # "bf16" or "fp8"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.block not in (32, 128):
+            raise ValueError(f"block must be 32 or 128, got {self.block}")
+        if self.wgrad not in ("bf16", "fp8"):
+            raise ValueError(f"wgrad must be 'bf16' or 'fp8', got {self.wgrad!r}")
+        if self.wgrad == "fp8" and self.block != 32:
+            raise ValueError("wgrad='fp8' is implemented for block=32 only")
+        hb = self.hadamard_block
+        if self.hadamard and (hb < 32 or hb > 128 or hb & (hb - 1)):
+            raise ValueError(f"hadamard_block must be 32, 64 or 128, got {hb}")
+
+    @property
+    def weight_block(self) -> tuple[int, int]:
+        return (32, 32) if self.block == 32 else (128, 128)
+
+    @property
+    def act_block(self) -> tuple[int, int]:
+        return (32, 32) if self.block == 32 else (1, 128)
+
+    def supports(self, in_features: int, out_features: int) -> bool:
+        """Whether a layer of this shape can run in this configuration."""
+        if in_features % self.block or out_features % 16:
+            return False
+        return not self.hadamard or in_features % self.hadamard_block == 0
+
+
+@functools.lru_cache(maxsize=32)
+def _hadamard_cached(n: int, seed: int, device: str) -> torch.Tensor:
+    return hadamard_matrix(n, seed, device=device)
+
+
+def hadamard_for(cfg: Fp8Config, device: torch.device) -> torch.Tensor | None:
+    """The normalized Q this configuration rotates with (None without Hadamard)."""
+    if not cfg.hadamard:
+        return None
+    return _hadamard_cached(cfg.hadamard_block, cfg.seed, str(device))
+
+
+def quantize_weight(w: torch.Tensor, cfg: Fp8Config, kernel: Kernel | str | None = None
+                    ) -> BlockFp8:
+    """The (out x in) weight in the configuration's weight blocks (rotated if Hadamard)."""
+    return quantize(w.detach(), cfg.weight_block, hadamard=hadamard_for(cfg, w.device),
+                    kernel=kernel)
+
+
+def _scaled_mm_blockwise(a: BlockFp8, b: BlockFp8, out_dtype: torch.dtype) -> torch.Tensor:
+    """cuBLAS blockwise FP8: a (M x K, 1x128 blocks) @ b (K x N, 128x128 blocks)."""
+    sm = getattr(F, "scaled_mm", None)
+    if sm is None:
+        raise RuntimeError("block=128 needs torch.nn.functional.scaled_mm (torch >= 2.10)")
+    k = a.data.shape[1]
+    kb = -(-k // 128)
+    l4 = -(-kb // 4) * 4
+    a_data = a.data.contiguous()
+    b_data = b.data.t().contiguous().t()  # column-major K x N
+    scale_a = a.scale.t().contiguous().t()  # (M, K/128), stride (1, M)
+    nb = b.scale.shape[1]
+    sb = torch.zeros((nb, l4), dtype=torch.float32, device=b.scale.device)
+    sb[:, :kb] = b.scale.t()
+    scale_b = sb.t()  # (L4, N/128), stride (1, L4)
+    st = F.ScalingType
+    return sm(a_data, b_data, scale_a, st.BlockWise1x128, scale_b, st.BlockWise128x128,
+              output_dtype=out_dtype)
+
+
+def fp8_matmul(a: BlockFp8, b: BlockFp8, out_dtype: torch.dtype, kernel: Kernel) -> torch.Tensor:
+    """A @ B for either route; the reference where no GPU kernel runs."""
+    if kernel is Kernel.PYTORCH:
+        return gemm_reference(a, b, out_dtype)
+    if a.block == (32, 32):
+        return gemm(a, b, out_dtype, kernel=kernel)
+    if a.data.device.type != "cuda":  # interpreter runs: no cuBLAS on CPU
+        return gemm_reference(a, b, out_dtype)
+    return _scaled_mm_blockwise(a, b, out_dtype)
+
+
+def _k_contiguous(q: BlockFp8) -> BlockFp8:
+    """Same bytes as q with the row (reduction) dimension contiguous: Hopper's fp8 MMA wants
+    both operands K-major. Copies the bytes once (cheap for weights)."""
+    return BlockFp8(q.data.t().contiguous().t(), q.scale, q.block)
+
+
+class _Fp8LinearFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                cfg: Fp8Config, kernel: Kernel) -> torch.Tensor:
+        if isinstance(weight, Fp8BlockWeight):
+            wq = weight.fp8
+            if wq.block != cfg.weight_block:
+                raise ValueError(f"weight blocks {wq.block} != configured {cfg.weight_block}")
+        else:
+            wq = quantize_weight(weight, cfg, kernel)
+        q = hadamard_for(cfg, x.device)
+        xq = quantize(x, cfg.act_block, hadamard=q, kernel=kernel)
+        y = fp8_matmul(xq, wq.t(), x.dtype, kernel)
+        if bias is not None:
+            y = y + bias.to(y.dtype)
+        ctx.cfg, ctx.kernel, ctx.has_bias = cfg, kernel, bias is not None
+        ctx.w_dtype = weight.dtype
+        if cfg.wgrad == "fp8":
+            ctx.save_for_backward(wq.data, wq.scale, xq.data, xq.scale)
+        else:
+            ctx.save_for_backward(wq.data, wq.scale, x)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        cfg: Fp8Config = ctx.cfg
+        kernel: Kernel = ctx.kernel
+        saved = ctx.saved_tensors
+        wq = BlockFp8(saved[0], saved[1], cfg.weight_block)
+        grad = grad.contiguous()
+        q = hadamard_for(cfg, grad.device)
+        gq = quantize(grad, cfg.act_block, stochastic=cfg.stochastic_rounding, kernel=kernel)
+        dx = dw = db = None
+        if ctx.needs_input_grad[0]:
+            dx = fp8_matmul(gq, _k_contiguous(wq), grad.dtype, kernel)
+            if q is not None:
+                dx = apply_hadamard(dx, q.t())
+        if ctx.needs_input_grad[1]:
+            if cfg.wgrad == "fp8":
+                xq = BlockFp8(saved[2], saved[3], cfg.act_block)
+                gt = gq.t()
+                gt = BlockFp8(gt.data.contiguous(), gt.scale, gt.block)
+                dw = fp8_matmul(gt, _k_contiguous(xq), torch.float32, kernel)
+                if q is not None:
+                    dw = apply_hadamard(dw, q.t())
+            else:
+                x = saved[2]
+                dw = grad.t().to(x.dtype) @ x
+            dw = dw.to(ctx.w_dtype)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            db = grad.sum(0)
+        return dx, dw, db, None, None
+
+
+def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                     cfg: Fp8Config | None = None, *, kernel: Kernel | str | None = None
+                     ) -> torch.Tensor:
+    """y = x W^T + b with block-scaled FP8 GEMMs (x: (..., in), weight: (out, in))."""
+    cfg = cfg or Fp8Config()
+    which = resolve_kernel(kernel, x)
+    shp = x.shape
+    y = _Fp8LinearFn.apply(x.reshape(-1, shp[-1]), weight, bias, cfg, which)
+    return y.reshape(*shp[:-1], y.shape[-1])
+
+
+class Fp8BlockLinear(nn.Linear):
+    """nn.Linear whose matmuls run in block-scaled FP8 (same parameters and state dict)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True,
+                 cfg: Fp8Config | None = None, kernel: Kernel | str | None = None,
+                 device: torch.device | str | None = None, dtype: torch.dtype | None = None):
+        super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        self.cfg = cfg or Fp8Config()
+        self.kernel = kernel
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, cfg: Fp8Config,
+                    kernel: Kernel | str | None = None) -> Fp8BlockLinear:
+        """Wrap an existing layer, sharing its Parameter objects (optimizer state survives)."""
+        new = cls.__new__(cls)
+        nn.Module.__init__(new)
+        new.in_features, new.out_features = linear.in_features, linear.out_features
+        new.weight = linear.weight
+        new.bias = linear.bias
+        new.cfg, new.kernel = cfg, kernel
+        return new
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return fp8_block_linear(x, self.weight, self.bias, self.cfg, kernel=self.kernel)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, fp8_block={self.cfg.block}, hadamard={self.cfg.hadamard}"
