@@ -20,13 +20,16 @@ from gem_platform.balance.stats import (
 
 
 def make_batcher(
-    cfg: LoaderConfig, seq_lengths: np.ndarray, steps_per_epoch: int | None = None
+    cfg: LoaderConfig,
+    seq_lengths: np.ndarray,
+    steps_per_epoch: int | None = None,
+    rank: int = 0,
 ) -> Batcher:
-    """The batcher ``cfg.batching`` names, over one rank's samples (see base.py for the
-    step count, tail and resume rules)."""
-    if cfg.batching == "bbs":
-        return BBSBatcher(cfg, seq_lengths, steps_per_epoch)
-    return SequentialBatcher(cfg, seq_lengths, steps_per_epoch)
+    """The batcher ``cfg.batching`` names, over one rank's samples (``seq_lengths``: one
+    length per sample the rank holds). See base.py for the step count, tail and resume
+    rules."""
+    cls = BBSBatcher if cfg.batching == "bbs" else SequentialBatcher
+    return cls(cfg, seq_lengths, steps_per_epoch, rank=rank)
 
 
 __all__ = [

@@ -17,7 +17,10 @@ sample is seen exactly once per epoch and batches hold ``local_batch_size`` or a
 samples. With ``drop_last=True`` the tail is skipped; with ``shuffle=True`` a different tail is
 skipped each epoch.
 
-Resume. The permutation and every BBS buffer are pure functions of (seed, epoch), so the
+Shuffling. The permutation is drawn from (seed, rank, epoch): ranks holding similar data
+still draw different orders.
+
+Resume. The permutation and every BBS buffer are pure functions of (seed, rank, epoch), so the
 state is just (epoch, position): ``load_state_dict`` makes the next ``epoch(e)`` call for the
 same epoch regenerate the plan and continue at batch ``position``.
 """
@@ -58,7 +61,11 @@ class Batcher(ABC):
     """Turns one rank's samples into ``len(self)`` local full batches per epoch."""
 
     def __init__(
-        self, cfg: LoaderConfig, seq_lengths: np.ndarray, steps_per_epoch: int | None = None
+        self,
+        cfg: LoaderConfig,
+        seq_lengths: np.ndarray,
+        steps_per_epoch: int | None = None,
+        rank: int = 0,
     ) -> None:
         lengths = np.asarray(seq_lengths)
         if lengths.ndim != 1:
@@ -70,6 +77,7 @@ class Batcher(ABC):
             raise DataError("seq_lengths holds negative or non-numeric values.",
                             "Check the sequence length column of the data.")
         self.cfg = cfg
+        self.rank = int(rank)
         self.num_samples = int(lengths.size)
         if steps_per_epoch is None:
             steps_per_epoch = common_steps_per_epoch([self.num_samples], cfg.local_batch_size)
@@ -91,10 +99,10 @@ class Batcher(ABC):
         return self.steps_per_epoch
 
     def permutation(self, epoch: int) -> np.ndarray:
-        """The epoch's sample order: deterministic in (seed, epoch)."""
+        """The epoch's sample order: deterministic in (seed, rank, epoch)."""
         if not self.cfg.shuffle:
             return np.arange(self.num_samples, dtype=np.int64)
-        rng = np.random.default_rng([self.cfg.seed, epoch])
+        rng = np.random.default_rng([self.cfg.seed, self.rank, epoch])
         return rng.permutation(self.num_samples).astype(np.int64)
 
     def epoch(self, epoch: int) -> Iterator[np.ndarray]:
@@ -129,6 +137,7 @@ class Batcher(ABC):
             "version": STATE_VERSION,
             "batching": self.cfg.batching,
             "seed": self.cfg.seed,
+            "rank": self.rank,
             "num_samples": self.num_samples,
             "steps_per_epoch": self.steps_per_epoch,
             "epoch": self._epoch,
@@ -138,7 +147,7 @@ class Batcher(ABC):
     def load_state_dict(self, state: dict) -> None:
         """Make the next ``epoch(state['epoch'])`` continue at batch ``state['position']``."""
         mine = self.state_dict()
-        for key in ("version", "batching", "seed", "num_samples", "steps_per_epoch"):
+        for key in ("version", "batching", "seed", "rank", "num_samples", "steps_per_epoch"):
             if state.get(key) != mine[key]:
                 raise LoaderStateError(
                     f"The saved loader state has {key} = {state.get(key)!r}, this loader has "

@@ -7,6 +7,7 @@ rank works than the average one, which every synchronous step waits for).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -108,13 +109,13 @@ def gather_rank_work(local_work: float) -> np.ndarray:
     """All ranks' work at this step, via one scalar all-gather (measurement only).
 
     Without an initialized process group this returns just the local value, so the same call
-    works in single-process runs.
+    works in single-process runs (and costs no torch import when torch was never loaded).
     """
-    import torch
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not (dist.is_available() and dist.is_initialized()):
         return np.array([float(local_work)])
+    import torch
+
     world = dist.get_world_size()
     if dist.get_backend() == "nccl":
         device = torch.device("cuda", torch.cuda.current_device())

@@ -1,0 +1,203 @@
+"""Simulation benchmark of batch balancing (CPU): straggler overhead with no balancing, with
+BBS and with a global balanced partition, at simulated world sizes, plus the batcher's cost.
+
+    python -m gem_platform.balance.bench --out bench_results/bbs        # worlds 8..4096
+    python -m gem_platform.balance.bench --quick --out /tmp/bbs         # worlds 8, 64
+    python -m gem_platform.balance.bench --out docs/bench               # the committed figures
+
+Every rank holds ``steps * local_batch`` samples (1024 samples per rank per step) with
+long-tailed sequence lengths: log-normal with median 128 and sigma 1, clipped to 16..2048.
+A rank's step time is taken as proportional to its batch work under the cost model. The run
+prints the tables and writes ``bbs.json`` into ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform as _platform
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from gem_platform.balance.config import CostName, LoaderConfig
+from gem_platform.balance.profile import profile_lengths
+
+MEDIAN_LENGTH = 128
+SIGMA = 1.0
+MIN_LENGTH, MAX_LENGTH = 16, 2048
+
+
+def long_tailed_lengths(n: int, rng: np.random.Generator) -> np.ndarray:
+    """Log-normal sequence lengths clipped to 16..2048 (int16, to keep big worlds small)."""
+    raw = rng.lognormal(np.log(MEDIAN_LENGTH), SIGMA, n)
+    return np.clip(raw, MIN_LENGTH, MAX_LENGTH).astype(np.int16)
+
+
+@dataclass(frozen=True)
+class SimRow:
+    """One simulated world size under one cost model."""
+
+    world: int
+    cost: str
+    buffer_full_batches: int
+    steps: int
+    none: float  # straggler overhead, mean over steps
+    bbs: float
+    global_: float | None
+    none_p95: float
+    bbs_p95: float
+    share_of_global_gain: float | None  # (none - bbs) / (none - global)
+    padding_waste: float  # of the padded layout, no balancing
+    bbs_ms_per_full_batch: float
+    seconds: float
+
+
+def rank_lengths(world: int, samples: int, seed: int) -> list[np.ndarray]:
+    """Fresh long-tailed lengths for every rank, deterministic in (seed, world, samples)."""
+    rng = np.random.default_rng([seed, world, samples])
+    return [long_tailed_lengths(samples, rng) for _ in range(world)]
+
+
+def sim_row(per_rank: list[np.ndarray], steps: int, cfg: LoaderConfig,
+            include_global: bool = True) -> SimRow:
+    """Profile one epoch of ``steps`` steps over ``per_rank`` and keep the headline figures."""
+    t0 = time.perf_counter()
+    world = len(per_rank)
+    report = profile_lengths(per_rank, world, cfg.local_batch_size, cfg, steps=steps,
+                             include_global=include_global)
+    none, bbs = report.row("none"), report.row("bbs")
+    glob = report.row("global") if include_global else None
+    share = bbs.share_of_global_gain
+    if glob is None and none.straggler_mean > 0:
+        # the global partition reaches ~0, so this is a lower bound on the share
+        share = 1.0 - bbs.straggler_mean / none.straggler_mean
+    return SimRow(world=world, cost=cfg.cost, buffer_full_batches=cfg.buffer_full_batches,
+                  steps=steps, none=none.straggler_mean, bbs=bbs.straggler_mean,
+                  global_=glob.straggler_mean if glob else None,
+                  none_p95=none.straggler_p95, bbs_p95=bbs.straggler_p95,
+                  share_of_global_gain=share, padding_waste=none.padding_waste,
+                  bbs_ms_per_full_batch=bbs.ms_per_full_batch,
+                  seconds=time.perf_counter() - t0)
+
+
+def batcher_cost(cfg: LoaderConfig, steps: int, reps: int, seed: int) -> dict[str, float]:
+    """Median ms per full batch of building and iterating one rank's epoch, per batching."""
+    from gem_platform.balance import make_batcher
+
+    lengths = long_tailed_lengths(steps * cfg.local_batch_size, np.random.default_rng(seed))
+    out: dict[str, float] = {}
+    for batching in ("sequential", "bbs"):
+        c = cfg.model_copy(update={"batching": batching})
+        times = []
+        for epoch in range(reps):
+            t0 = time.perf_counter()
+            for _ in make_batcher(c, lengths).epoch(epoch):
+                pass
+            times.append(time.perf_counter() - t0)
+        out[f"{batching}_ms_per_full_batch"] = 1e3 * float(np.median(times)) / steps
+    out["samples_per_rank"] = float(lengths.size)
+    return out
+
+
+def _fmt(v: object) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.4f}"
+    return str(v)
+
+
+def print_table(rows: Sequence[SimRow], title: str) -> None:
+    cols = ["world", "cost", "buffer_full_batches", "steps", "none", "bbs", "global_",
+            "none_p95", "bbs_p95", "share_of_global_gain", "padding_waste",
+            "bbs_ms_per_full_batch", "seconds"]
+    data = [[_fmt(getattr(r, c)) for c in cols] for r in rows]
+    widths = [max(len(c), *(len(d[i]) for d in data)) for i, c in enumerate(cols)]
+    print(f"\n{title}")
+    print("  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True)))
+    for d in data:
+        print("  ".join(x.ljust(w) for x, w in zip(d, widths, strict=True)))
+
+
+def targets(rows: Sequence[SimRow], cost_ms: dict[str, float]) -> dict[str, dict]:
+    """The three targets, checked at the largest world under the length cost model."""
+    top = max((r for r in rows if r.cost == "length"), key=lambda r: r.world)
+    return {
+        "straggler_bbs_le_3pct_where_none_about_15pct": {
+            "world": top.world, "none": top.none, "bbs": top.bbs,
+            "met": top.bbs <= 0.03 and 0.10 <= top.none <= 0.20,
+        },
+        "bbs_reaches_90pct_of_global_gain": {
+            "world": top.world, "share": top.share_of_global_gain,
+            "met": (top.share_of_global_gain or 0.0) >= 0.9,
+        },
+        "batcher_under_1ms_per_full_batch": {
+            "bbs_ms": cost_ms["bbs_ms_per_full_batch"],
+            "met": cost_ms["bbs_ms_per_full_batch"] < 1.0,
+        },
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=Path("bench_results/bbs"))
+    parser.add_argument("--quick", action="store_true", help="worlds 8 and 64, short epochs")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+
+    worlds = [8, 64] if args.quick else [8, 64, 512, 4096]
+    steps = 16 if args.quick else 64
+    sweep_world, sweep_steps = (64, 64) if args.quick else (512, 256)
+    sweep_buffers = [4, 16, 64] if args.quick else [8, 16, 32, 64, 128, 256]
+    costs: tuple[CostName, ...] = ("length", "attention")
+    base = LoaderConfig(local_batch_size=1024, base_batch_size=128,
+                        buffer_full_batches=steps, seed=args.seed)
+
+    rows = []
+    for w in worlds:
+        data = rank_lengths(w, steps * base.local_batch_size, args.seed)
+        rows += [sim_row(data, steps, base.model_copy(update={"cost": c})) for c in costs]
+        del data
+    print_table(rows, f"Straggler overhead (mean over {steps} steps), local batch 1024, "
+                      f"BBS buffer {steps} full batches")
+    data = rank_lengths(sweep_world, sweep_steps * base.local_batch_size, args.seed)
+    sweep = [sim_row(data, sweep_steps, base.model_copy(update={"buffer_full_batches": f}),
+                     include_global=False) for f in sweep_buffers]
+    del data
+    print_table(sweep, f"BBS buffer sweep at world {sweep_world}, {sweep_steps} steps, same "
+                       "data (length cost; share taken against a global partition at 0)")
+    cost_ms = batcher_cost(base, steps, reps=5, seed=args.seed)
+    print(f"\nBatcher cost on one rank ({int(cost_ms['samples_per_rank'])} samples): "
+          f"sequential {cost_ms['sequential_ms_per_full_batch']:.4f} ms, "
+          f"bbs {cost_ms['bbs_ms_per_full_batch']:.4f} ms per full batch")
+    checks = targets(rows, cost_ms)
+    for name, check in checks.items():
+        print(f"target {name}: {'met' if check['met'] else 'NOT met'} {check}")
+
+    payload = {
+        "meta": {
+            "lengths": f"log-normal median {MEDIAN_LENGTH}, sigma {SIGMA}, "
+                       f"clipped {MIN_LENGTH}..{MAX_LENGTH}",
+            "local_batch": 1024, "base_batch": 128, "steps": steps, "quick": args.quick,
+            "seed": args.seed, "python": _platform.python_version(),
+            "numpy": np.__version__, "cpus": os.cpu_count(),
+        },
+        "rows": [asdict(r) for r in rows],
+        "buffer_sweep": [asdict(r) for r in sweep],
+        "batcher_cost": cost_ms,
+        "targets": checks,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / "bbs.json"
+    path.write_text(json.dumps(payload, indent=2))
+    print(f"\nwrote {path}")
+    return payload
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,222 @@
+"""Profile a dataset's balance without training: padding waste and straggler overhead for
+no balancing, BBS, and a global balanced partition (the upper bound).
+
+The measurement every team should take first (GEM-NOTES, "recommended first step"): a large
+padding waste says jagged kernels pay; a large straggler overhead says balance batches first.
+Each rank's step time is taken as proportional to its batch work under the loader's cost
+model, so the straggler overhead of a step is max / mean - 1 of the ranks' batch work.
+
+- none: a plain shuffled loader, ``local_batch`` random samples per rank per step.
+- bbs: the BBS batcher on each rank, exactly as training runs it (no communication).
+- global: at every step, the samples all ranks consumed under "none" are repartitioned across
+  ranks (LPT with equal counts, partition.py): what a balancer with a per-step all-to-all
+  could reach.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+from pydantic import ValidationError
+
+from gem_platform.balance.base import common_steps_per_epoch
+from gem_platform.balance.bbs import BBSBatcher
+from gem_platform.balance.config import LoaderConfig
+from gem_platform.balance.cost import sample_work
+from gem_platform.balance.partition import balanced_partition, descending_order
+from gem_platform.balance.sequential import SequentialBatcher
+from gem_platform.balance.stats import Summary, straggler_overheads
+from gem_platform.errors import DataError, RecipeError
+
+METHODS = ("none", "bbs", "global")
+
+
+@dataclass(frozen=True)
+class ProfileRow:
+    """One method's figures over all steps of one epoch."""
+
+    method: str
+    padding_waste: float  # mean over the ranks' local batches
+    straggler_mean: float  # straggler overhead, mean over steps
+    straggler_p95: float
+    straggler_max: float
+    rank_work_mean: float  # work of one rank's local batch, mean over steps and ranks
+    rank_work_max: float
+    # (none - this) / (none - global) of the mean straggler overhead: 1 = the upper bound
+    share_of_global_gain: float | None
+    ms_per_full_batch: float  # batching cost (per rank-step; for global, per step / world)
+
+
+@dataclass
+class ProfileReport:
+    """Rows for none / bbs / global, and the (steps, world) work matrices behind them."""
+
+    world: int
+    local_batch: int
+    steps: int
+    cfg: LoaderConfig
+    rows: list[ProfileRow]
+    work: dict[str, np.ndarray] = field(repr=False)  # method -> (steps, world)
+
+    def row(self, method: str) -> ProfileRow:
+        return next(r for r in self.rows if r.method == method)
+
+    def to_dict(self) -> dict:
+        """JSON-ready summary (no per-rank matrices)."""
+        return {
+            "world": self.world,
+            "local_batch": self.local_batch,
+            "steps": self.steps,
+            "loader": self.cfg.model_dump(),
+            "rows": [asdict(r) for r in self.rows],
+        }
+
+    def save_png(self, path: str | Path) -> Path:
+        """Histogram of per-rank work (relative to the step mean) for each method, and the
+        straggler overhead of every step."""
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig = Figure(figsize=(11, 4.2))
+        FigureCanvasAgg(fig)
+        hist_ax, step_ax = fig.subplots(1, 2)
+        relative = {m: w / w.mean(axis=1, keepdims=True) for m, w in self.work.items()}
+        lo = min(float(r.min()) for r in relative.values())
+        hi = max(float(r.max()) for r in relative.values())
+        bins = np.linspace(lo, hi, 60)
+        for method in self.work:
+            r = self.row(method)
+            hist_ax.hist(relative[method].ravel(), bins=bins, alpha=0.55,
+                         label=f"{method}: straggler {100 * r.straggler_mean:.2f}%")
+            step_ax.plot(100 * straggler_overheads(self.work[method]), label=method)
+        hist_ax.set_xlabel("rank work / mean rank work at that step")
+        hist_ax.set_ylabel("rank-steps")
+        hist_ax.set_title(f"Per-rank work, world {self.world}, local batch {self.local_batch}, "
+                          f"cost '{self.cfg.cost}'", fontsize=9)
+        hist_ax.legend(fontsize=8)
+        step_ax.set_xlabel("step")
+        step_ax.set_ylabel("straggler overhead (%)")
+        step_ax.set_title("max / mean - 1 across ranks", fontsize=9)
+        step_ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        return path
+
+
+def shard(lengths: np.ndarray, world: int, seed: int = 0) -> list[np.ndarray]:
+    """Deal a global length array to ``world`` ranks the way a distributed sampler does
+    (seeded permutation, then every world-th sample)."""
+    perm = np.random.default_rng([seed, world]).permutation(lengths.size)
+    return [lengths[perm[r::world]] for r in range(world)]
+
+
+def profile_lengths(
+    lengths: np.ndarray | Sequence[np.ndarray],
+    world: int,
+    local_batch: int,
+    cfg: LoaderConfig,
+    steps: int | None = None,
+    epoch: int = 0,
+    include_global: bool = True,
+) -> ProfileReport:
+    """Padding waste and straggler overhead of one epoch under none / bbs / global.
+
+    ``lengths`` is either the global length array (sharded over ``world`` ranks like a
+    distributed sampler) or one array per rank. ``steps`` defaults to the common step count
+    (global minimum of samples per rank // local_batch). ``include_global=False`` skips the
+    upper bound (its row is then absent and shares of its gain are None).
+    """
+    per_rank = _per_rank(lengths, world, cfg.seed)
+    try:
+        base = LoaderConfig.model_validate({**cfg.model_dump(), "local_batch_size": local_batch})
+    except ValidationError as err:
+        raise RecipeError(f"Can't profile with local batch {local_batch}: "
+                          f"{err.errors()[0]['msg']}") from err
+    if steps is None:
+        steps = common_steps_per_epoch([r.size for r in per_rank], local_batch)
+    none_cfg = base.model_copy(update={"batching": "sequential", "shuffle": True})
+    bbs_cfg = base.model_copy(update={"batching": "bbs"})
+
+    methods = METHODS if include_global else METHODS[:2]
+    work = {m: np.zeros((steps, world)) for m in methods}
+    waste = {m: np.zeros((steps, world)) for m in methods}
+    seconds = dict.fromkeys(methods, 0.0)
+    step_samples: list[list[np.ndarray]] = [[] for _ in range(steps)]
+    for rank, rank_lengths in enumerate(per_rank):
+        w = sample_work(rank_lengths, base.cost, base.model_dim)
+        for method, rcfg, cls in (("none", none_cfg, SequentialBatcher),
+                                  ("bbs", bbs_cfg, BBSBatcher)):
+            t0 = time.perf_counter()
+            batches = list(cls(rcfg, rank_lengths, steps, rank=rank).epoch(epoch))
+            seconds[method] += time.perf_counter() - t0
+            flat = np.concatenate(batches)
+            starts = np.cumsum([0] + [b.size for b in batches[:-1]])
+            picked = rank_lengths[flat].astype(np.float64)
+            work[method][:, rank] = np.add.reduceat(w[flat], starts)
+            longest = np.maximum.reduceat(picked, starts)
+            sizes = np.diff(np.append(starts, flat.size))
+            real = np.add.reduceat(picked, starts)
+            waste[method][:, rank] = np.where(longest > 0, 1.0 - real / (sizes * longest), 0.0)
+            if method == "none" and include_global:
+                for s, idx in enumerate(batches):
+                    step_samples[s].append(rank_lengths[idx])
+
+    for s, parts in enumerate(step_samples if include_global else []):
+        step_lengths = np.concatenate(parts)
+        t0 = time.perf_counter()
+        w = sample_work(step_lengths, base.cost, base.model_dim)
+        order = descending_order(step_lengths)
+        assign = balanced_partition(w, world, order=order)
+        seconds["global"] += time.perf_counter() - t0
+        work["global"][s] = np.bincount(assign, weights=w, minlength=world)
+        waste["global"][s] = _group_waste(step_lengths, assign, world)
+
+    straggler = {m: straggler_overheads(work[m]) for m in methods}
+    gap = float(straggler["none"].mean() - straggler["global"].mean()) if include_global else 0
+    rows = []
+    for m in methods:
+        s = Summary.of(straggler[m])
+        share = (float(straggler["none"].mean() - s.mean) / gap) if gap > 0 else None
+        rows.append(ProfileRow(
+            method=m,
+            padding_waste=float(waste[m].mean()),
+            straggler_mean=s.mean,
+            straggler_p95=s.p95,
+            straggler_max=s.max,
+            rank_work_mean=float(work[m].mean()),
+            rank_work_max=float(work[m].max()),
+            share_of_global_gain=share,
+            ms_per_full_batch=1e3 * seconds[m] / (steps * world),
+        ))
+    return ProfileReport(world=world, local_batch=local_batch, steps=steps, cfg=base,
+                         rows=rows, work=work)
+
+
+def _per_rank(lengths: np.ndarray | Sequence[np.ndarray], world: int,
+              seed: int) -> list[np.ndarray]:
+    if world < 1:
+        raise RecipeError(f"world must be at least 1, got {world}.", "Pass --world N with N >= 1.")
+    if isinstance(lengths, np.ndarray) and lengths.ndim == 1:
+        return shard(lengths, world, seed)
+    per_rank = [np.asarray(r) for r in lengths]
+    if len(per_rank) != world:
+        raise DataError(f"Got lengths for {len(per_rank)} ranks but world = {world}.",
+                        "Pass one length array per rank, or one global array.")
+    return per_rank
+
+
+def _group_waste(lengths: np.ndarray, assign: np.ndarray, parts: int) -> np.ndarray:
+    """Padding waste of each part of a partition."""
+    order = np.argsort(assign.astype(np.int16 if parts < 2**15 else np.int64), kind="stable")
+    counts = np.bincount(assign, minlength=parts)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    longest = np.maximum.reduceat(lengths[order].astype(np.float64), starts)
+    sums = np.bincount(assign, weights=lengths.astype(np.float64), minlength=parts)
+    real = np.where(counts > 0, counts * longest, 1.0)
+    return np.where((counts > 0) & (longest > 0), 1.0 - sums / real, 0.0)
