@@ -1,0 +1,163 @@
+"""Benchmark: block-scaled FP8 linear layer (forward, backward) and the quantization kernel.
+
+Same run, same inputs, per shape (tokens x in -> out):
+- ``bf16``: torch.nn.functional.linear forward; backward dX = dY W and dW = dY^T X in bf16.
+- ``rowwise_gemm``: torch._scaled_mm with rowwise FP8 scales, GEMMs only (operands quantized
+  beforehand, not timed): forward X W^T, backward dX in FP8 plus dW in bf16.
+- ``fp8_b32`` / ``fp8_b128``: Fp8BlockLinear, quantization included, through autograd
+  (block 32: Triton quantizer + Triton GEMM; block 128: Triton quantizer + cuBLAS blockwise).
+- ``gemm_b32`` / ``gemm_b128``: our forward GEMM alone (operands pre-quantized).
+- ``quant_*``: the quantization kernel alone; HBM bytes = 2 (read bf16) + 1 (write fp8) per
+  element plus scales; fraction of the measured copy ceiling.
+Useful TFLOP/s count 2MKN per forward and 4MKN per backward for every variant.
+
+Command that produced docs/bench/fp8_linear.json (on the H200):
+    PYTHONPATH=kernels:platform python -m gem_kernels.bench.fp8_linear --out $OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import traceback
+from collections.abc import Callable
+
+import torch
+
+from gem_kernels.bench.common import (
+    H200_BF16_TFLOPS,
+    H200_FP8_TFLOPS,
+    BenchRow,
+    add_ratios,
+    fill_rates,
+    print_table,
+    time_ms,
+    write_json,
+)
+
+CASES = [  # (tokens, in_features, out_features)
+    (16384, 512, 512),
+    (16384, 4096, 4096),
+    (65536, 1024, 1024),
+    (65536, 2048, 2048),
+    (131072, 512, 2048),
+    (131072, 4096, 4096),
+]
+QUICK = [(16384, 1024, 1024), (65536, 2048, 2048)]
+
+
+def _rowwise_fp8(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row FP8 with fp32 scales (rows x 1)."""
+    amax = t.abs().amax(dim=1, keepdim=True).float().clamp_min(1e-12)
+    scale = amax / 448.0
+    return (t.float() / scale).to(torch.float8_e4m3fn), scale
+
+
+def _case_rows(m: int, k: int, n: int, rep_ms: float, errors: dict) -> list[BenchRow]:
+    from gem_kernels.fp8 import Fp8BlockLinear, Fp8Config, gemm, quantize
+    from gem_kernels.fp8.linear import _scaled_mm_blockwise, hadamard_for
+
+    dev = "cuda"
+    case = f"{m}x{k}->{n}"
+    torch.manual_seed(0)
+    x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+    gy = torch.randn(m, n, device=dev, dtype=torch.bfloat16)
+    lin = torch.nn.Linear(k, n, bias=False, device=dev, dtype=torch.bfloat16)
+    w = lin.weight
+    f_fwd, f_bwd = 2.0 * m * k * n, 4.0 * m * k * n
+    rows: list[BenchRow] = []
+
+    def add(variant: str, direction: str, fn: Callable[[], object], flops: float | None = None,
+            nbytes: float | None = None, peak: float = H200_FP8_TFLOPS, **extra) -> None:
+        try:
+            ms = time_ms(fn, warmup_ms=25, rep_ms=rep_ms)
+        except Exception as e:  # a variant that cannot run here is reported, not fatal
+            errors[f"{case}/{variant}/{direction}"] = f"{type(e).__name__}: {e}"[:400]
+            traceback.print_exc()
+            return
+        rows.append(fill_rates(BenchRow(case, variant, direction, ms, extra=extra), flops,
+                               nbytes, peak_tflops=peak))
+
+    # bf16 baseline
+    xr = x.detach().requires_grad_()
+    add("bf16", "fwd", lambda: torch.nn.functional.linear(x, w), f_fwd, peak=H200_BF16_TFLOPS)
+    y = torch.nn.functional.linear(xr, w)
+    add("bf16", "bwd", lambda: torch.autograd.grad(y, (xr, w), gy, retain_graph=True), f_bwd,
+        peak=H200_BF16_TFLOPS)
+
+    # torch._scaled_mm rowwise, GEMMs only
+    xq, xs = _rowwise_fp8(x)
+    wq, ws = _rowwise_fp8(w)  # (n, k): per output channel
+    gq, gs = _rowwise_fp8(gy)
+    wtq, wts = _rowwise_fp8(w.t().contiguous())  # (k, n): per input channel, for dX
+    add("rowwise_gemm", "fwd", lambda: torch._scaled_mm(
+        xq, wq.t(), xs, ws.t(), out_dtype=torch.bfloat16), f_fwd)
+
+    def rowwise_bwd():
+        torch._scaled_mm(gq, wtq.t(), gs, wts.t(), out_dtype=torch.bfloat16)
+        return gy.t() @ x
+
+    add("rowwise_gemm", "bwd", rowwise_bwd, f_bwd)
+
+    for block, hadamard in ((32, False), (128, False), (32, True)):
+        name = f"fp8_b{block}" + ("_had" if hadamard else "")
+        if hadamard and (m, k, n) not in ((65536, 2048, 2048), (16384, 1024, 1024)):
+            continue
+        cfg = Fp8Config(block=block, hadamard=hadamard, hadamard_block=128)
+        layer = Fp8BlockLinear.from_linear(lin, cfg)
+        add(name, "fwd", lambda layer=layer: layer(x), f_fwd)
+        try:
+            y8 = layer(xr)
+            add(name, "bwd", lambda y8=y8: torch.autograd.grad(y8, (xr, w), gy,
+                                                               retain_graph=True), f_bwd)
+        except Exception as e:
+            errors[f"{case}/{name}/bwd"] = f"{type(e).__name__}: {e}"[:400]
+            traceback.print_exc()
+
+    # GEMMs alone and the quantizer alone
+    a32, w32 = quantize(x, (32, 32)), quantize(w, (32, 32))
+    add("gemm_b32", "fwd", lambda: gemm(a32, w32.t()), f_fwd)
+    a128, w128 = quantize(x, (1, 128)), quantize(w, (128, 128))
+    add("gemm_b128", "fwd", lambda: _scaled_mm_blockwise(a128, w128.t(), torch.bfloat16), f_fwd)
+    elems = m * k
+    for label, block, had, sr in (("quant_32", (32, 32), False, False),
+                                  ("quant_1x128", (1, 128), False, False),
+                                  ("quant_32_had128", (32, 32), True, False),
+                                  ("quant_32_sr", (32, 32), False, True)):
+        scales = elems / (block[0] * block[1]) * 4
+        q = hadamard_for(Fp8Config(hadamard=True, hadamard_block=128), x.device) if had else None
+        add(label, "fwd", lambda block=block, q=q, sr=sr: quantize(x, block, hadamard=q,
+                                                                   stochastic=sr, seed=1),
+            nbytes=3.0 * elems + scales)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> list[BenchRow]:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default=".", help="directory for fp8_linear.json")
+    p.add_argument("--quick", action="store_true", help="two shapes, short timing")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("the FP8 linear benchmark needs a CUDA GPU (H200)")
+    cases = QUICK if args.quick else CASES
+    rep = 50 if args.quick else 150
+    rows: list[BenchRow] = []
+    errors: dict[str, str] = {}
+    for m, k, n in cases:
+        rows += _case_rows(m, k, n, rep, errors)
+        torch.cuda.empty_cache()
+    for ours in ("fp8_b32", "fp8_b128", "fp8_b32_had", "rowwise_gemm"):
+        add_ratios(rows, ours, "bf16")
+    meta = {"cases": cases, "errors": errors,
+            "ceilings": {"bf16_tflops": H200_BF16_TFLOPS, "fp8_tflops": H200_FP8_TFLOPS},
+            "note": "column frac_bf16_peak holds each row's fraction of ITS ceiling: bf16 rows "
+                    "of the bf16 matmul ceiling, all FP8 rows of the FP8 tensorwise ceiling"}
+    path = write_json(rows, f"{args.out}/fp8_linear.json", meta)
+    print_table(rows, "FP8 block-scaled linear on " + torch.cuda.get_device_name())
+    if errors:
+        print("errors:", errors)
+    print("wrote", path)
+    return rows
+
+
+if __name__ == "__main__":
+    main()
