@@ -1,0 +1,534 @@
+"""Dataset on disk: Parquet shards (one row per sample) plus meta.json, and reading them back.
+
+Layout of a dataset directory::
+
+    meta.json                 DatasetMeta (vocabularies, feature names, base rates, ...)
+    train-00000.parquet ...   training shards
+    eval-00000.parquet ...    evaluation shards
+
+Columns of every shard (``sparse__<name>`` once per feature, in ``meta.sparse_features``
+order): ``seq_len`` int32 (history length, stored so a reader can plan batches from one small
+column), ``seq_item_ids`` list<int64>, ``seq_action_types`` list<int32>, ``seq_age``
+list<float32> (oldest event first), ``ad_item_id`` int64, ``sparse__<name>`` int64 (single-hot)
+or list<int64> (multi-hot), ``dense`` list<float32> of ``dense_dim``, ``ctr`` and ``cvr`` int8.
+
+Everything read is validated: a bad value raises ``DataError`` naming the file and row.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+from torchrec import KeyedJaggedTensor
+
+from gem_platform.data.batch import JaggedBatch
+from gem_platform.data.meta import META_FILE, DatasetMeta, SparseFeatureSpec
+from gem_platform.errors import DataError
+
+SPLITS: tuple[str, ...] = ("train", "eval")
+SPARSE_PREFIX = "sparse__"
+SEQ_LIST_COLUMNS: tuple[str, ...] = ("seq_item_ids", "seq_action_types", "seq_age")
+
+
+def sparse_column(name: str) -> str:
+    return SPARSE_PREFIX + name
+
+
+def shard_name(split: str, index: int) -> str:
+    return f"{split}-{index:05d}.parquet"
+
+
+def arrow_schema(sparse_features: Sequence[SparseFeatureSpec]) -> pa.Schema:
+    """The schema every shard of a dataset with these sparse features must have."""
+    fields = [
+        pa.field("seq_len", pa.int32(), nullable=False),
+        pa.field("seq_item_ids", pa.list_(pa.int64()), nullable=False),
+        pa.field("seq_action_types", pa.list_(pa.int32()), nullable=False),
+        pa.field("seq_age", pa.list_(pa.float32()), nullable=False),
+        pa.field("ad_item_id", pa.int64(), nullable=False),
+    ]
+    for spec in sparse_features:
+        typ = pa.list_(pa.int64()) if spec.multi_hot else pa.int64()
+        fields.append(pa.field(sparse_column(spec.name), typ, nullable=False))
+    fields += [
+        pa.field("dense", pa.list_(pa.float32()), nullable=False),
+        pa.field("ctr", pa.int8(), nullable=False),
+        pa.field("cvr", pa.int8(), nullable=False),
+    ]
+    return pa.schema(fields)
+
+
+@dataclass
+class SampleArrays:
+    """N samples as flat numpy arrays plus offsets: the in-memory form of a shard.
+
+    ``sparse_offsets[name]`` is ``(N+1,)`` for every feature (``arange`` for single-hot ones),
+    so single- and multi-hot features are handled alike.
+    """
+
+    seq_offsets: np.ndarray  # (N+1,) int64
+    seq_item_ids: np.ndarray  # (T,) int64
+    seq_action_types: np.ndarray  # (T,) int64
+    seq_age: np.ndarray  # (T,) float32
+    ad_item_id: np.ndarray  # (N,) int64
+    sparse_values: dict[str, np.ndarray]  # name -> int64 ids
+    sparse_offsets: dict[str, np.ndarray]  # name -> (N+1,) int64
+    dense: np.ndarray  # (N, D) float32
+    ctr: np.ndarray  # (N,) int8
+    cvr: np.ndarray  # (N,) int8
+
+    def __len__(self) -> int:
+        return int(self.seq_offsets.shape[0] - 1)
+
+    @property
+    def seq_lengths(self) -> np.ndarray:
+        return np.diff(self.seq_offsets)
+
+    def slice(self, start: int, stop: int) -> SampleArrays:
+        """Rows ``start:stop`` (copies nothing but the rebased offsets)."""
+        s0, s1 = int(self.seq_offsets[start]), int(self.seq_offsets[stop])
+        sv, so = {}, {}
+        for name, off in self.sparse_offsets.items():
+            a, b = int(off[start]), int(off[stop])
+            sv[name] = self.sparse_values[name][a:b]
+            so[name] = off[start : stop + 1] - a
+        return SampleArrays(
+            seq_offsets=self.seq_offsets[start : stop + 1] - s0,
+            seq_item_ids=self.seq_item_ids[s0:s1],
+            seq_action_types=self.seq_action_types[s0:s1],
+            seq_age=self.seq_age[s0:s1],
+            ad_item_id=self.ad_item_id[start:stop],
+            sparse_values=sv,
+            sparse_offsets=so,
+            dense=self.dense[start:stop],
+            ctr=self.ctr[start:stop],
+            cvr=self.cvr[start:stop],
+        )
+
+    @staticmethod
+    def concat(parts: Sequence[SampleArrays]) -> SampleArrays:
+        if len(parts) == 1:
+            return parts[0]
+        names = list(parts[0].sparse_values)
+        return SampleArrays(
+            seq_offsets=_concat_offsets([p.seq_offsets for p in parts]),
+            seq_item_ids=np.concatenate([p.seq_item_ids for p in parts]),
+            seq_action_types=np.concatenate([p.seq_action_types for p in parts]),
+            seq_age=np.concatenate([p.seq_age for p in parts]),
+            ad_item_id=np.concatenate([p.ad_item_id for p in parts]),
+            sparse_values={n: np.concatenate([p.sparse_values[n] for p in parts]) for n in names},
+            sparse_offsets={
+                n: _concat_offsets([p.sparse_offsets[n] for p in parts]) for n in names
+            },
+            dense=np.concatenate([p.dense for p in parts]),
+            ctr=np.concatenate([p.ctr for p in parts]),
+            cvr=np.concatenate([p.cvr for p in parts]),
+        )
+
+    def with_history(self, other: SampleArrays, order: np.ndarray) -> SampleArrays:
+        """These samples with the histories of ``other``'s rows ``order`` (for ablations)."""
+        idx = np.asarray(order, dtype=np.int64)
+        offsets, pos = gather_jagged(other.seq_offsets, idx)
+        return SampleArrays(
+            seq_offsets=offsets,
+            seq_item_ids=other.seq_item_ids[pos],
+            seq_action_types=other.seq_action_types[pos],
+            seq_age=other.seq_age[pos],
+            ad_item_id=self.ad_item_id,
+            sparse_values=self.sparse_values,
+            sparse_offsets=self.sparse_offsets,
+            dense=self.dense,
+            ctr=self.ctr,
+            cvr=self.cvr,
+        )
+
+
+def _concat_offsets(parts: Sequence[np.ndarray]) -> np.ndarray:
+    out = [np.zeros(1, dtype=np.int64)]
+    base = 0
+    for off in parts:
+        out.append(off[1:] + base)
+        base += int(off[-1])
+    return np.concatenate(out).astype(np.int64, copy=False)
+
+
+def gather_jagged(offsets: np.ndarray, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """New offsets and flat source positions of the segments ``indices`` (in that order)."""
+    starts = offsets[indices]
+    lengths = offsets[indices + 1] - starts
+    new_offsets = np.zeros(len(indices) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=new_offsets[1:])
+    total = int(new_offsets[-1])
+    pos = np.arange(total, dtype=np.int64) + np.repeat(starts - new_offsets[:-1], lengths)
+    return new_offsets, pos
+
+
+# ----------------------------------------------------------------------------- writing
+
+
+def _list_array(offsets: np.ndarray, values: np.ndarray, typ: pa.DataType) -> pa.Array:
+    return pa.ListArray.from_arrays(
+        pa.array(offsets.astype(np.int32), type=pa.int32()), pa.array(values, type=typ)
+    )
+
+
+def to_arrow(arrays: SampleArrays, sparse_features: Sequence[SparseFeatureSpec]) -> pa.Table:
+    n = len(arrays)
+    dense_dim = arrays.dense.shape[1] if arrays.dense.ndim == 2 else 0
+    cols: list[pa.Array] = [
+        pa.array(arrays.seq_lengths.astype(np.int32), type=pa.int32()),
+        _list_array(arrays.seq_offsets, arrays.seq_item_ids.astype(np.int64), pa.int64()),
+        _list_array(arrays.seq_offsets, arrays.seq_action_types.astype(np.int32), pa.int32()),
+        _list_array(arrays.seq_offsets, arrays.seq_age.astype(np.float32), pa.float32()),
+        pa.array(arrays.ad_item_id.astype(np.int64), type=pa.int64()),
+    ]
+    for spec in sparse_features:
+        values = arrays.sparse_values[spec.name].astype(np.int64)
+        if spec.multi_hot:
+            cols.append(_list_array(arrays.sparse_offsets[spec.name], values, pa.int64()))
+        else:
+            cols.append(pa.array(values, type=pa.int64()))
+    dense_offsets = np.arange(n + 1, dtype=np.int64) * dense_dim
+    cols += [
+        _list_array(dense_offsets, arrays.dense.reshape(-1).astype(np.float32), pa.float32()),
+        pa.array(arrays.ctr.astype(np.int8), type=pa.int8()),
+        pa.array(arrays.cvr.astype(np.int8), type=pa.int8()),
+    ]
+    return pa.Table.from_arrays(cols, schema=arrow_schema(sparse_features))
+
+
+def write_shard(
+    path: str | Path, arrays: SampleArrays, sparse_features: Sequence[SparseFeatureSpec]
+) -> Path:
+    """Write one shard; the bytes depend only on the arrays (no timestamps)."""
+    path = Path(path)
+    pq.write_table(to_arrow(arrays, sparse_features), path, compression="zstd")
+    return path
+
+
+def write_split(
+    directory: str | Path,
+    split: str,
+    arrays: SampleArrays,
+    sparse_features: Sequence[SparseFeatureSpec],
+    rows_per_shard: int,
+) -> list[Path]:
+    """Cut ``arrays`` into shards of ``rows_per_shard`` rows named ``<split>-XXXXX.parquet``."""
+    out = []
+    for i, start in enumerate(range(0, max(len(arrays), 1), rows_per_shard)):
+        stop = min(start + rows_per_shard, len(arrays))
+        out.append(
+            write_shard(
+                Path(directory) / shard_name(split, i), arrays.slice(start, stop), sparse_features
+            )
+        )
+    return out
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+def load_meta(path: str | Path) -> DatasetMeta:
+    """meta.json of a dataset directory, or a DataError saying how to get one."""
+    directory = Path(path)
+    if not directory.is_dir():
+        raise DataError(
+            f"Dataset directory {str(directory)!r} does not exist.",
+            "Generate it (data.source: synthetic writes it on first use, or run the MovieLens "
+            "converter) or fix data.path in the recipe.",
+        )
+    meta_path = directory / META_FILE
+    if not meta_path.is_file():
+        raise DataError(
+            f"{meta_path} is missing: {str(directory)!r} is not a dataset directory.",
+            "Point data.path at a directory written by the synthetic generator or the "
+            "MovieLens converter, or regenerate it.",
+        )
+    try:
+        return DatasetMeta.load(directory)
+    except (json.JSONDecodeError, TypeError, KeyError, ValueError) as e:
+        raise DataError(
+            f"{meta_path} is not a valid dataset description ({e}).",
+            "Regenerate the dataset; meta.json is written by the generator, not by hand.",
+        ) from e
+
+
+def shard_paths(path: str | Path, split: str) -> list[Path]:
+    if split not in SPLITS:
+        raise DataError(f"Unknown split {split!r}.", f"Use one of {', '.join(SPLITS)}.")
+    files = sorted(Path(path).glob(f"{split}-*.parquet"))
+    if not files:
+        raise DataError(
+            f"No {split} shards ({split}-XXXXX.parquet) in {str(path)!r}.",
+            "Regenerate the dataset or fix data.path.",
+        )
+    return files
+
+
+def _open(file: Path) -> pq.ParquetFile:
+    try:
+        return pq.ParquetFile(file)
+    except (pa.ArrowException, OSError) as e:
+        raise DataError(
+            f"{file}: not a readable Parquet file ({e}).",
+            "The shard is corrupt or truncated; regenerate the dataset.",
+        ) from e
+
+
+def _rank_range(total: int, rank: int, world_size: int) -> tuple[int, int]:
+    """Contiguous global row range of ``rank``: the ranges tile ``[0, total)`` exactly."""
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise DataError(
+            f"rank {rank} is not in a world of size {world_size}.",
+            "Pass 0 <= rank < world_size.",
+        )
+    return total * rank // world_size, total * (rank + 1) // world_size
+
+
+def read_rows(
+    files: Sequence[Path], meta: DatasetMeta, rank: int = 0, world_size: int = 1
+) -> SampleArrays:
+    """Validated rows of ``files`` (read as one sequence) that belong to ``rank``.
+
+    Rows are split into ``world_size`` contiguous ranges of the global row order, so every
+    row goes to exactly one rank even when there are fewer shards than ranks.
+    """
+    handles = [(f, _open(f)) for f in files]
+    counts = [h.metadata.num_rows for _, h in handles]
+    lo, hi = _rank_range(sum(counts), rank, world_size)
+    parts: list[SampleArrays] = []
+    base = 0
+    for (file, handle), n in zip(handles, counts, strict=True):
+        a, b = max(lo, base) - base, min(hi, base + n) - base
+        base += n
+        if a >= b:
+            continue
+        try:
+            table = handle.read()
+        except (pa.ArrowException, OSError) as e:
+            raise DataError(
+                f"{file}: reading the Parquet data failed ({e}).",
+                "The shard is corrupt or truncated; regenerate the dataset.",
+            ) from e
+        parts.append(from_arrow(table.slice(a, b - a), meta, file, first_row=a))
+    if not parts:
+        return empty_arrays(meta)
+    return SampleArrays.concat(parts)
+
+
+def empty_arrays(meta: DatasetMeta) -> SampleArrays:
+    z = np.zeros(1, dtype=np.int64)
+    e = np.zeros(0, dtype=np.int64)
+    return SampleArrays(
+        seq_offsets=z,
+        seq_item_ids=e,
+        seq_action_types=e,
+        seq_age=np.zeros(0, np.float32),
+        ad_item_id=e,
+        sparse_values={s.name: e for s in meta.sparse_features},
+        sparse_offsets={s.name: z for s in meta.sparse_features},
+        dense=np.zeros((0, meta.dense_dim), np.float32),
+        ctr=np.zeros(0, np.int8),
+        cvr=np.zeros(0, np.int8),
+    )
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+class _Checker:
+    """Turns the first bad value of a column into a DataError naming file, row and column."""
+
+    def __init__(self, file: Path, first_row: int) -> None:
+        self.file = file
+        self.first_row = first_row
+
+    def fail(self, row: int | None, column: str, what: str) -> DataError:
+        where = f"{self.file}" if row is None else f"{self.file}, row {self.first_row + row}"
+        return DataError(
+            f"{where}, column {column!r}: {what}.",
+            "Fix the file that produced this shard or regenerate the dataset.",
+        )
+
+    def column(self, table: pa.Table, name: str, typ: pa.DataType) -> pa.Array:
+        if name not in table.column_names:
+            raise self.fail(None, name, f"missing column (the file has {table.column_names})")
+        col = table.column(name).combine_chunks()
+        if col.null_count:
+            row = int(np.flatnonzero(np.asarray(col.is_null()))[0])
+            raise self.fail(row, name, "null value")
+        if col.type != typ:
+            try:
+                col = col.cast(typ)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+                raise self.fail(None, name, f"type {col.type} where {typ} is expected ({e})") from e
+        return col
+
+    def scalar(self, table: pa.Table, name: str, typ: pa.DataType) -> np.ndarray:
+        return self.column(table, name, typ).to_numpy(zero_copy_only=False)
+
+    def jagged(self, table: pa.Table, name: str, value_type: pa.DataType):
+        col = self.column(table, name, pa.list_(value_type))
+        offsets = np.asarray(col.offsets, dtype=np.int64)
+        offsets = offsets - offsets[0]
+        flat = col.flatten()
+        if flat.null_count:
+            pos = int(np.flatnonzero(np.asarray(flat.is_null()))[0])
+            raise self.fail(self.row_of(offsets, pos), name, "null element in the list")
+        return offsets, flat.to_numpy(zero_copy_only=False)
+
+    @staticmethod
+    def row_of(offsets: np.ndarray, position: int) -> int:
+        return int(np.searchsorted(offsets, position, side="right") - 1)
+
+    def in_range(
+        self, values: np.ndarray, offsets: np.ndarray | None, name: str, lo: int, hi: int
+    ) -> None:
+        """All ``values`` in ``[lo, hi)``; ``offsets`` maps positions to rows for lists."""
+        bad = np.flatnonzero((values < lo) | (values >= hi))
+        if bad.size:
+            pos = int(bad[0])
+            row = pos if offsets is None else self.row_of(offsets, pos)
+            raise self.fail(row, name, f"value {values[pos]} outside [{lo}, {hi})")
+
+
+def from_arrow(table: pa.Table, meta: DatasetMeta, file: Path, first_row: int = 0) -> SampleArrays:
+    """Validate a shard's rows against ``meta`` and turn them into flat arrays."""
+    ck = _Checker(file, first_row)
+    seq_len = ck.scalar(table, "seq_len", pa.int32()).astype(np.int64)
+    neg = np.flatnonzero(seq_len < 0)
+    if neg.size:
+        raise ck.fail(int(neg[0]), "seq_len", f"negative history length {seq_len[neg[0]]}")
+    lists = {}
+    for name, typ in (
+        ("seq_item_ids", pa.int64()),
+        ("seq_action_types", pa.int32()),
+        ("seq_age", pa.float32()),
+    ):
+        off, vals = ck.jagged(table, name, typ)
+        mismatch = np.flatnonzero(np.diff(off) != seq_len)
+        if mismatch.size:
+            r = int(mismatch[0])
+            raise ck.fail(r, name, f"list length {off[r + 1] - off[r]} but seq_len is {seq_len[r]}")
+        lists[name] = (off, vals)
+    offsets, items = lists["seq_item_ids"]
+    ck.in_range(items, offsets, "seq_item_ids", 1, meta.num_items + 1)
+    actions = lists["seq_action_types"][1].astype(np.int64)
+    ck.in_range(actions, offsets, "seq_action_types", 0, meta.num_action_types)
+    age = lists["seq_age"][1].astype(np.float32, copy=False)
+    bad = np.flatnonzero(~np.isfinite(age) | (age < 0))
+    if bad.size:
+        raise ck.fail(
+            ck.row_of(offsets, int(bad[0])),
+            "seq_age",
+            f"age {age[bad[0]]} is not a finite value >= 0",
+        )
+
+    ad = ck.scalar(table, "ad_item_id", pa.int64())
+    ck.in_range(ad, None, "ad_item_id", 1, meta.num_items + 1)
+
+    n = len(seq_len)
+    sparse_values, sparse_offsets = {}, {}
+    for spec in meta.sparse_features:
+        col = sparse_column(spec.name)
+        if spec.multi_hot:
+            off, vals = ck.jagged(table, col, pa.int64())
+        else:
+            vals, off = ck.scalar(table, col, pa.int64()), np.arange(n + 1, dtype=np.int64)
+        ck.in_range(vals, None if not spec.multi_hot else off, col, 0, spec.vocab_size)
+        sparse_values[spec.name] = vals.astype(np.int64, copy=False)
+        sparse_offsets[spec.name] = off
+
+    d_off, d_vals = ck.jagged(table, "dense", pa.float32())
+    wrong = np.flatnonzero(np.diff(d_off) != meta.dense_dim)
+    if wrong.size:
+        r = int(wrong[0])
+        raise ck.fail(
+            r, "dense", f"{d_off[r + 1] - d_off[r]} values where dense_dim is {meta.dense_dim}"
+        )
+    nonfinite = np.flatnonzero(~np.isfinite(d_vals))
+    if nonfinite.size:
+        raise ck.fail(ck.row_of(d_off, int(nonfinite[0])), "dense", "non-finite value")
+
+    ctr = ck.scalar(table, "ctr", pa.int8())
+    cvr = ck.scalar(table, "cvr", pa.int8())
+    for name, lab in (("ctr", ctr), ("cvr", cvr)):
+        ck.in_range(lab, None, name, 0, 2)
+    cvr_without_click = np.flatnonzero((cvr == 1) & (ctr == 0))
+    if cvr_without_click.size:
+        raise ck.fail(
+            int(cvr_without_click[0]),
+            "cvr",
+            "conversion (cvr=1) on a sample that was not clicked (ctr=0)",
+        )
+
+    return SampleArrays(
+        seq_offsets=offsets,
+        seq_item_ids=items.astype(np.int64, copy=False),
+        seq_action_types=actions,
+        seq_age=age,
+        ad_item_id=ad.astype(np.int64, copy=False),
+        sparse_values=sparse_values,
+        sparse_offsets=sparse_offsets,
+        dense=d_vals.astype(np.float32, copy=False).reshape(n, meta.dense_dim),
+        ctr=ctr.astype(np.int8, copy=False),
+        cvr=cvr.astype(np.int8, copy=False),
+    )
+
+
+# ----------------------------------------------------------------------------- the table
+
+
+class SampleTable:
+    """One rank's share of a split, in memory, that cuts any set of rows into a JaggedBatch."""
+
+    def __init__(self, meta: DatasetMeta, arrays: SampleArrays) -> None:
+        self.meta = meta
+        self.arrays = arrays
+        self.seq_lengths: np.ndarray = arrays.seq_lengths.astype(np.int64)
+        self._keys = [s.name for s in meta.sparse_features]
+
+    @classmethod
+    def load(cls, path: str | Path, split: str, rank: int = 0, world_size: int = 1) -> SampleTable:
+        meta = load_meta(path)
+        return cls(meta, read_rows(shard_paths(path, split), meta, rank, world_size))
+
+    def __len__(self) -> int:
+        return len(self.arrays)
+
+    def collate(self, indices: np.ndarray) -> JaggedBatch:
+        """The samples ``indices`` (any order, repeats allowed) as one jagged batch."""
+        a = self.arrays
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        if idx.size and (idx.min() < 0 or idx.max() >= len(a)):
+            raise IndexError(f"indices must be in [0, {len(a)}), got {idx.min()}..{idx.max()}")
+        seq_offsets, pos = gather_jagged(a.seq_offsets, idx)
+        values, lengths = [], []
+        for key in self._keys:
+            off, pos_k = gather_jagged(a.sparse_offsets[key], idx)
+            values.append(a.sparse_values[key][pos_k])
+            lengths.append(np.diff(off))
+        sparse = KeyedJaggedTensor.from_lengths_sync(
+            keys=list(self._keys),
+            values=torch.from_numpy(np.concatenate(values) if values else np.zeros(0, np.int64)),
+            lengths=torch.from_numpy(np.concatenate(lengths) if lengths else np.zeros(0, np.int64)),
+            stride=len(idx),
+        )
+        labels = np.stack([a.ctr[idx], a.cvr[idx]], axis=1).astype(np.float32)
+        return JaggedBatch(
+            seq_offsets=torch.from_numpy(seq_offsets),
+            seq_item_ids=torch.from_numpy(a.seq_item_ids[pos]),
+            seq_action_types=torch.from_numpy(a.seq_action_types[pos]),
+            seq_age=torch.from_numpy(a.seq_age[pos]),
+            ad_item_id=torch.from_numpy(a.ad_item_id[idx]),
+            sparse=sparse,
+            dense=torch.from_numpy(np.ascontiguousarray(a.dense[idx])),
+            labels=torch.from_numpy(labels),
+        )

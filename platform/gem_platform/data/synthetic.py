@@ -1,0 +1,470 @@
+"""Synthetic GEM-style data whose labels come from a planted ground truth.
+
+The world: items live in ``num_clusters`` clusters of a latent space (unit vectors near their
+cluster's centroid). Each user has a few long-term interest clusters and one recent interest
+that is absent from their older history. A sample is (user, jagged history, context features,
+dense features, candidate ad); its click probability comes from a planted scorer that reads
+
+- the candidate's affinity to the last ``RECENT_WINDOW`` events of the history,
+- separately, its affinity to the older events (long-term interests),
+- both weighted by action type (a purchase says more than a view),
+- per-id effects of every sparse feature (user bias, context, ad category, tags),
+- a linear plus one pairwise term of the dense features;
+
+the conversion probability (among clicks) reads past high-intent actions on similar items,
+recent affinity and its own sparse/dense effects. Labels are Bernoulli draws, so the planted
+scorer's AUC on the eval split (``meta.planted_auc``) is the ceiling any model can reach, and
+a model that ignores (or mis-attends) the history stays well below it.
+
+Histories are drawn independently per sample (two samples of one user don't share a prefix).
+Everything is drawn from numpy generators seeded from ``(seed, split, shard)``, so the same
+config writes byte-identical shards, and shards are generated one at a time (bounded memory).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from gem_platform.data.config import DataConfig, SeqLenConfig, SyntheticConfig
+from gem_platform.data.meta import META_FILE, DatasetMeta, SparseFeatureSpec
+from gem_platform.data.parquet import (
+    SPLITS,
+    SampleArrays,
+    load_meta,
+    shard_name,
+    write_shard,
+)
+from gem_platform.errors import DataError
+
+GENERATOR_VERSION = 1
+LATENT_DIM = 16
+ITEM_NOISE = 0.15  # spread of item vectors around their cluster centroid (per dimension)
+RECENT_WINDOW = 8  # events at the end of the history that form the "recent" interest signal
+LONG_TERM_INTERESTS = 3
+PILOT_SAMPLES = 4096  # samples drawn to calibrate the label base rates
+
+# Planted logit weights: the history terms dominate so attention quality matters.
+W_RECENT = 4.0
+W_LONG = 4.0
+W_CVR_INTENT = 2.5
+W_CVR_RECENT = 1.0
+SPARSE_EFFECT_STD = 0.25
+DENSE_WEIGHT_STD = 0.15
+DENSE_PAIR_WEIGHT = 0.3
+
+
+def _rng(seed: int, *key: int) -> np.random.Generator:
+    return np.random.default_rng(np.random.SeedSequence(entropy=seed, spawn_key=key))
+
+
+def sigmoid(z: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-z))
+
+
+def auc(scores: np.ndarray, labels: np.ndarray) -> float:
+    """Area under the ROC curve (ties count one half); NaN when a class is absent."""
+    labels = np.asarray(labels).astype(bool)
+    n_pos = int(labels.sum())
+    n_neg = labels.size - n_pos
+    if n_pos == 0 or n_neg == 0:
+        return float("nan")
+    _, inv, counts = np.unique(scores, return_inverse=True, return_counts=True)
+    ends = np.cumsum(counts)
+    avg_rank = ends - (counts - 1) / 2.0  # 1-based average rank of each distinct score
+    rank_sum = float(avg_rank[inv][labels].sum())
+    return (rank_sum - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg)
+
+
+def draw_lengths(rng: np.random.Generator, cfg: SeqLenConfig, n: int) -> np.ndarray:
+    """History lengths from the configured long-tailed distribution, clipped to [min, max]."""
+    if cfg.dist == "lognormal":
+        mu = np.log(cfg.mean) - cfg.sigma**2 / 2.0
+        raw = np.exp(mu + cfg.sigma * rng.standard_normal(n))
+    elif cfg.dist == "powerlaw":
+        xm = cfg.mean * (cfg.alpha - 1.0) / cfg.alpha
+        raw = xm * (1.0 + rng.pareto(cfg.alpha, n))
+    else:
+        raw = np.full(n, cfg.mean)
+    return np.clip(np.rint(raw), cfg.min, cfg.max).astype(np.int64)
+
+
+def _segment_mean(values: np.ndarray, owner: np.ndarray, mask: np.ndarray, n: int) -> np.ndarray:
+    total = np.bincount(owner[mask], weights=values[mask], minlength=n)
+    count = np.bincount(owner[mask], minlength=n)
+    return total / np.maximum(count, 1)
+
+
+def _skewed_ids(rng: np.random.Generator, size: np.ndarray | int, n: int) -> np.ndarray:
+    """Ids in [0, size) with a popularity skew (low ids are popular)."""
+    return np.minimum(
+        (np.asarray(size) * rng.random(n) ** 2).astype(np.int64), np.asarray(size) - 1
+    )
+
+
+@dataclass
+class PlantedWorld:
+    """The latent structure and the planted scorer; fully determined by the config's seed."""
+
+    cfg: SyntheticConfig
+    item_cluster: np.ndarray  # (num_items+1,), entry 0 unused
+    item_vec: np.ndarray  # (num_items+1, LATENT_DIM) float32, row 0 zero
+    cluster_items: np.ndarray  # item ids sorted by cluster
+    cluster_start: np.ndarray  # (K,)
+    cluster_size: np.ndarray  # (K,)
+    user_interests: np.ndarray  # (U, LONG_TERM_INTERESTS) clusters
+    user_interest_cdf: np.ndarray  # (U, LONG_TERM_INTERESTS)
+    user_recent: np.ndarray  # (U,) cluster of the recent interest
+    user_gap_seconds: np.ndarray  # (U,) mean seconds between a user's events
+    action_probs: np.ndarray  # (A,)
+    action_weight: np.ndarray  # (A,)
+    ctr_effects: dict[str, np.ndarray]  # sparse feature -> per-id logit effect
+    cvr_effects: dict[str, np.ndarray]
+    dense_w_ctr: np.ndarray
+    dense_w_cvr: np.ndarray
+    ctr_bias: float = 0.0
+    cvr_bias: float = 0.0
+
+    @property
+    def sparse_specs(self) -> list[SparseFeatureSpec]:
+        c = self.cfg
+        return [
+            SparseFeatureSpec("user_id", c.num_users),
+            SparseFeatureSpec("ad_category", c.num_clusters),
+            *(SparseFeatureSpec(f.name, f.vocab_size, f.multi_hot) for f in c.sparse_features),
+        ]
+
+    @classmethod
+    def build(cls, cfg: SyntheticConfig) -> PlantedWorld:
+        rng = _rng(cfg.seed, 0)
+        k, u, a = cfg.num_clusters, cfg.num_users, cfg.num_action_types
+        item_cluster = np.concatenate([[0], rng.integers(0, k, cfg.num_items)])
+        item_cluster[1 : k + 1] = np.arange(k)  # every cluster holds at least one item
+        centroids = rng.standard_normal((k, LATENT_DIM))
+        centroids /= np.linalg.norm(centroids, axis=1, keepdims=True)
+        vec = centroids[item_cluster] + ITEM_NOISE * rng.standard_normal(
+            (cfg.num_items + 1, LATENT_DIM)
+        )
+        vec /= np.linalg.norm(vec, axis=1, keepdims=True)
+        vec[0] = 0.0
+        order = np.argsort(item_cluster[1:], kind="stable") + 1
+        size = np.bincount(item_cluster[1:], minlength=k)
+        start = np.concatenate([[0], np.cumsum(size)[:-1]])
+        interests = rng.integers(0, k, (u, LONG_TERM_INTERESTS))
+        weights = rng.dirichlet(np.ones(LONG_TERM_INTERESTS), u)
+        recent = rng.integers(0, k, u)
+        gap = np.exp(rng.normal(np.log(6 * 3600.0), 1.0, u))
+        action_probs = 0.5 ** np.arange(a)
+        action_probs /= action_probs.sum()
+        action_weight = np.linspace(0.5, 2.0, a) if a > 1 else np.ones(1)
+        specs = [SparseFeatureSpec("user_id", u), SparseFeatureSpec("ad_category", k)] + [
+            SparseFeatureSpec(f.name, f.vocab_size, f.multi_hot) for f in cfg.sparse_features
+        ]
+        ctr_eff = {s.name: SPARSE_EFFECT_STD * rng.standard_normal(s.vocab_size) for s in specs}
+        cvr_eff = {s.name: SPARSE_EFFECT_STD * rng.standard_normal(s.vocab_size) for s in specs}
+        world = cls(
+            cfg=cfg,
+            item_cluster=item_cluster,
+            item_vec=vec.astype(np.float32),
+            cluster_items=order,
+            cluster_start=start,
+            cluster_size=size,
+            user_interests=interests,
+            user_interest_cdf=np.cumsum(weights, axis=1),
+            user_recent=recent,
+            user_gap_seconds=gap,
+            action_probs=action_probs,
+            action_weight=action_weight,
+            ctr_effects=ctr_eff,
+            cvr_effects=cvr_eff,
+            dense_w_ctr=DENSE_WEIGHT_STD * rng.standard_normal(cfg.dense_dim),
+            dense_w_cvr=DENSE_WEIGHT_STD * rng.standard_normal(cfg.dense_dim),
+        )
+        world._calibrate(_rng(cfg.seed, 1))
+        return world
+
+    # -- sampling -------------------------------------------------------------------------
+
+    def _items_of(self, rng: np.random.Generator, clusters: np.ndarray) -> np.ndarray:
+        size = self.cluster_size[clusters]
+        return self.cluster_items[self.cluster_start[clusters] + _skewed_ids(rng, size, len(size))]
+
+    def _interest(self, rng: np.random.Generator, users: np.ndarray) -> np.ndarray:
+        pick = (rng.random(len(users))[:, None] > self.user_interest_cdf[users]).sum(axis=1)
+        pick = np.minimum(pick, LONG_TERM_INTERESTS - 1)
+        return self.user_interests[users, pick]
+
+    def sample(self, rng: np.random.Generator, n: int) -> SampleArrays:
+        """``n`` unlabeled samples (labels are zero until :meth:`label`)."""
+        c = self.cfg
+        users = rng.integers(0, c.num_users, n)
+        lengths = draw_lengths(rng, c.seq_len, n)
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        t = int(offsets[-1])
+        owner = np.repeat(np.arange(n), lengths)
+        from_end = offsets[owner + 1] - 1 - np.arange(t)
+        ev_user = users[owner]
+
+        # Recent events mostly follow the new interest; older ones the long-term interests.
+        r = rng.random(t)
+        recent = from_end < RECENT_WINDOW
+        clusters = self._interest(rng, ev_user)
+        clusters = np.where(recent & (r < 0.7), self.user_recent[ev_user], clusters)
+        noise = np.where(recent, r >= 0.9, r >= 0.8)
+        clusters = np.where(noise, rng.integers(0, c.num_clusters, t), clusters)
+        items = self._items_of(rng, clusters)
+        actions = rng.choice(c.num_action_types, size=t, p=self.action_probs)
+        gaps = rng.exponential(1.0, t) * self.user_gap_seconds[ev_user]
+        csum = np.cumsum(gaps)
+        ends = csum[np.maximum(offsets[owner + 1] - 1, 0)] if t else csum
+        age = ends - csum + gaps  # seconds from the event to the request
+        seq_age = np.log1p(age).astype(np.float32)
+
+        r_ad = rng.random(n)
+        ad_cluster = np.where(r_ad < 0.35, self.user_recent[users], self._interest(rng, users))
+        ad_cluster = np.where(r_ad >= 0.7, rng.integers(0, c.num_clusters, n), ad_cluster)
+        ad = self._items_of(rng, ad_cluster)
+
+        values = {"user_id": users, "ad_category": self.item_cluster[ad]}
+        offs = {"user_id": np.arange(n + 1), "ad_category": np.arange(n + 1)}
+        for f in c.sparse_features:
+            if f.multi_hot:
+                cnt = rng.integers(1, f.max_ids + 1, n)
+                off = np.zeros(n + 1, dtype=np.int64)
+                np.cumsum(cnt, out=off[1:])
+                values[f.name] = _skewed_ids(rng, f.vocab_size, int(off[-1]))
+                offs[f.name] = off
+            else:
+                values[f.name] = _skewed_ids(rng, f.vocab_size, n)
+                offs[f.name] = np.arange(n + 1)
+        dense = rng.standard_normal((n, c.dense_dim)).astype(np.float32)
+        return SampleArrays(
+            seq_offsets=offsets,
+            seq_item_ids=items.astype(np.int64),
+            seq_action_types=actions.astype(np.int64),
+            seq_age=seq_age,
+            ad_item_id=ad.astype(np.int64),
+            sparse_values={k: v.astype(np.int64) for k, v in values.items()},
+            sparse_offsets={k: v.astype(np.int64) for k, v in offs.items()},
+            dense=dense,
+            ctr=np.zeros(n, np.int8),
+            cvr=np.zeros(n, np.int8),
+        )
+
+    # -- the planted scorer ---------------------------------------------------------------
+
+    def _sparse_term(self, arrays: SampleArrays, effects: dict[str, np.ndarray]) -> np.ndarray:
+        n = len(arrays)
+        out = np.zeros(n)
+        for name, eff in effects.items():
+            off = arrays.sparse_offsets[name]
+            lengths = np.diff(off)
+            owner = np.repeat(np.arange(n), lengths)
+            out += np.bincount(owner, weights=eff[arrays.sparse_values[name]], minlength=n) / (
+                np.maximum(lengths, 1)
+            )
+        return out
+
+    def raw_logits(self, arrays: SampleArrays) -> tuple[np.ndarray, np.ndarray]:
+        """CTR and CVR logits before the calibrated biases."""
+        n = len(arrays)
+        lengths = arrays.seq_lengths
+        owner = np.repeat(np.arange(n), lengths)
+        from_end = arrays.seq_offsets[owner + 1] - 1 - np.arange(len(owner))
+        recent = from_end < RECENT_WINDOW
+        cand = self.item_vec[arrays.ad_item_id]
+        sim = np.einsum("td,td->t", self.item_vec[arrays.seq_item_ids], cand[owner])
+        weighted = sim * self.action_weight[arrays.seq_action_types]
+        aff_recent = _segment_mean(weighted, owner, recent, n)
+        aff_long = _segment_mean(weighted, owner, ~recent, n)
+        intent = arrays.seq_action_types == self.cfg.num_action_types - 1
+        aff_intent = _segment_mean(sim, owner, intent, n)
+
+        d = arrays.dense.astype(np.float64)
+        pair = d[:, 0] * d[:, 1] if d.shape[1] >= 2 else 0.0
+        z_ctr = (
+            W_RECENT * aff_recent
+            + W_LONG * aff_long
+            + self._sparse_term(arrays, self.ctr_effects)
+            + d @ self.dense_w_ctr
+            + DENSE_PAIR_WEIGHT * pair
+        )
+        z_cvr = (
+            W_CVR_INTENT * aff_intent
+            + W_CVR_RECENT * aff_recent
+            + self._sparse_term(arrays, self.cvr_effects)
+            + d @ self.dense_w_cvr
+        )
+        return z_ctr, z_cvr
+
+    def probabilities(self, arrays: SampleArrays) -> tuple[np.ndarray, np.ndarray]:
+        """Planted P(click) and P(conversion | click) of every sample."""
+        z_ctr, z_cvr = self.raw_logits(arrays)
+        return sigmoid(z_ctr + self.ctr_bias), sigmoid(z_cvr + self.cvr_bias)
+
+    def label(
+        self, rng: np.random.Generator, arrays: SampleArrays
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Draw the labels in place: click ~ Bernoulli(p_ctr), conversion only if clicked.
+
+        Returns the planted probabilities the labels were drawn from.
+        """
+        p_ctr, p_cvr = self.probabilities(arrays)
+        ctr = rng.random(len(arrays)) < p_ctr
+        cvr = ctr & (rng.random(len(arrays)) < p_cvr)
+        arrays.ctr[:] = ctr
+        arrays.cvr[:] = cvr
+        return p_ctr, p_cvr
+
+    def _calibrate(self, rng: np.random.Generator) -> None:
+        """Pick the two biases so the expected label rates equal the configured base rates."""
+        pilot = self.sample(rng, PILOT_SAMPLES)
+        z_ctr, z_cvr = self.raw_logits(pilot)
+        self.ctr_bias = _solve_bias(z_ctr, self.cfg.ctr_base_rate, None)
+        self.cvr_bias = _solve_bias(z_cvr, self.cfg.cvr_base_rate, sigmoid(z_ctr + self.ctr_bias))
+
+
+def _solve_bias(z: np.ndarray, rate: float, weights: np.ndarray | None) -> float:
+    """b with weighted mean(sigmoid(z + b)) == rate (bisection; the mean is monotone in b)."""
+    lo, hi = -40.0, 40.0
+    for _ in range(80):
+        mid = (lo + hi) / 2.0
+        if np.average(sigmoid(z + mid), weights=weights) < rate:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2.0
+
+
+# ----------------------------------------------------------------------------- on disk
+
+
+def _fingerprint(syn: SyntheticConfig) -> str:
+    return f"v{GENERATOR_VERSION}-{syn.fingerprint()}"
+
+
+def _is_current(directory: Path, fingerprint: str) -> bool:
+    if not (directory / META_FILE).is_file():
+        return False
+    try:
+        meta = DatasetMeta.load(directory)
+    except Exception:  # a corrupt meta.json just means "regenerate"
+        return False
+    if meta.extra.get("config_hash") != fingerprint:
+        return False
+    shards = meta.extra.get("shards", {})
+    return all(
+        (directory / shard_name(split, i)).is_file()
+        for split in SPLITS
+        for i in range(int(shards.get(split, 0)))
+    ) and bool(shards)
+
+
+def _write_dataset(directory: Path, syn: SyntheticConfig, fingerprint: str) -> DatasetMeta:
+    world = PlantedWorld.build(syn)
+    sizes = {"train": syn.num_train, "eval": syn.num_eval}
+    shards: dict[str, int] = {}
+    rates: dict[str, list[int]] = {}
+    eval_p: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+    max_len, total_len = 0, 0
+    for split_id, split in enumerate(SPLITS):
+        n_total = sizes[split]
+        starts = list(range(0, n_total, syn.rows_per_shard))
+        clicks = convs = 0
+        for i, start in enumerate(starts):
+            n = min(syn.rows_per_shard, n_total - start)
+            rng = _rng(syn.seed, 2 + split_id, i)
+            arrays = world.sample(rng, n)
+            p_ctr, p_cvr = world.label(rng, arrays)
+            write_shard(directory / shard_name(split, i), arrays, world.sparse_specs)
+            clicks += int(arrays.ctr.sum())
+            convs += int(arrays.cvr.sum())
+            lengths = arrays.seq_lengths
+            max_len = max(max_len, int(lengths.max(initial=0)))
+            total_len += int(lengths.sum())
+            if split == "eval":
+                eval_p.append((p_ctr, p_cvr, arrays.ctr, arrays.cvr))
+        shards[split] = len(starts)
+        rates[split] = [clicks, convs]
+    p_ctr, p_cvr, ctr, cvr = (np.concatenate(x) for x in zip(*eval_p, strict=True))
+    clicked = ctr == 1
+    train_clicks, train_convs = rates["train"]
+    meta = DatasetMeta(
+        source="synthetic",
+        num_items=syn.num_items,
+        num_action_types=syn.num_action_types,
+        sparse_features=world.sparse_specs,
+        dense_dim=syn.dense_dim,
+        num_train=syn.num_train,
+        num_eval=syn.num_eval,
+        ctr_base_rate=train_clicks / syn.num_train,
+        cvr_base_rate=train_convs / max(train_clicks, 1),
+        planted_auc={"ctr": auc(p_ctr, ctr), "cvr": auc(p_cvr[clicked], cvr[clicked])},
+        max_seq_len=max_len,
+        extra={
+            "config_hash": fingerprint,
+            "generator_version": GENERATOR_VERSION,
+            "seed": syn.seed,
+            "shards": shards,
+            "configured_ctr_base_rate": syn.ctr_base_rate,
+            "configured_cvr_base_rate": syn.cvr_base_rate,
+            "eval_ctr_rate": float(ctr.mean()),
+            "eval_cvr_rate": float(cvr[clicked].mean()) if clicked.any() else 0.0,
+            "mean_seq_len": total_len / syn.num_samples,
+            "num_users": syn.num_users,
+            "num_clusters": syn.num_clusters,
+            "recent_window": RECENT_WINDOW,
+        },
+    )
+    meta.save(directory)
+    return meta
+
+
+def _install(tmp: Path, out: Path, fingerprint: str) -> None:
+    """Move a finished dataset into place; a concurrent writer of the same config may win."""
+    old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
+    if out.exists():
+        os.rename(out, old)
+    try:
+        os.rename(tmp, out)
+    except OSError:
+        if not _is_current(out, fingerprint):
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def generate_synthetic(cfg: DataConfig, *, force: bool = False) -> DatasetMeta:
+    """Make sure ``cfg.path`` holds the dataset of ``cfg.synthetic`` and return its meta.
+
+    A directory already generated from the same config (hash in ``meta.extra``) is reused
+    unless ``force``. Otherwise the dataset is written to a temporary sibling directory and
+    renamed into place, so a crash never leaves half-written shards behind.
+    """
+    syn = cfg.synthetic
+    out = Path(cfg.path)
+    fingerprint = _fingerprint(syn)
+    if not force and _is_current(out, fingerprint):
+        return load_meta(out)
+    if out.is_file() or (out.is_dir() and not (out / META_FILE).exists() and any(out.iterdir())):
+        raise DataError(
+            f"data.path {str(out)!r} exists and is not a dataset directory; refusing to "
+            "overwrite it.",
+            "Point data.path at an empty or new directory.",
+        )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        _write_dataset(tmp, syn, fingerprint)
+        _install(tmp, out, fingerprint)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return load_meta(out)
