@@ -1,13 +1,226 @@
-"""Public jagged attention op: Triton kernels on CUDA, PyTorch reference elsewhere."""
+"""Public jagged attention op: Triton kernels on CUDA (autograd forward and backward), the PyTorch
+reference elsewhere. Launchers, tile configs and the autograd Function live here; the kernels are
+in triton_fwd.py and triton_bwd.py, the tile schedule in schedule.py."""
 
 from __future__ import annotations
 
 import math
+import os
+from dataclasses import dataclass
 
 import torch
+import triton
 
 from gem_kernels.dispatch import Kernel, resolve_kernel
 from gem_kernels.jagged_attention.reference import _check_inputs, jagged_attention_reference
+from gem_kernels.jagged_attention.schedule import ScheduleCache
+from gem_kernels.jagged_attention.triton_bwd import (
+    _jfa_bwd_delta_kernel,
+    _jfa_bwd_dkdv_kernel,
+    _jfa_bwd_dq_kernel,
+)
+from gem_kernels.jagged_attention.triton_fwd import (
+    BOUNDARY_MASK_ALL,
+    BOUNDARY_TRICK,
+    BOUNDARY_WHERE,
+    LOG2E,
+    _jfa_fwd_kernel,
+)
+
+SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
+BOUNDARY_MODES = {"trick": BOUNDARY_TRICK, "where": BOUNDARY_WHERE, "mask_all": BOUNDARY_MASK_ALL}
+
+
+def _interpret() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def triton_supported(q: torch.Tensor) -> bool:
+    return (q.dtype in (torch.bfloat16, torch.float16) and q.shape[-1] in SUPPORTED_HEAD_DIMS
+            and (q.device.type == "cuda" or _interpret()))
+
+
+def _tma_available(device: torch.device) -> bool:
+    if _interpret():
+        return True
+    if device.type != "cuda":
+        return False
+    return torch.cuda.get_device_capability(device)[0] >= 9
+
+
+_ALLOCATOR_SET = False
+
+
+def _ensure_allocator() -> None:
+    """Device-side tensor descriptors need a small global scratch buffer per launch."""
+    global _ALLOCATOR_SET
+    if _ALLOCATOR_SET:
+        return
+
+    def alloc(size: int, alignment: int, stream: int | None):
+        dev = "cpu" if _interpret() else "cuda"
+        return torch.empty(size, dtype=torch.int8, device=dev)
+
+    triton.set_allocator(alloc)
+    _ALLOCATOR_SET = True
+
+
+@dataclass(frozen=True)
+class FwdConfig:
+    block_m: int = 128
+    block_n: int = 64
+    num_warps: int = 8
+    num_stages: int = 2
+
+
+@dataclass(frozen=True)
+class BwdConfig:
+    # dk/dv kernel: key block, query block walked
+    kv_block_n: int = 64
+    kv_block_m: int = 64
+    kv_warps: int = 4
+    kv_stages: int = 2
+    # dq kernel: query block, key block walked
+    q_block_m: int = 64
+    q_block_n: int = 64
+    q_warps: int = 4
+    q_stages: int = 2
+
+
+def default_fwd_config(head_dim: int, causal: bool, window) -> FwdConfig:
+    if _interpret():
+        return FwdConfig(32, 16, 4, 1)
+    if head_dim <= 64:
+        return FwdConfig(128, 64, 4, 3)
+    return FwdConfig(128, 64, 8, 2)
+
+
+def default_bwd_config(head_dim: int, causal: bool, window) -> BwdConfig:
+    if _interpret():
+        return BwdConfig(32, 16, 4, 1, 32, 16, 4, 1)
+    if head_dim <= 64:
+        return BwdConfig(128, 64, 8, 2, 128, 64, 8, 2)
+    return BwdConfig(128, 64, 8, 2, 128, 64, 8, 2)
+
+
+def _rows_ok(x: torch.Tensor) -> torch.Tensor:
+    """(T, H, D) with unit stride on D and D on H (any row stride, e.g. a slice of fused QKV)."""
+    if x.stride(2) != 1 or x.stride(1) != x.shape[2] or (x.stride(0) * x.element_size()) % 16:
+        x = x.contiguous()
+    return x
+
+
+def _window_args(window) -> tuple[bool, int, int]:
+    if window is None:
+        return False, 0, 0
+    return True, int(window[0]), int(window[1])
+
+
+def jfa_forward(q, k, v, offsets, *, causal, window, scale, sched: ScheduleCache,
+                config: FwdConfig | None = None, boundary: str = "trick",
+                use_tma: bool | None = None):
+    """Returns (out, lse) with lse (H, T) fp32 base-2."""
+    T, H, D = q.shape
+    has_window, wl, wr = _window_args(window)
+    cfg = config or default_fwd_config(D, causal, window)
+    if use_tma is None:
+        use_tma = _tma_available(q.device)
+    if use_tma:
+        _ensure_allocator()
+    out = torch.empty((T, H, D), dtype=q.dtype, device=q.device)
+    lse = torch.empty((H, T), dtype=torch.float32, device=q.device)
+    s = sched.get(cfg.block_m)
+    n_sched = s.shape[1]
+    if T == 0 or H == 0:
+        return out, lse
+    grid = (H, n_sched)
+    _jfa_fwd_kernel[grid](
+        q, k, v, out, lse, offsets, s, n_sched, T, scale * LOG2E,
+        q.stride(0), k.stride(0), v.stride(0), out.stride(0), H, wl, wr,
+        HEAD_DIM=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=bool(causal),
+        HAS_WINDOW=has_window, BOUNDARY=BOUNDARY_MODES[boundary], USE_TMA=bool(use_tma),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return out, lse
+
+
+def jfa_backward(do, q, k, v, out, lse, offsets, *, causal, window, scale,
+                 sched: ScheduleCache, config: BwdConfig | None = None,
+                 use_tma: bool | None = None):
+    T, H, D = q.shape
+    has_window, wl, wr = _window_args(window)
+    cfg = config or default_bwd_config(D, causal, window)
+    if use_tma is None:
+        use_tma = _tma_available(q.device)
+    if use_tma:
+        _ensure_allocator()
+    do = _rows_ok(do)
+    dq = torch.empty_like(q, memory_format=torch.contiguous_format)
+    dk = torch.empty_like(k, memory_format=torch.contiguous_format)
+    dv = torch.empty_like(v, memory_format=torch.contiguous_format)
+    if T == 0 or H == 0:
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    delta = torch.empty((H, T), dtype=torch.float32, device=q.device)
+    blk = 64 if D >= 128 else 128
+    _jfa_bwd_delta_kernel[(triton.cdiv(T, blk), H)](
+        out, do, delta, T, out.stride(0), do.stride(0), H, HEAD_DIM=D, BLOCK=blk,
+        num_warps=4)
+    qk_scale = scale * LOG2E
+    s_kv = sched.get(cfg.kv_block_n)
+    _jfa_bwd_dkdv_kernel[(H, s_kv.shape[1])](
+        q, k, v, do, dk, dv, lse, delta, offsets, s_kv, s_kv.shape[1], T, scale, qk_scale,
+        q.stride(0), k.stride(0), v.stride(0), do.stride(0), dk.stride(0), dv.stride(0), H,
+        wl, wr, HEAD_DIM=D, BLOCK_M=cfg.kv_block_m, BLOCK_N=cfg.kv_block_n,
+        CAUSAL=bool(causal), HAS_WINDOW=has_window, USE_TMA=bool(use_tma),
+        num_warps=cfg.kv_warps, num_stages=cfg.kv_stages,
+    )
+    s_q = sched.get(cfg.q_block_m)
+    _jfa_bwd_dq_kernel[(H, s_q.shape[1])](
+        q, k, v, do, dq, lse, delta, offsets, s_q, s_q.shape[1], T, scale, qk_scale,
+        q.stride(0), k.stride(0), v.stride(0), do.stride(0), dq.stride(0), H, wl, wr,
+        HEAD_DIM=D, BLOCK_M=cfg.q_block_m, BLOCK_N=cfg.q_block_n, CAUSAL=bool(causal),
+        HAS_WINDOW=has_window, USE_TMA=bool(use_tma),
+        num_warps=cfg.q_warps, num_stages=cfg.q_stages,
+    )
+    return dq, dk, dv
+
+
+class _JaggedAttentionFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, offsets, causal, window, scale, deterministic, options):
+        sched = ScheduleCache(offsets, q.shape[0])
+        out, lse = jfa_forward(q, k, v, offsets, causal=causal, window=window, scale=scale,
+                               sched=sched, **options.get("fwd", {}))
+        ctx.save_for_backward(q, k, v, out, lse, offsets)
+        ctx.sched = sched
+        ctx.causal, ctx.window, ctx.scale = causal, window, scale
+        ctx.options = options
+        return out
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, out, lse, offsets = ctx.saved_tensors
+        dq, dk, dv = jfa_backward(do, q, k, v, out, lse, offsets, causal=ctx.causal,
+                                  window=ctx.window, scale=ctx.scale, sched=ctx.sched,
+                                  **ctx.options.get("bwd", {}))
+        return dq, dk, dv, None, None, None, None, None, None
+
+
+def jagged_attention_triton(q, k, v, offsets, max_len, *, causal=False, window=None, scale=None,
+                            deterministic=False, options: dict | None = None):
+    """Triton path of ``jagged_attention``. ``deterministic`` is accepted for the common
+    signature: this backward uses no atomics and is always bitwise reproducible.
+    ``options`` (benchmarks and tests): {"fwd": {config, boundary, use_tma}, "bwd": {config,
+    use_tma}}."""
+    del max_len
+    q, k, v = _rows_ok(q), _rows_ok(k), _rows_ok(v)
+    offsets = offsets.to(device=q.device, dtype=torch.int64).contiguous()
+    if scale is None:
+        scale = q.shape[-1] ** -0.5
+    if window is not None:
+        window = (int(window[0]), int(window[1]))
+    return _JaggedAttentionFn.apply(q, k, v, offsets, bool(causal), window, float(scale),
+                                    bool(deterministic), options or {})
 
 
 def jagged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets: torch.Tensor,
@@ -31,15 +244,11 @@ def jagged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets:
     if which is Kernel.PYTORCH:
         return jagged_attention_reference(q, k, v, offsets, max_len, causal=causal,
                                           window=window, scale=scale)
-    from gem_kernels.jagged_attention.triton_op import triton_supported
-
     if not triton_supported(q):
         if kernel is not None and Kernel(kernel) is Kernel.TRITON:
             raise RuntimeError(f"the Triton jagged attention kernel does not support dtype "
                                f"{q.dtype} / head_dim {q.shape[-1]}")
         return jagged_attention_reference(q, k, v, offsets, max_len, causal=causal,
                                           window=window, scale=scale)
-    from gem_kernels.jagged_attention.triton_op import jagged_attention_triton
-
     return jagged_attention_triton(q, k, v, offsets, max_len, causal=causal, window=window,
                                    scale=scale, deterministic=deterministic)

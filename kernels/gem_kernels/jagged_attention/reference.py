@@ -8,7 +8,8 @@ Semantics (shared with the Triton kernels):
 - window=(left, right): query i sees key j only if i-left <= j <= i+right; combined with causal
   when both are given.
 - A query row with no valid key outputs 0 (and gets zero gradient).
-Scores, softmax and the PV product are computed in fp32; the output has q's dtype.
+Scores, softmax and the PV product are computed in fp32 (fp64 for fp64 inputs); the output has
+q's dtype.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def _one_sequence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: floa
     denom = p.sum(dim=-1, keepdim=True)
     o = torch.einsum("hij,jhd->ihd", p, v)
     # Empty rows: p = 0, so o = 0 / tiny = 0 with a finite (zero) gradient.
-    return o / denom.clamp_min(torch.finfo(torch.float32).tiny).permute(1, 0, 2)
+    return o / denom.clamp_min(torch.finfo(denom.dtype).tiny).permute(1, 0, 2)
 
 
 def jagged_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -77,7 +78,8 @@ def jagged_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     offs = [int(x) for x in offsets.tolist()]
-    qf, kf, vf = q.float(), k.float(), v.float()
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    qf, kf, vf = q.to(acc), k.to(acc), v.to(acc)
     outs = []
     for b in range(len(offs) - 1):
         s, e = offs[b], offs[b + 1]
@@ -89,7 +91,7 @@ def jagged_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     out = torch.cat(outs, dim=0)
     total = q.shape[0]
     if out.shape[0] != total:  # rows outside [offsets[0], offsets[-1]) are not attended
-        full = q.new_zeros(q.shape, dtype=torch.float32)
+        full = q.new_zeros(q.shape, dtype=acc)
         full = full.index_copy(0, torch.arange(offs[0], offs[-1], device=q.device), out)
         out = full
     return out.to(q.dtype)
