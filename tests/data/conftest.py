@@ -1,11 +1,14 @@
-"""Small synthetic datasets shared by the data tests (tiny, so the folder stays fast)."""
+"""Small datasets shared by the data tests (tiny, so the folder stays fast)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 from gem_platform.data.config import DataConfig
+from gem_platform.data.meta import DatasetMeta, SparseFeatureSpec
+from gem_platform.data.parquet import SampleArrays
 
 
 def tiny_config(path: Path, **synthetic) -> DataConfig:
@@ -34,3 +37,73 @@ def tiny_dataset(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("tiny") / "ds"
     tiny_config(path).prepare()
     return path
+
+
+SPECS = [SparseFeatureSpec("color", 5), SparseFeatureSpec("tags", 9, multi_hot=True)]
+
+
+class Handmade:
+    """Tiny hand-built samples whose values encode their row, so a mix-up can't go unnoticed."""
+
+    specs = SPECS
+
+    @staticmethod
+    def meta(n_train: int, n_eval: int = 0, dense_dim: int = 2) -> DatasetMeta:
+        return DatasetMeta(
+            source="synthetic",
+            num_items=50,
+            num_action_types=3,
+            sparse_features=list(SPECS),
+            dense_dim=dense_dim,
+            num_train=n_train,
+            num_eval=n_eval,
+            ctr_base_rate=0.5,
+            cvr_base_rate=0.5,
+        )
+
+    @staticmethod
+    def arrays(lengths: list[int], tag_counts: list[int]) -> SampleArrays:
+        """Rows with the given history lengths and numbers of ``tags`` ids."""
+        n = len(lengths)
+        off = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        t_off = np.concatenate([[0], np.cumsum(tag_counts)]).astype(np.int64)
+        owner = np.repeat(np.arange(n), lengths)
+        rows = np.arange(n)
+        return SampleArrays(
+            seq_offsets=off,
+            seq_item_ids=(owner % 50 + 1).astype(np.int64),
+            seq_action_types=(np.arange(off[-1]) % 3).astype(np.int64),
+            seq_age=np.arange(off[-1], dtype=np.float32)[::-1].copy(),
+            ad_item_id=(rows % 50 + 1).astype(np.int64),
+            sparse_values={
+                "color": rows % 5,
+                "tags": np.repeat(rows % 9, tag_counts).astype(np.int64),
+            },
+            sparse_offsets={"color": np.arange(n + 1), "tags": t_off},
+            dense=np.stack([rows, -rows], axis=1).astype(np.float32),
+            ctr=(rows % 2).astype(np.int8),
+            cvr=((rows % 4) == 1).astype(np.int8),
+        )
+
+    @staticmethod
+    def assert_same(a: SampleArrays, b: SampleArrays) -> None:
+        for name in (
+            "seq_offsets",
+            "seq_item_ids",
+            "seq_action_types",
+            "seq_age",
+            "ad_item_id",
+            "dense",
+            "ctr",
+            "cvr",
+        ):
+            np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
+        assert a.sparse_values.keys() == b.sparse_values.keys()
+        for k in a.sparse_values:
+            np.testing.assert_array_equal(a.sparse_values[k], b.sparse_values[k], err_msg=k)
+            np.testing.assert_array_equal(a.sparse_offsets[k], b.sparse_offsets[k], err_msg=k)
+
+
+@pytest.fixture
+def hand() -> type[Handmade]:
+    return Handmade

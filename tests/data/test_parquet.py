@@ -7,73 +7,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from gem_platform.data.meta import DatasetMeta, SparseFeatureSpec
 from gem_platform.data.parquet import SampleArrays, SampleTable, write_split
 from gem_platform.data.synthetic import PlantedWorld
 
-SPECS = [SparseFeatureSpec("color", 5), SparseFeatureSpec("tags", 9, multi_hot=True)]
 
-
-def _meta(n_train: int, n_eval: int = 0, dense_dim: int = 2) -> DatasetMeta:
-    return DatasetMeta(
-        source="synthetic",
-        num_items=50,
-        num_action_types=3,
-        sparse_features=SPECS,
-        dense_dim=dense_dim,
-        num_train=n_train,
-        num_eval=n_eval,
-        ctr_base_rate=0.5,
-        cvr_base_rate=0.5,
-    )
-
-
-def handmade(lengths: list[int], tag_counts: list[int]) -> SampleArrays:
-    """Samples whose values encode their row, so a mix-up can't go unnoticed."""
-    n = len(lengths)
-    off = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-    t_off = np.concatenate([[0], np.cumsum(tag_counts)]).astype(np.int64)
-    owner = np.repeat(np.arange(n), lengths)
-    rows = np.arange(n)
-    return SampleArrays(
-        seq_offsets=off,
-        seq_item_ids=(owner % 50 + 1).astype(np.int64),
-        seq_action_types=(np.arange(off[-1]) % 3).astype(np.int64),
-        seq_age=np.arange(off[-1], dtype=np.float32)[::-1].copy(),
-        ad_item_id=(rows % 50 + 1).astype(np.int64),
-        sparse_values={"color": rows % 5, "tags": np.repeat(rows % 9, tag_counts).astype(np.int64)},
-        sparse_offsets={"color": np.arange(n + 1), "tags": t_off},
-        dense=np.stack([rows, -rows], axis=1).astype(np.float32),
-        ctr=(rows % 2).astype(np.int8),
-        cvr=((rows % 4) == 1).astype(np.int8),
-    )
-
-
-def assert_same(a: SampleArrays, b: SampleArrays) -> None:
-    for name in (
-        "seq_offsets",
-        "seq_item_ids",
-        "seq_action_types",
-        "seq_age",
-        "ad_item_id",
-        "dense",
-        "ctr",
-        "cvr",
-    ):
-        np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
-    assert a.sparse_values.keys() == b.sparse_values.keys()
-    for k in a.sparse_values:
-        np.testing.assert_array_equal(a.sparse_values[k], b.sparse_values[k], err_msg=k)
-        np.testing.assert_array_equal(a.sparse_offsets[k], b.sparse_offsets[k], err_msg=k)
-
-
-def test_generated_samples_round_trip_exactly(tmp_path: Path, make_config) -> None:
+def test_generated_samples_round_trip_exactly(hand, tmp_path: Path, make_config) -> None:
     syn = make_config(tmp_path).synthetic
     world = PlantedWorld.build(syn)
     rng = np.random.default_rng(3)
     arrays = world.sample(rng, 500)
     world.label(rng, arrays)
-    meta = _meta(500)
+    meta = hand.meta(500)
     meta.sparse_features = world.sparse_specs
     meta.num_items, meta.num_action_types, meta.dense_dim = (
         syn.num_items,
@@ -85,23 +29,23 @@ def test_generated_samples_round_trip_exactly(tmp_path: Path, make_config) -> No
     assert [f.name for f in files] == [f"train-0000{i}.parquet" for i in range(4)]
     table = SampleTable.load(tmp_path, "train")
     assert len(table) == 500
-    assert_same(table.arrays, arrays)
+    hand.assert_same(table.arrays, arrays)
     assert table.seq_lengths.dtype == np.int64
     np.testing.assert_array_equal(table.seq_lengths, np.diff(arrays.seq_offsets))
 
 
-def _write_uneven(tmp_path: Path) -> SampleArrays:
+def _write_uneven(tmp_path: Path, hand) -> SampleArrays:
     lengths = [(i * 7) % 5 for i in range(23)]
-    arrays = handmade(lengths, [i % 3 for i in range(23)])
-    _meta(23).save(tmp_path)
+    arrays = hand.arrays(lengths, [i % 3 for i in range(23)])
+    hand.meta(23).save(tmp_path)
     # Shards of 10, 10 and 3 rows.
-    write_split(tmp_path, "train", arrays, SPECS, rows_per_shard=10)
+    write_split(tmp_path, "train", arrays, hand.specs, rows_per_shard=10)
     return arrays
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4, 7, 23, 30])
-def test_ranks_partition_rows_exactly_once(tmp_path: Path, world_size: int) -> None:
-    full = _write_uneven(tmp_path)
+def test_ranks_partition_rows_exactly_once(hand, tmp_path: Path, world_size: int) -> None:
+    full = _write_uneven(tmp_path, hand)
     parts = [
         SampleTable.load(tmp_path, "train", rank=r, world_size=world_size).arrays
         for r in range(world_size)
@@ -109,20 +53,20 @@ def test_ranks_partition_rows_exactly_once(tmp_path: Path, world_size: int) -> N
     sizes = [len(p) for p in parts]
     assert sum(sizes) == 23
     assert max(sizes) - min(sizes) <= 1  # balanced even with fewer shards than ranks
-    assert_same(SampleArrays.concat([p for p in parts if len(p)]), full)
+    hand.assert_same(SampleArrays.concat([p for p in parts if len(p)]), full)
 
 
-def test_rank_outside_world_is_rejected(tmp_path: Path) -> None:
+def test_rank_outside_world_is_rejected(hand, tmp_path: Path) -> None:
     from gem_platform.errors import DataError
 
-    _write_uneven(tmp_path)
+    _write_uneven(tmp_path, hand)
     with pytest.raises(DataError, match="rank 2"):
         SampleTable.load(tmp_path, "train", rank=2, world_size=2)
 
 
-def test_collate_handles_empty_and_single_event_histories(tmp_path: Path) -> None:
-    arrays = handmade([0, 1, 3, 0], [2, 0, 1, 3])
-    table = SampleTable(_meta(4), arrays)
+def test_collate_handles_empty_and_single_event_histories(hand, tmp_path: Path) -> None:
+    arrays = hand.arrays([0, 1, 3, 0], [2, 0, 1, 3])
+    table = SampleTable(hand.meta(4), arrays)
     batch = table.collate(np.array([2, 0, 1, 3, 2]))
     assert batch.num_samples == 5
     assert batch.seq_offsets.tolist() == [0, 3, 3, 4, 4, 7]

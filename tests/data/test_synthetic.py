@@ -56,8 +56,8 @@ def test_reuses_current_dataset_and_regenerates_stale_one(make_config, tmp_path:
         "train-00000.parquet",
         "train-00001.parquet",
     ]
-    # Nothing temporary is left beside the dataset.
-    assert [p.name for p in tmp_path.iterdir()] == ["ds"]
+    # Nothing temporary is left beside the dataset (only the hidden lock file).
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".ds.lock", "ds"]
 
     generate_synthetic(make_config(path, num_samples=2000), force=True)
     assert shard.stat().st_mtime_ns != stamp

@@ -23,9 +23,14 @@ config writes byte-identical shards, and shards are generated one at a time (bou
 
 from __future__ import annotations
 
+import fcntl
+import logging
 import os
 import shutil
+import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +46,8 @@ from gem_platform.data.parquet import (
     write_shard,
 )
 from gem_platform.errors import DataError
+
+log = logging.getLogger(__name__)
 
 GENERATOR_VERSION = 1
 LATENT_DIM = 16
@@ -426,18 +433,25 @@ def _write_dataset(directory: Path, syn: SyntheticConfig, fingerprint: str) -> D
     return meta
 
 
-def _install(tmp: Path, out: Path, fingerprint: str) -> None:
-    """Move a finished dataset into place; a concurrent writer of the same config may win."""
+def _install(tmp: Path, out: Path) -> None:
+    """Swap a finished dataset into place (the old one, if any, is removed afterwards)."""
     old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
     if out.exists():
         os.rename(out, old)
-    try:
-        os.rename(tmp, out)
-    except OSError:
-        if not _is_current(out, fingerprint):
-            raise
-        shutil.rmtree(tmp, ignore_errors=True)
+    os.rename(tmp, out)
     shutil.rmtree(old, ignore_errors=True)
+
+
+@contextmanager
+def _generation_lock(out: Path) -> Iterator[None]:
+    """Serialize generators of one directory (e.g. every worker of a run on one host)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / f".{out.name}.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def generate_synthetic(cfg: DataConfig, *, force: bool = False) -> DatasetMeta:
@@ -445,7 +459,8 @@ def generate_synthetic(cfg: DataConfig, *, force: bool = False) -> DatasetMeta:
 
     A directory already generated from the same config (hash in ``meta.extra``) is reused
     unless ``force``. Otherwise the dataset is written to a temporary sibling directory and
-    renamed into place, so a crash never leaves half-written shards behind.
+    renamed into place, so a crash never leaves half-written shards behind. Concurrent calls
+    on one host wait for each other, and the later ones reuse what the first wrote.
     """
     syn = cfg.synthetic
     out = Path(cfg.path)
@@ -458,13 +473,15 @@ def generate_synthetic(cfg: DataConfig, *, force: bool = False) -> DatasetMeta:
             "overwrite it.",
             "Point data.path at an empty or new directory.",
         )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    try:
-        _write_dataset(tmp, syn, fingerprint)
-        _install(tmp, out, fingerprint)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+    started = time.monotonic()
+    with _generation_lock(out):
+        if force or not _is_current(out, fingerprint):
+            tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+            tmp.mkdir()
+            try:
+                _write_dataset(tmp, syn, fingerprint)
+                _install(tmp, out)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+            log.info("generated %s in %.1f s", out, time.monotonic() - started)
     return load_meta(out)
