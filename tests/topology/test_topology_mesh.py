@@ -195,3 +195,23 @@ def test_resolved_groups_partition_world_and_respect_tiers(
         assert mesh[GroupKind.EXPERT].tier is Tier.NVLINK
         assert mesh[GroupKind.EXPERT_SHARD].tier is not Tier.CROSS_ZONE
     assert mesh.shard_size * mesh.replicate_size == world
+
+
+@pytest.mark.parametrize("rank", [0, 5, 14])
+def test_hsdp_groups_match_torch_device_mesh(rank: int) -> None:
+    """FSDP2's 2-D (replicate, shard) DeviceMesh built from hsdp_mesh_shape() gives each rank
+    exactly the shard and replicate groups the plan reports."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    cfg = ParallelConfig(workers=16, gpus_per_host=4, hosts_per_zone=2, hsdp_shard_group=4)
+    mesh = resolve_mesh(cfg, ClusterShape(16, 4, 2).build().place(16))
+    dist.init_process_group("fake", rank=rank, world_size=16, store=FakeStore())
+    try:
+        dm = init_device_mesh("cpu", mesh.hsdp_mesh_shape(), mesh_dim_names=("replicate", "shard"))
+        groups = mesh.groups_of(rank)
+        assert tuple(dm["shard"].mesh.tolist()) == groups[GroupKind.HSDP_SHARD]
+        assert tuple(dm["replicate"].mesh.tolist()) == groups[GroupKind.HSDP_REPLICATE]
+    finally:
+        dist.destroy_process_group()

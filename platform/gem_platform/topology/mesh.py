@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
+from functools import cached_property
 
 from gem_platform.errors import RecipeError
 from gem_platform.topology.cluster import Placement, Tier
@@ -57,11 +58,13 @@ class GroupSet:
     def tier(self) -> Tier:
         return Tier.widest(g.tier for g in self.groups)
 
+    @cached_property
+    def _by_rank(self) -> dict[int, ProcessGroup]:
+        return {r: g for g in self.groups for r in g.ranks}
+
     def group_of(self, rank: int) -> ProcessGroup:
-        for g in self.groups:
-            if rank in g.ranks:
-                return g
-        raise KeyError(rank)
+        """The group of this kind that ``rank`` belongs to."""
+        return self._by_rank[rank]
 
 
 @dataclass(frozen=True)
