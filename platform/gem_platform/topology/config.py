@@ -124,9 +124,13 @@ class ParallelConfig(BaseModel):
                 f"Set parallel.workers to a multiple of {per_host} or lower gpus_per_host.",
             )
         _require_divides("gpus_per_host", per_host, wfield, world)
-        _require_divides(
-            "expert_parallel", self.expert_parallel, "parallel.gpus_per_host", per_host
-        )
+        if per_host % self.expert_parallel != 0:
+            raise RecipeError(
+                f"parallel.expert_parallel={self.expert_parallel} does not divide "
+                f"parallel.gpus_per_host={per_host}: the GPUs of an expert group exchange "
+                "activations every expert layer and must share a host (NVLink).",
+                f"Choose a divisor of {per_host} ({_suggest(per_host)}).",
+            )
         hosts = world // per_host
         if self.expert_shard_hosts is not None:
             _require_divides("expert_shard_hosts", self.expert_shard_hosts, "the host count", hosts)
