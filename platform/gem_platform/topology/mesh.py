@@ -230,12 +230,6 @@ def _expert_sets(
             f"the placement has {placement.host_sizes()} ranks per host.",
             "Give every node the same worker slots, or set parallel.workers to fill whole hosts.",
         )
-    if ep > per_host:
-        raise RecipeError(
-            f"parallel.expert_parallel={ep} is larger than the ranks per host ({per_host}): "
-            "expert groups exchange activations every layer and must stay on NVLink.",
-            f"Choose a divisor of {per_host} ({', '.join(map(str, divisors(per_host)))}).",
-        )
     hosts = world // per_host
     span = parallel.expert_shard_hosts
     if span is None:
