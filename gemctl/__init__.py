@@ -1,0 +1,1 @@
+"""gemctl: the command line of GEM Platform (parse, call gem_platform, render)."""

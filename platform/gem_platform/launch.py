@@ -1,0 +1,191 @@
+"""Run a recipe: in-process, on an embedded local Ray, or on an existing Ray cluster.
+
+The driver validates everything it can before any worker starts (data, world size, cluster,
+tracking), opens the MLflow run, launches Ray Train (V2) workers that each call
+:func:`gem_platform.train.loop.train`, and closes the run FINISHED or FAILED.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import urllib.parse
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gem_platform.data.meta import DatasetMeta
+from gem_platform.errors import ClusterError, GemError, RecipeError
+from gem_platform.recipe import Recipe
+from gem_platform.tracking import RunTracker, resolve_tracking_uri
+
+RAY_STORAGE = "gem_runs/ray"
+
+
+@dataclass
+class RunOutcome:
+    run_id: str
+    tracking_uri: str
+    ok: bool
+    summary: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+
+
+def check_world_size(recipe: Recipe, meta: DatasetMeta, world: int) -> None:
+    """Each rank needs at least one full local batch of training samples."""
+    per_rank = meta.num_train // world
+    if per_rank < recipe.loader.local_batch_size:
+        raise RecipeError(
+            f"parallel.workers={world} leaves {per_rank} training samples per rank, fewer than "
+            f"loader.local_batch_size={recipe.loader.local_batch_size} ({meta.num_train} in "
+            f"{recipe.data.path}).",
+            "Use fewer workers, a smaller loader.local_batch_size, or more data.",
+        )
+
+
+def check_address(address: str, timeout: float = 3.0) -> None:
+    """Fail in seconds when a cluster address can't be reached (Ray itself retries for long)."""
+    if address in ("auto", "local"):
+        return
+    parsed = urllib.parse.urlparse(address if "://" in address else f"gcs://{address}")
+    if parsed.scheme in ("http", "https"):
+        raise ClusterError(
+            f"--address {address} is a Ray Jobs (dashboard) address.",
+            "Pass the cluster's client address (ray://HEAD:10001) or GCS address (HEAD:6379).",
+        )
+    host, port = parsed.hostname, parsed.port
+    if not host or not port:
+        raise ClusterError(f"Ray address {address!r} has no host:port.",
+                           "Use ray://HEAD:10001, HEAD:6379 or 'auto'.")
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            pass
+    except OSError as err:
+        raise ClusterError(
+            f"Ray cluster at {address} is unreachable ({err}).",
+            "Check that the head node is running (`ray status` on it) and the address/port, or "
+            "drop --address / RAY_ADDRESS to run on an embedded local Ray.",
+        ) from None
+
+
+def _init_ray(recipe: Recipe, address: str | None) -> None:
+    import ray
+
+    if ray.is_initialized():
+        return
+    if address:
+        check_address(address)
+        ray.init(address=address, logging_level="WARNING")
+    else:
+        needed = recipe.parallel.workers * recipe.parallel.cpus_per_worker
+        ray.init(num_cpus=max(os.cpu_count() or 1, needed), include_dashboard=False,
+                 logging_level="WARNING")
+    have_cpu = ray.cluster_resources().get("CPU", 0)
+    need_cpu = recipe.parallel.workers * recipe.parallel.cpus_per_worker
+    if have_cpu < need_cpu:
+        raise ClusterError(
+            f"The Ray cluster has {have_cpu:g} CPUs; parallel.workers={recipe.parallel.workers} x "
+            f"parallel.cpus_per_worker={recipe.parallel.cpus_per_worker} needs {need_cpu}.",
+            "Lower parallel.workers / cpus_per_worker or add nodes.",
+        )
+    if recipe.parallel.use_gpu:
+        have_gpu = ray.cluster_resources().get("GPU", 0)
+        if have_gpu < recipe.parallel.workers:
+            raise ClusterError(
+                f"The Ray cluster has {have_gpu:g} GPUs; parallel.workers="
+                f"{recipe.parallel.workers} with parallel.use_gpu needs one each.",
+                "Lower parallel.workers, set parallel.use_gpu=false, or add GPU nodes.",
+            )
+
+
+def _ray_worker_loop(config: dict[str, Any]) -> None:
+    """Body of each Ray Train worker."""
+    import ray.train
+    import torch
+
+    from gem_platform.train.loop import RankInfo, train
+
+    recipe = Recipe.model_validate(config["recipe"])
+    torch.set_num_threads(recipe.parallel.cpus_per_worker)
+    info = RankInfo.current()
+    tracker = RunTracker(config["tracking_uri"], config["run_id"]) if info.is_chief else None
+    summary = train(recipe, sink=tracker.log_metrics if tracker else None)
+    ray.train.report({k: v for k, v in summary.items() if isinstance(v, (int, float, str))})
+
+
+def _run_on_ray(recipe: Recipe, tracker: RunTracker, address: str | None) -> dict[str, Any]:
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    _init_ray(recipe, address)
+    backend = recipe.parallel.backend
+    if backend == "auto":
+        backend = "nccl" if recipe.parallel.use_gpu else "gloo"
+    trainer = TorchTrainer(
+        train_loop_per_worker=_ray_worker_loop,
+        train_loop_config={"recipe": recipe.model_dump(mode="json"), "run_id": tracker.run_id,
+                           "tracking_uri": tracker.uri},
+        torch_config=TorchConfig(backend=backend),
+        scaling_config=ScalingConfig(
+            num_workers=recipe.parallel.workers, use_gpu=recipe.parallel.use_gpu,
+            resources_per_worker={"CPU": recipe.parallel.cpus_per_worker},
+        ),
+        run_config=RunConfig(name=f"{recipe.name}-{tracker.run_id[:8]}",
+                             storage_path=str(Path(RAY_STORAGE).resolve())),
+    )
+    result = trainer.fit()
+    if result.error is not None:
+        raise result.error
+    return dict(result.metrics or {})
+
+
+def _run_local(recipe: Recipe, tracker: RunTracker, echo: Callable[[str], None]
+               ) -> dict[str, Any]:
+    from gem_platform.train.loop import train
+
+    return train(recipe, sink=tracker.log_metrics, echo=echo)
+
+
+def submit(recipe: Recipe, *, local: bool = False, address: str | None = None,
+           echo: Callable[[str], None] = print) -> RunOutcome:
+    """Validate, open the MLflow run, train, record the summary, close the run.
+
+    GemError (bad input) raised before the run is opened leaves nothing behind; any failure
+    after it marks the run FAILED with the reason, and is re-raised.
+    """
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    if address and not local:
+        check_address(address)
+    meta = recipe.data.prepare()
+    world = 1 if local else recipe.parallel.workers
+    check_world_size(recipe, meta, world)
+    if hasattr(recipe.parallel, "validate_against_world"):
+        recipe.parallel.validate_against_world(world)
+
+    uri = resolve_tracking_uri(recipe.tracking.uri)
+    tags = {"gem.mode": "local" if local else "ray", "gem.recipe": recipe.name,
+            "gem.data_source": meta.source, **recipe.tracking.tags}
+    tracker = RunTracker.start(uri, recipe.tracking.experiment, recipe.tracking.run_name,
+                               recipe.flat(), tags)
+    try:
+        tracker.log_text(recipe.to_yaml(), "recipe.yaml")
+        tracker.log_json({"mode": tags["gem.mode"], "workers": world,
+                          "address": address or "embedded", "dataset": meta.source},
+                         "placement.json")
+        if local:
+            summary = _run_local(recipe, tracker, echo)
+        else:
+            summary = _run_on_ray(recipe, tracker, address)
+        tracker.log_json(summary, "summary.json")
+        tracker.finish(ok=True)
+        return RunOutcome(tracker.run_id, uri, True, summary)
+    except BaseException as err:
+        reason = ("interrupted" if isinstance(err, KeyboardInterrupt)
+                  else f"{type(err).__name__}: {err}")
+        try:
+            tracker.finish(ok=False, reason=reason)
+        finally:
+            if isinstance(err, GemError | KeyboardInterrupt):
+                raise
+        raise RuntimeError(f"run {tracker.run_id} failed: {reason}") from err

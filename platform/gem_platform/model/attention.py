@@ -1,0 +1,90 @@
+"""The one attention dispatch of the model: recipe choice -> gem_kernels op.
+
+Each gem_kernels op picks its Triton kernel on CUDA and its PyTorch reference elsewhere; the
+``padded`` kind is the dense baseline (pad to the batch max, mask, SDPA) that the jagged
+kernels are measured against in ablations.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from gem_kernels.block_attention import block_attention
+from gem_kernels.gdpa import gdpa
+from gem_kernels.jagged_attention import jagged_attention
+from gem_platform.model.flops import record_attention, self_attention_pairs
+
+
+@dataclass(frozen=True)
+class SelfAttentionSpec:
+    kind: str  # full | sliding | block64 | padded
+    window: int = 64
+    causal: bool = False
+    rope_base: float | None = None
+    kernel: str = "auto"
+
+
+def _padded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets: torch.Tensor,
+                      max_len: int, causal: bool) -> torch.Tensor:
+    """Dense baseline: scatter into (B, H, max_len, d), masked SDPA, gather real rows back."""
+    lengths = offsets[1:] - offsets[:-1]
+    b, h, d = lengths.numel(), q.shape[1], q.shape[2]
+    if q.shape[0] == 0 or max_len == 0:
+        return torch.zeros_like(q)
+    seq_idx = torch.repeat_interleave(torch.arange(b, device=q.device), lengths)
+    pos = torch.arange(q.shape[0], device=q.device) - offsets[:-1][seq_idx]
+
+    def pad(x: torch.Tensor) -> torch.Tensor:
+        out = x.new_zeros(b, max_len, h, d)
+        out[seq_idx, pos] = x
+        return out.transpose(1, 2)
+
+    valid = torch.arange(max_len, device=q.device)[None, :] < lengths[:, None]  # (B, L)
+    mask = valid[:, None, None, :]
+    if causal:
+        tri = torch.ones(max_len, max_len, dtype=torch.bool, device=q.device).tril()
+        mask = mask & tri
+    # Rows with no valid key (padding rows) would be NaN under softmax; give them key 0.
+    mask = mask | (~mask.any(-1, keepdim=True) & (torch.arange(max_len, device=q.device) == 0))
+    out = F.scaled_dot_product_attention(pad(q), pad(k), pad(v), attn_mask=mask)
+    return out.transpose(1, 2)[seq_idx, pos]
+
+
+def self_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets: torch.Tensor,
+                   max_len: int, spec: SelfAttentionSpec) -> torch.Tensor:
+    """Self-attention over jagged sequences: q/k/v (T, H, d), offsets (B+1,) -> (T, H, d)."""
+    record_attention(
+        self_attention_pairs(offsets[1:] - offsets[:-1], spec.kind, spec.window, spec.causal),
+        q.shape[1], q.shape[2],
+    )
+    if spec.kind == "full":
+        return jagged_attention(q, k, v, offsets, max_len, causal=spec.causal, kernel=spec.kernel)
+    if spec.kind == "sliding":
+        window = (spec.window, 0 if spec.causal else spec.window)
+        return jagged_attention(q, k, v, offsets, max_len, causal=spec.causal, window=window,
+                                kernel=spec.kernel)
+    if spec.kind == "block64":
+        rope = None
+        if spec.rope_base is not None:
+            from gem_kernels.block_attention import RopeConfig
+
+            rope = RopeConfig(base=spec.rope_base)
+        return block_attention(q, k, v, offsets, block=64, rope=rope, kernel=spec.kernel)
+    if spec.kind == "padded":
+        return _padded_attention(q, k, v, offsets, max_len, spec.causal)
+    raise ValueError(f"unknown attention kind {spec.kind!r}")
+
+
+def generalized_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                          q_offsets: torch.Tensor, kv_offsets: torch.Tensor, max_q: int,
+                          max_kv: int, *, activation: str, norm: str = "none",
+                          kernel: str = "auto") -> torch.Tensor:
+    """Cross / pooled attention in GDPA form (activation instead of softmax)."""
+    q_len = q_offsets[1:] - q_offsets[:-1]
+    kv_len = kv_offsets[1:] - kv_offsets[:-1]
+    record_attention(float((q_len * kv_len).sum()), q.shape[1], q.shape[2])
+    return gdpa(q, k, v, q_offsets, kv_offsets, max_q, max_kv, activation=activation, norm=norm,
+                kernel=kernel)

@@ -1,0 +1,114 @@
+"""GemModel: the GEM-style ranking network, wired from a ModelConfig and the dataset's meta.
+
+Data flow per batch (B samples, T history tokens in total, nothing padded):
+  items (TorchRec EmbeddingCollection) + action + age -> history tokens (T, d)
+  sparse features (TorchRec EmbeddingBagCollection) + dense + ad -> context tokens (B, C, d)
+  sequence tower: self-attention over each history (full | sliding | block64 | padded)
+  cross attention: history tokens (long Q) x own context tokens (short KV), GDPA
+  pooled attention: nq queries per sample (short Q) x history tokens (long KV), GDPA
+  DHEN: expert ensemble over [pooled, context] tokens -> CTR and CVR logits
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torchrec import (
+    EmbeddingBagCollection,
+    EmbeddingBagConfig,
+    EmbeddingCollection,
+    EmbeddingConfig,
+    KeyedJaggedTensor,
+    PoolingType,
+)
+
+from gem_platform.data.batch import TASKS, JaggedBatch
+from gem_platform.data.meta import DatasetMeta
+from gem_platform.model.attention import SelfAttentionSpec
+from gem_platform.model.interaction import CrossAttention, DhenLayer, PooledAttention
+from gem_platform.model.sequence import SequenceTower
+from gem_platform.recipe import ModelConfig
+
+ITEM_FEATURES = ("hist_item", "ad_item")
+
+
+class GemModel(nn.Module):
+    def __init__(self, cfg: ModelConfig, meta: DatasetMeta) -> None:
+        super().__init__()
+        d = cfg.d_model
+        self.cfg, self.meta = cfg, meta
+        self.item_embeddings = EmbeddingCollection(
+            tables=[EmbeddingConfig(name="item", embedding_dim=d,
+                                    num_embeddings=meta.num_items + 1,
+                                    feature_names=list(ITEM_FEATURES))],
+            device=torch.device("cpu"),
+        )
+        self.sparse_embeddings = EmbeddingBagCollection(
+            tables=[
+                EmbeddingBagConfig(
+                    name=f"t_{f.name}", embedding_dim=cfg.sparse_dim,
+                    num_embeddings=f.vocab_size, feature_names=[f.name],
+                    pooling=PoolingType.MEAN if f.multi_hot else PoolingType.SUM,
+                )
+                for f in meta.sparse_features
+            ],
+            device=torch.device("cpu"),
+        )
+        self.sparse_names = [f.name for f in meta.sparse_features]
+        self.action_embedding = nn.Embedding(meta.num_action_types + 1, d)
+        self.age_proj = nn.Linear(1, d)
+        self.sparse_proj = nn.Linear(cfg.sparse_dim, d)
+        self.dense_proj = nn.Linear(max(meta.dense_dim, 1), d)
+        spec = SelfAttentionSpec(
+            kind=cfg.attention, window=cfg.window, causal=cfg.causal,
+            rope_base=10000.0 if cfg.rope else None, kernel=cfg.kernel,
+        )
+        self.sequence = SequenceTower(d, cfg.num_heads, cfg.seq_layers, spec, cfg.qk_norm)
+        self.cross = CrossAttention(d, cfg.num_heads, cfg.gdpa_activation, cfg.kernel)
+        self.pooled = PooledAttention(d, cfg.num_heads, cfg.pooled_queries, cfg.gdpa_activation,
+                                      cfg.kernel)
+        self.num_context = 2 + len(self.sparse_names)  # ad, dense, one per sparse feature
+        num_tokens = cfg.pooled_queries + self.num_context
+        self.dhen = nn.ModuleList(
+            DhenLayer(num_tokens, d, cfg.num_experts, cfg.expert_hidden)
+            for _ in range(cfg.dhen_layers)
+        )
+        self.head = nn.Sequential(
+            nn.LayerNorm(num_tokens * d), nn.Linear(num_tokens * d, cfg.head_hidden), nn.SiLU(),
+            nn.Linear(cfg.head_hidden, len(TASKS)),
+        )
+
+    def embedding_parameters(self) -> list[nn.Parameter]:
+        """Sparse (embedding-table) parameters: trained by the sparse optimizer."""
+        return [*self.item_embeddings.parameters(), *self.sparse_embeddings.parameters()]
+
+    def _item_lookup(self, batch: JaggedBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        b = batch.num_samples
+        kjt = KeyedJaggedTensor.from_lengths_sync(
+            keys=list(ITEM_FEATURES),
+            values=torch.cat([batch.seq_item_ids, batch.ad_item_id]),
+            lengths=torch.cat([batch.seq_lengths.to(torch.int64),
+                               torch.ones(b, dtype=torch.int64, device=batch.ad_item_id.device)]),
+        )
+        out = self.item_embeddings(kjt)
+        return out["hist_item"].values(), out["ad_item"].values()
+
+    def forward(self, batch: JaggedBatch) -> torch.Tensor:
+        """(B, 2) logits: CTR and CVR."""
+        offsets, max_len = batch.seq_offsets, batch.max_seq_len
+        hist, ad = self._item_lookup(batch)
+        x = hist + self.action_embedding(batch.seq_action_types) + self.age_proj(
+            batch.seq_age.unsqueeze(-1))
+        sparse = self.sparse_embeddings(batch.sparse).to_dict()
+        feature_tokens = [self.sparse_proj(sparse[name]) for name in self.sparse_names]
+        dense = batch.dense if batch.dense.shape[1] else batch.dense.new_zeros(ad.shape[0], 1)
+        context = torch.stack([ad, self.dense_proj(dense), *feature_tokens], dim=1)
+
+        x = self.sequence(x, offsets, max_len)
+        x = self.cross(x, offsets, max_len, context)
+        pooled = self.pooled(x, offsets, max_len, ad)
+
+        tokens = torch.cat([pooled, context], dim=1)
+        for layer in self.dhen:
+            tokens = layer(tokens)
+        return self.head(tokens.flatten(1))

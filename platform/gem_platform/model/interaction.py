@@ -1,0 +1,101 @@
+"""User-ad cross attention (long Q, short KV), pooled attention (short Q, long KV) and the
+DHEN-style expert interaction, in GDPA form: activation instead of softmax."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from gem_platform.model.attention import generalized_attention
+
+
+class CrossAttention(nn.Module):
+    """Each history token (query) attends to its own sample's context tokens (ad, features)."""
+
+    def __init__(self, dim: int, heads: int, activation: str, kernel: str) -> None:
+        super().__init__()
+        self.heads, self.head_dim = heads, dim // heads
+        self.activation, self.kernel = activation, kernel
+        self.norm = nn.LayerNorm(dim)
+        self.q = nn.Linear(dim, dim)
+        self.kv = nn.Linear(dim, 2 * dim)
+        self.out = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor, x_offsets: torch.Tensor, max_len: int,
+                ctx: torch.Tensor) -> torch.Tensor:
+        b, n_ctx, d = ctx.shape
+        q = self.q(self.norm(x)).view(-1, self.heads, self.head_dim)
+        k, v = self.kv(ctx.reshape(b * n_ctx, d)).view(b * n_ctx, 2, self.heads,
+                                                       self.head_dim).unbind(1)
+        kv_offsets = torch.arange(b + 1, device=ctx.device, dtype=torch.int64) * n_ctx
+        o = generalized_attention(q, k, v, x_offsets, kv_offsets, max_len, n_ctx,
+                                  activation=self.activation, norm="kv_len", kernel=self.kernel)
+        return x + self.out(o.reshape(x.shape[0], d))
+
+
+class PooledAttention(nn.Module):
+    """A few queries per sample (learned, shifted by the candidate ad) summarize the history."""
+
+    def __init__(self, dim: int, heads: int, num_queries: int, activation: str,
+                 kernel: str) -> None:
+        super().__init__()
+        self.heads, self.head_dim, self.nq = heads, dim // heads, num_queries
+        self.activation, self.kernel = activation, kernel
+        self.queries = nn.Parameter(torch.randn(num_queries, dim) * dim**-0.5)
+        self.ad_to_query = nn.Linear(dim, dim)
+        self.kv = nn.Linear(dim, 2 * dim)
+        self.out = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor, x_offsets: torch.Tensor, max_len: int,
+                ad: torch.Tensor) -> torch.Tensor:
+        b, d = ad.shape
+        q = (self.queries[None] + self.ad_to_query(ad)[:, None]).reshape(b * self.nq, d)
+        q = q.view(-1, self.heads, self.head_dim)
+        k, v = self.kv(x).view(x.shape[0], 2, self.heads, self.head_dim).unbind(1)
+        q_offsets = torch.arange(b + 1, device=ad.device, dtype=torch.int64) * self.nq
+        o = generalized_attention(q, k, v, q_offsets, x_offsets, self.nq, max_len,
+                                  activation=self.activation, norm="kv_len", kernel=self.kernel)
+        return self.out(o.reshape(b, self.nq, d))
+
+
+class MlpExpert(nn.Module):
+    def __init__(self, in_dim: int, hidden: int, out_dim: int) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(in_dim, hidden), nn.SiLU(), nn.Linear(hidden, out_dim))
+
+    def forward(self, flat: torch.Tensor) -> torch.Tensor:
+        return self.net(flat)
+
+
+class DotInteraction(nn.Module):
+    """Pairwise dot products of feature tokens, projected back to the token layout."""
+
+    def __init__(self, num_tokens: int, out_dim: int) -> None:
+        super().__init__()
+        self.rows, self.cols = torch.triu_indices(num_tokens, num_tokens, offset=1)
+        self.proj = nn.Linear(self.rows.numel(), out_dim)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        gram = torch.bmm(tokens, tokens.transpose(1, 2)) * tokens.shape[-1] ** -0.5
+        return self.proj(gram[:, self.rows, self.cols])
+
+
+class DhenLayer(nn.Module):
+    """One layer of a deep hierarchical ensemble: heterogeneous experts (MLPs and a dot-product
+    interaction) see the same feature tokens; their outputs are summed into a residual update."""
+
+    def __init__(self, num_tokens: int, dim: int, num_experts: int, hidden: int) -> None:
+        super().__init__()
+        flat = num_tokens * dim
+        self.norm = nn.LayerNorm(dim)
+        self.experts = nn.ModuleList(MlpExpert(flat, hidden, flat) for _ in range(num_experts))
+        self.dot = DotInteraction(num_tokens, flat)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        b, n, d = tokens.shape
+        h = self.norm(tokens)
+        flat = h.reshape(b, n * d)
+        update = self.dot(h)
+        for expert in self.experts:
+            update = update + expert(flat)
+        return tokens + update.view(b, n, d) / (len(self.experts) + 1)

@@ -1,0 +1,67 @@
+"""Sequence tower: jagged behaviour-history tokens through self-attention blocks."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from gem_platform.model.attention import SelfAttentionSpec, self_attention
+
+
+class RMSNorm(nn.Module):
+    """Per-head RMS normalization of q and k (QK-norm): bounds attention scores."""
+
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+class FeedForward(nn.Module):
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.up = nn.Linear(dim, hidden)
+        self.down = nn.Linear(hidden, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(torch.nn.functional.silu(self.up(x)))
+
+
+class SelfAttentionBlock(nn.Module):
+    """Pre-norm transformer block on (T, d) jagged tokens; no padding anywhere."""
+
+    def __init__(self, dim: int, heads: int, spec: SelfAttentionSpec, qk_norm: bool) -> None:
+        super().__init__()
+        self.heads, self.head_dim, self.spec = heads, dim // heads, spec
+        self.norm1 = nn.LayerNorm(dim)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.q_norm = RMSNorm(self.head_dim) if qk_norm else nn.Identity()
+        self.k_norm = RMSNorm(self.head_dim) if qk_norm else nn.Identity()
+        self.out = nn.Linear(dim, dim)
+        self.norm2 = nn.LayerNorm(dim)
+        self.ffn = FeedForward(dim, 4 * dim)
+
+    def forward(self, x: torch.Tensor, offsets: torch.Tensor, max_len: int) -> torch.Tensor:
+        t = x.shape[0]
+        q, k, v = self.qkv(self.norm1(x)).view(t, 3, self.heads, self.head_dim).unbind(1)
+        attn = self_attention(self.q_norm(q), self.k_norm(k), v, offsets, max_len, self.spec)
+        x = x + self.out(attn.reshape(t, -1))
+        return x + self.ffn(self.norm2(x))
+
+
+class SequenceTower(nn.Module):
+    def __init__(self, dim: int, heads: int, layers: int, spec: SelfAttentionSpec,
+                 qk_norm: bool) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(
+            SelfAttentionBlock(dim, heads, spec, qk_norm) for _ in range(layers)
+        )
+        self.norm = nn.LayerNorm(dim)
+
+    def forward(self, x: torch.Tensor, offsets: torch.Tensor, max_len: int) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x, offsets, max_len)
+        return self.norm(x)
