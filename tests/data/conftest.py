@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from gem_platform.data.config import DataConfig
 from gem_platform.data.meta import DatasetMeta, SparseFeatureSpec
 from gem_platform.data.parquet import SampleArrays

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from gem_platform.data.config import DataConfig, SyntheticConfig
 from pydantic import ValidationError
+
+from gem_platform.data.config import DataConfig, SyntheticConfig
 
 
 def test_defaults_are_valid_and_demo_sized() -> None:

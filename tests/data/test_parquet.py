@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+
 from gem_platform.data.parquet import SampleArrays, SampleTable, write_split
 from gem_platform.data.synthetic import PlantedWorld
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from gem_platform.data.config import SeqLenConfig
 from gem_platform.data.parquet import SampleTable, load_meta
 from gem_platform.data.synthetic import PlantedWorld, auc, draw_lengths, generate_synthetic

@@ -9,6 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+
 from gem_platform.data.config import DataConfig
 from gem_platform.data.parquet import SampleTable, load_meta, to_arrow, write_split
 from gem_platform.errors import DataError

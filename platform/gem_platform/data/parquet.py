@@ -18,7 +18,11 @@ Everything read is validated: a bad value raises ``DataError`` naming the file a
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import os
+import shutil
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -230,6 +234,39 @@ def write_split(
             )
         )
     return out
+
+
+def check_replaceable(out: Path, what: str) -> None:
+    """Refuse to replace anything but a dataset directory or an empty/new one."""
+    if out.is_file() or (out.is_dir() and not (out / META_FILE).exists() and any(out.iterdir())):
+        raise DataError(
+            f"{what} {str(out)!r} exists and is not a dataset directory; refusing to overwrite it.",
+            "Point it at an empty or new directory.",
+        )
+
+
+@contextmanager
+def staged_dataset(out: str | Path, what: str = "output") -> Iterator[Path]:
+    """A temporary sibling directory that replaces ``out`` only once the block succeeds.
+
+    A crash or an exception leaves ``out`` as it was (old dataset or nothing), never half
+    written.
+    """
+    out = Path(out)
+    check_replaceable(out, what)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tag = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp = out.parent / f".{out.name}.tmp-{tag}"
+    tmp.mkdir()
+    try:
+        yield tmp
+        old = out.parent / f".{out.name}.old-{tag}"
+        if out.exists():
+            os.rename(out, old)
+        os.rename(tmp, out)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 # ----------------------------------------------------------------------------- reading

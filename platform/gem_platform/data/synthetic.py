@@ -25,10 +25,7 @@ from __future__ import annotations
 
 import fcntl
 import logging
-import os
-import shutil
 import time
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -41,11 +38,12 @@ from gem_platform.data.meta import META_FILE, DatasetMeta, SparseFeatureSpec
 from gem_platform.data.parquet import (
     SPLITS,
     SampleArrays,
+    check_replaceable,
     load_meta,
     shard_name,
+    staged_dataset,
     write_shard,
 )
-from gem_platform.errors import DataError
 
 log = logging.getLogger(__name__)
 
@@ -433,15 +431,6 @@ def _write_dataset(directory: Path, syn: SyntheticConfig, fingerprint: str) -> D
     return meta
 
 
-def _install(tmp: Path, out: Path) -> None:
-    """Swap a finished dataset into place (the old one, if any, is removed afterwards)."""
-    old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
-    if out.exists():
-        os.rename(out, old)
-    os.rename(tmp, out)
-    shutil.rmtree(old, ignore_errors=True)
-
-
 @contextmanager
 def _generation_lock(out: Path) -> Iterator[None]:
     """Serialize generators of one directory (e.g. every worker of a run on one host)."""
@@ -467,21 +456,11 @@ def generate_synthetic(cfg: DataConfig, *, force: bool = False) -> DatasetMeta:
     fingerprint = _fingerprint(syn)
     if not force and _is_current(out, fingerprint):
         return load_meta(out)
-    if out.is_file() or (out.is_dir() and not (out / META_FILE).exists() and any(out.iterdir())):
-        raise DataError(
-            f"data.path {str(out)!r} exists and is not a dataset directory; refusing to "
-            "overwrite it.",
-            "Point data.path at an empty or new directory.",
-        )
+    check_replaceable(out, "data.path")
     started = time.monotonic()
     with _generation_lock(out):
         if force or not _is_current(out, fingerprint):
-            tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-            tmp.mkdir()
-            try:
+            with staged_dataset(out, "data.path") as tmp:
                 _write_dataset(tmp, syn, fingerprint)
-                _install(tmp, out)
-            finally:
-                shutil.rmtree(tmp, ignore_errors=True)
             log.info("generated %s in %.1f s", out, time.monotonic() - started)
     return load_meta(out)
