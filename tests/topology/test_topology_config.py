@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pydantic
 import pytest
+
 from gem_platform.errors import RecipeError
 from gem_platform.topology import ParallelConfig
 

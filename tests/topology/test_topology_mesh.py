@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from gem_platform.errors import ClusterError, RecipeError
 from gem_platform.topology import (
     Cluster,
@@ -13,8 +16,6 @@ from gem_platform.topology import (
     Tier,
     resolve_mesh,
 )
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 EXAMPLE = ParallelConfig(
     workers=4096,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from gem_platform.errors import RecipeError
 from gem_platform.topology import ClusterShape, ModelSizes, ParallelConfig, Tier, build_plan
 from gem_platform.topology.costs import (

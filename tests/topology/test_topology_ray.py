@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from gem_platform.errors import ClusterError
 from gem_platform.topology import (
     Cluster,
