@@ -4,18 +4,25 @@ without it, forward and forward+backward, on the same jagged inputs in the same 
 Reproduce (H200; results committed as docs/bench/block_attention.json):
     PYTHONPATH=kernels:platform python -m gem_kernels.bench.block_attention --out $OUT
 
-Variants (RoPE, base 10000, is part of every one):
-- ours: ``block_attention(..., rope=RopeConfig())``, RoPE inside the kernels. ``ours_tuned``
-  is the same with launch settings autotuned; ``ours_norope`` shows what RoPE costs us.
-- sdpa_blocks: eager RoPE ops, then every sequence padded to a multiple of 64 and reshaped into
+Variants (RoPE, base 10000, is part of every one except the *_norope rows):
+- ours: ``block_attention(..., rope=RopeConfig())``, RoPE inside the kernels, launch settings
+  tuned once per shape class (autograd.use_autotune); ``ours_norope`` shows what RoPE costs.
+- sdpa_blocks: a separate RoPE op (rotate-half fused into one kernel per tensor by
+  torch.compile), then every sequence padded to a multiple of 64 and reshaped into
   (num_blocks, H, 64, d) for F.scaled_dot_product_attention. When no block is partial the
   reshape is a view and SDPA runs unmasked (flash); otherwise the pad/unpad copies are timed
   and a key-padding mask is passed (which moves SDPA off its flash backend).
-- flex_blocks: eager RoPE ops, then compiled FlexAttention over the whole jagged batch as one
+  ``sdpa_blocks_norope`` is the same without RoPE, for comparison with the issue's figure.
+- flex_blocks: the same RoPE op, then compiled FlexAttention over the whole jagged batch as one
   (1, H, T, d) sequence with a block mask "same 64-block" (block mask built outside timing,
   as a model builds it once per batch for all layers).
-- jfa_sliding: eager RoPE ops, then the jagged flash attention op with window (32, 31), i.e.
+- jfa_sliding: the same RoPE op, then the jagged flash attention op with window (32, 31), i.e.
   64 keys per query like a block; recorded as unavailable when its Triton path is absent.
+
+Every measurement has two rows: eager (direction "fwd", "fwd+bwd": what a model sees,
+host launch overhead included) and "[graph]" (the same calls replayed as one CUDA graph:
+device time only). Our block plan is cached per offsets tensor, so it is built once per batch
+and not inside the timed region, like the FlexAttention block mask.
 
 Counting: useful FLOPs = 4 * sum over blocks of (real block length)^2 * H * d forward, 2.5x
 that backward (3.5x for fwd+bwd); padding done by a baseline is never counted as useful.
@@ -106,6 +113,17 @@ def rope_eager(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
 
+_ROPE_FUSED: Callable | None = None
+
+
+def rope_op(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The baselines' separate RoPE op: rope_eager fused into one kernel by torch.compile."""
+    global _ROPE_FUSED
+    if _ROPE_FUSED is None:
+        _ROPE_FUSED = torch.compile(rope_eager)
+    return _ROPE_FUSED(x, cos, sin)
+
+
 class Inputs:
     """One jagged batch and everything a variant precomputes once per batch."""
 
@@ -166,7 +184,7 @@ def attn_ours_norope(x: Inputs) -> Callable:
     return lambda q, k, v: block_attention(q, k, v, x.offsets)
 
 
-def attn_sdpa_blocks(x: Inputs) -> Callable:
+def attn_sdpa_blocks(x: Inputs, rope: bool = True) -> Callable:
     nb, h, d = x.num_blocks, x.case.heads, x.case.dim
 
     def to_blocks(t: torch.Tensor) -> torch.Tensor:
@@ -176,7 +194,8 @@ def attn_sdpa_blocks(x: Inputs) -> Callable:
         return padded.view(nb, BLOCK, h, d).transpose(1, 2)
 
     def fn(q, k, v):  # noqa: ANN001, ANN202
-        q, k = rope_eager(q, x.cos, x.sin), rope_eager(k, x.cos, x.sin)
+        if rope:
+            q, k = rope_op(q, x.cos, x.sin), rope_op(k, x.cos, x.sin)
         mask = x.key_mask if x.partial else None
         o = F.scaled_dot_product_attention(to_blocks(q), to_blocks(k), to_blocks(v),
                                            attn_mask=mask)
@@ -184,6 +203,10 @@ def attn_sdpa_blocks(x: Inputs) -> Callable:
         return o if not x.partial else o[x.flat]
 
     return fn
+
+
+def attn_sdpa_blocks_norope(x: Inputs) -> Callable:
+    return attn_sdpa_blocks(x, rope=False)
 
 
 _FLEX = None
@@ -198,7 +221,7 @@ def attn_flex_blocks(x: Inputs) -> Callable:
     mask = x.flex_mask()
 
     def fn(q, k, v):  # noqa: ANN001, ANN202
-        q, k = rope_eager(q, x.cos, x.sin), rope_eager(k, x.cos, x.sin)
+        q, k = rope_op(q, x.cos, x.sin), rope_op(k, x.cos, x.sin)
         o = _FLEX(*(t.transpose(0, 1).unsqueeze(0) for t in (q, k, v)), block_mask=mask)
         return o[0].transpose(0, 1)
 
@@ -214,7 +237,7 @@ def attn_jfa_sliding(x: Inputs) -> Callable:
     max_len = max(x.case.lengths)
 
     def fn(q, k, v):  # noqa: ANN001, ANN202
-        q, k = rope_eager(q, x.cos, x.sin), rope_eager(k, x.cos, x.sin)
+        q, k = rope_op(q, x.cos, x.sin), rope_op(k, x.cos, x.sin)
         return jagged_attention(q, k, v, x.offsets, max_len, window=JFA_WINDOW,
                                 kernel="triton")
 
@@ -224,11 +247,7 @@ def attn_jfa_sliding(x: Inputs) -> Callable:
 def jfa_status(device: torch.device) -> str | None:
     """None when the sliding-window JFA Triton path runs and agrees with its reference."""
     try:
-        from gem_kernels.jagged_attention import (
-            jagged_attention,
-            jagged_attention_reference,
-            triton_op,  # noqa: F401
-        )
+        from gem_kernels.jagged_attention import jagged_attention, jagged_attention_reference
 
         g = torch.Generator().manual_seed(1)
         q, k, v = (torch.randn(200, 2, 128, generator=g).to(device, DTYPE) for _ in range(3))
@@ -258,6 +277,37 @@ def _fwd_bwd(fn: Callable, x: Inputs) -> Callable:
     return run
 
 
+def graph_ms(fn: Callable[[], object]) -> float:
+    """Median ms of fn replayed as one CUDA graph: device time without host launch overhead."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return time_ms(graph.replay)
+
+
+def _measure(fn: Callable[[], object], case: str, variant: str, direction: str, flops: float,
+             nbytes: float | None, rows: list[BenchRow], notes: dict) -> None:
+    """One eager row (as a model calls it) and one [graph] row (launch overhead removed)."""
+    t0 = time.time()
+    fn()
+    torch.cuda.synchronize()
+    row = fill_rates(BenchRow(case, variant, direction, time_ms(fn)), flops, nbytes)
+    row.extra["setup_s"] = round(time.time() - t0, 1)
+    rows.append(row)
+    try:
+        rows.append(fill_rates(BenchRow(case, variant, direction + "[graph]", graph_ms(fn)),
+                               flops, nbytes))
+    except Exception as e:  # noqa: BLE001 - not every baseline can be captured
+        notes.setdefault("errors", []).append(f"{case}/{variant}/{direction}[graph]: "
+                                              f"{type(e).__name__}: {str(e)[:200]}")
+
+
 def bench_attention(x: Inputs, variants: dict[str, Callable], rows: list[BenchRow],
                     notes: dict) -> None:
     c = x.case
@@ -270,14 +320,8 @@ def bench_attention(x: Inputs, variants: dict[str, Callable], rows: list[BenchRo
             fn = make(x)
             for direction, wrap, mult, nbytes in (("fwd", _fwd, 1.0, 4 * tok_bytes),
                                                   ("fwd+bwd", _fwd_bwd, 3.5, 11 * tok_bytes)):
-                t0 = time.time()
-                bench_fn = wrap(fn, x)
-                bench_fn()
-                torch.cuda.synchronize()
-                ms = time_ms(bench_fn)
-                row = fill_rates(BenchRow(c.name, name, direction, ms), flops * mult, nbytes)
-                row.extra["setup_s"] = round(time.time() - t0, 1)
-                rows.append(row)
+                _measure(wrap(fn, x), c.name, name, direction, flops * mult, nbytes, rows,
+                         notes)
         except Exception as e:  # noqa: BLE001 - record and go on with the other variants
             notes.setdefault("errors", []).append(f"{c.name}/{name}: {type(e).__name__}: {e}")
             traceback.print_exc()
@@ -307,13 +351,10 @@ def bench_layer(x: Inputs, attn: dict[str, Callable], rows: list[BenchRow], note
                 y = F.linear(o.reshape(x.total, model), w_out)
                 return torch.autograd.grad(y, (hid, w_qkv, w_out), dy)
 
-            run()
-            torch.cuda.synchronize()
-            ms = time_ms(run)
             af = (block_flops(c.lengths, c.heads, c.dim) if name != "jfa_sliding"
                   else window_flops(c.lengths, c.heads, c.dim, *JFA_WINDOW))
-            rows.append(fill_rates(BenchRow(c.name + "/layer", name, "fwd+bwd", ms),
-                                   proj_flops + 3.5 * af))
+            _measure(run, c.name + "/layer", name, "fwd+bwd", proj_flops + 3.5 * af, None,
+                     rows, notes)
         except Exception as e:  # noqa: BLE001
             notes.setdefault("errors", []).append(f"{c.name}/layer/{name}: {type(e).__name__}: {e}")
             traceback.print_exc()
@@ -328,7 +369,6 @@ def main(argv: list[str] | None = None) -> None:
     if not torch.cuda.is_available():
         raise SystemExit("this benchmark needs a CUDA GPU")
     from gem_kernels.block_attention import autograd as ba_autograd
-    from gem_kernels.block_attention import triton_kernels as tk
 
     dev = torch.device("cuda")
     notes: dict = {"block": BLOCK, "dtype": str(DTYPE), "rope_base": ROPE.base,
@@ -339,23 +379,9 @@ def main(argv: list[str] | None = None) -> None:
     rows: list[BenchRow] = []
     out = Path(args.out) / "block_attention.json"
 
-    def tuned(fn_maker: Callable) -> Callable:
-        def make(x: Inputs) -> Callable:
-            inner = fn_maker(x)
-
-            def fn(q, k, v):  # noqa: ANN001, ANN202
-                ba_autograd.use_autotune(True)
-                try:
-                    return inner(q, k, v)
-                finally:
-                    ba_autograd.use_autotune(False)
-
-            return fn
-
-        return make
-
-    variants = {"ours": attn_ours, "ours_tuned": tuned(attn_ours),
-                "ours_norope": attn_ours_norope, "sdpa_blocks": attn_sdpa_blocks,
+    ba_autograd.use_autotune(True)
+    variants = {"ours": attn_ours, "ours_norope": attn_ours_norope,
+                "sdpa_blocks": attn_sdpa_blocks, "sdpa_blocks_norope": attn_sdpa_blocks_norope,
                 "flex_blocks": attn_flex_blocks}
     if jfa is None:
         variants["jfa_sliding"] = attn_jfa_sliding
@@ -370,17 +396,19 @@ def main(argv: list[str] | None = None) -> None:
         bench_attention(x, variants, rows, notes)
         if not args.no_layer:
             bench_layer(x, layer, rows, notes)
-        notes["autotuned"] = {
-            "fwd": {str(k): str(v) for k, v in tk.fwd_kernel_tuned.cache.items()},
-            "bwd": {str(k): str(v) for k, v in tk.bwd_kernel_tuned.cache.items()}}
+        notes["tuned_launch"] = {str(k): v for k, v in ba_autograd.TUNED.items()}
         write_json(rows, out, notes)  # after every case, so a cut-off run still reports
         del x
         torch.cuda.empty_cache()
     for base in ("sdpa_blocks", "flex_blocks", "jfa_sliding"):
+        for r in rows:
+            r.ratio_to_baseline = None
         add_ratios(rows, "ours", base)
         notes[f"ours_vs_{base}"] = {f"{r.case}/{r.direction}": round(r.ratio_to_baseline, 3)
                                     for r in rows if r.variant == "ours"
                                     and r.ratio_to_baseline is not None}
+    for r in rows:
+        r.ratio_to_baseline = None
     add_ratios(rows, "ours", "sdpa_blocks")
     write_json(rows, out, notes)
     print_table(rows, "block attention (bf16, RoPE in every variant; ratio = sdpa_blocks / ours)")

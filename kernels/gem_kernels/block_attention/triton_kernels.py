@@ -7,10 +7,13 @@ softmax from q and k and gets the rowsum(dO * O) term as rowsum(P * dP), so it r
 nor any saved statistic. Both kernels run a persistent grid: programs stride over the
 (block, head) work items, head fastest, so neighbouring programs read neighbouring bytes.
 
-RoPE (rotate-half convention, see rope.py) is applied to the q and k tiles right after the load;
-the backward applies the inverse rotation to dq and dk just before the store. q and k are
-handled as two halves of head_dim/2 columns each, so the rotation is elementwise and the score
-is the sum of two half-width dots.
+RoPE (rotate-half convention, see rope.py) is applied to the q and k tiles right after the load,
+in the input dtype (fp32 tables rounded to it, as eager RoPE in bf16 models does; it keeps the
+tiles small enough for two programs per SM); the backward applies the inverse rotation to the
+fp32 dq and dk accumulators just before the store. q and k are handled as two halves of
+head_dim/2 columns each, so the rotation is elementwise and the score is the sum of two
+half-width dots. With num_stages >= 2 Triton pipelines the persistent loop: the next work
+item's tiles are copied into shared memory while the current one is computed.
 """
 
 from __future__ import annotations
@@ -97,12 +100,10 @@ def fwd_kernel(Q, K, V, Out, PLAN, NBLK, COS, SIN,
         if ROPE:
             pos0 = tl.load(PLAN + blk * 3 + 2)
             t = (pos0 + rows)[:, None] * HALF + cols[None, :]
-            c = tl.load(COS + t, mask=rmask[:, None], other=0.0)
-            sn = tl.load(SIN + t, mask=rmask[:, None], other=0.0)
-            a, b = _rotate(q1.to(tl.float32), q2.to(tl.float32), c, sn)
-            q1, q2 = a.to(dtype), b.to(dtype)
-            a, b = _rotate(k1.to(tl.float32), k2.to(tl.float32), c, sn)
-            k1, k2 = a.to(dtype), b.to(dtype)
+            c = tl.load(COS + t, mask=rmask[:, None], other=0.0).to(dtype)
+            sn = tl.load(SIN + t, mask=rmask[:, None], other=0.0).to(dtype)
+            q1, q2 = _rotate(q1, q2, c, sn)
+            k1, k2 = _rotate(k1, k2, c, sn)
         p = _scores_to_probs(q1, q2, k1, k2, rows, length, qk_scale, CAUSAL)
         o = tl.dot(p.to(dtype), v)
         tl.store(Out + (tok * so_t)[:, None] + h * so_h + dcols[None, :], o.to(dtype),
@@ -140,12 +141,10 @@ def bwd_kernel(Q, K, V, DO, DQ, DK, DV, PLAN, NBLK, COS, SIN,
         if ROPE:
             pos0 = tl.load(PLAN + blk * 3 + 2)
             t = (pos0 + rows)[:, None] * HALF + cols[None, :]
-            c = tl.load(COS + t, mask=rmask[:, None], other=0.0)
-            sn = tl.load(SIN + t, mask=rmask[:, None], other=0.0)
-            a, b = _rotate(q1.to(tl.float32), q2.to(tl.float32), c, sn)
-            q1, q2 = a.to(dtype), b.to(dtype)
-            a, b = _rotate(k1.to(tl.float32), k2.to(tl.float32), c, sn)
-            k1, k2 = a.to(dtype), b.to(dtype)
+            c = tl.load(COS + t, mask=rmask[:, None], other=0.0).to(dtype)
+            sn = tl.load(SIN + t, mask=rmask[:, None], other=0.0).to(dtype)
+            q1, q2 = _rotate(q1, q2, c, sn)
+            k1, k2 = _rotate(k1, k2, c, sn)
         p = _scores_to_probs(q1, q2, k1, k2, rows, length, qk_scale, CAUSAL)
         dv = tl.dot(tl.trans(p.to(dtype)), do)
         dp = tl.dot(do, tl.trans(v))
@@ -159,8 +158,10 @@ def bwd_kernel(Q, K, V, DO, DQ, DK, DV, PLAN, NBLK, COS, SIN,
         dk2 = tl.dot(dst, q2)
         if ROPE:
             # Inverse rotation (RoPE^T): angle -> -angle.
-            dq1, dq2 = _rotate(dq1, dq2, c, -sn)
-            dk1, dk2 = _rotate(dk1, dk2, c, -sn)
+            cf = c.to(tl.float32)
+            sf = sn.to(tl.float32)
+            dq1, dq2 = _rotate(dq1, dq2, cf, -sf)
+            dk1, dk2 = _rotate(dk1, dk2, cf, -sf)
         g = (tok * sg_t)[:, None] + h * sg_h
         gm = rmask[:, None]
         tl.store(DQ + g + cols[None, :], dq1.to(dtype), mask=gm)
@@ -168,15 +169,3 @@ def bwd_kernel(Q, K, V, DO, DQ, DK, DV, PLAN, NBLK, COS, SIN,
         tl.store(DK + g + cols[None, :], dk1.to(dtype), mask=gm)
         tl.store(DK + g + HALF + cols[None, :], dk2.to(dtype), mask=gm)
         tl.store(DV + g + dcols[None, :], dv.to(dtype), mask=gm)
-
-
-FWD_CONFIGS = [
-    triton.Config({"CTAS": c}, num_warps=w, num_stages=s)
-    for w, c in ((4, 4), (4, 8), (8, 2), (8, 4)) for s in (1, 2)
-]
-BWD_CONFIGS = [
-    triton.Config({"CTAS": c}, num_warps=w, num_stages=s)
-    for w, c in ((4, 2), (4, 4), (8, 1), (8, 2)) for s in (1, 2)
-]
-fwd_kernel_tuned = triton.autotune(FWD_CONFIGS, key=["D", "ROPE", "CAUSAL", "H"])(fwd_kernel)
-bwd_kernel_tuned = triton.autotune(BWD_CONFIGS, key=["D", "ROPE", "CAUSAL", "H"])(bwd_kernel)
