@@ -1,0 +1,58 @@
+"""Model conversion to block-scaled FP8: swap nn.Linear for Fp8BlockLinear, except the layers
+that stay in bf16 (the last ``keep_last`` linear layers, which feed the sensitive CTR/CVR heads,
+and any layer whose name matches a ``keep`` pattern)."""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+
+from torch import nn
+
+from gem_kernels.fp8 import Fp8BlockLinear, Fp8Config
+
+log = logging.getLogger(__name__)
+
+
+def _matches(name: str, patterns: list[str]) -> bool:
+    """fnmatch on the qualified name, or an exact match of its trailing components."""
+    return any(fnmatch.fnmatchcase(name, p) or name == p or name.endswith("." + p)
+               for p in patterns)
+
+
+def _set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:
+    parent_name, _, child = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    setattr(parent, child, module)
+
+
+def convert_to_fp8(model: nn.Module, *, block: int = 32, hadamard: bool = False,
+                   hadamard_block: int = 128, stochastic_rounding: bool = False,
+                   wgrad: str = "bf16", keep_last: int = 1, keep: list[str] | None = None,
+                   seed: int = 0) -> list[str]:
+    """Convert ``model``'s linear layers in place; returns the converted module names.
+
+    Layers are ordered as ``named_modules`` visits them (definition order). A layer whose shape
+    the configuration cannot run (in_features not a multiple of the block or of the Hadamard
+    block) stays bf16 and is logged. Parameters are shared, not copied, so an optimizer built
+    before the conversion keeps working.
+    """
+    cfg = Fp8Config(block=block, hadamard=hadamard, hadamard_block=hadamard_block,
+                    stochastic_rounding=stochastic_rounding, wgrad=wgrad, seed=seed)
+    keep = list(keep or [])
+    linears = [(n, m) for n, m in model.named_modules()
+               if isinstance(m, nn.Linear) and not isinstance(m, Fp8BlockLinear)]
+    if keep_last < 0:
+        raise ValueError(f"keep_last must be >= 0, got {keep_last}")
+    candidates = linears[:len(linears) - keep_last] if keep_last else linears
+    converted = []
+    for name, lin in candidates:
+        if _matches(name, keep):
+            continue
+        if not cfg.supports(lin.in_features, lin.out_features):
+            log.info("fp8: %s (%d -> %d) stays bf16: shape not supported by %s",
+                     name, lin.in_features, lin.out_features, cfg)
+            continue
+        _set_submodule(model, name, Fp8BlockLinear.from_linear(lin, cfg))
+        converted.append(name)
+    return converted
