@@ -1,0 +1,337 @@
+"""GDPA benchmark: our Triton kernels vs the PyTorch reference on padded tensors, eager and
+under torch.compile, on self (long Q = KV), cross (long Q, 16 KV tokens) and pooled (8 query
+tokens, long KV) attention with log-normal jagged lengths; forward, backward and both.
+
+docs/bench/gdpa.json was produced on the H200 by:
+    PYTHONPATH=kernels:platform python -m gem_kernels.bench.gdpa --out $OUT
+
+Counting: useful FLOPs = 4 * sum_b(Lq_b * Lkv_b) * H * d forward (two matmuls over real
+tokens only), backward = 2x forward (four matmuls; our dQ kernel recomputes S, so it runs
+more), fwd+bwd = 3x. Bytes = the fewest HBM bytes: forward reads q, k, v and writes o;
+backward reads q, k, v, do and writes dq, dk, dv. The padded baselines are timed on
+already-padded tensors (padding not counted against them) and counted with the same useful
+FLOPs and bytes. Schedules are built once per batch (cached across calls, as across layers);
+their CPU build time is reported separately.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from gem_kernels.bench.common import (
+    H200_BF16_TFLOPS,
+    BenchRow,
+    add_ratios,
+    fill_rates,
+    print_table,
+    time_ms,
+    write_json,
+)
+from gem_kernels.testing import lognormal_lengths, offsets_from_lengths
+
+ACTIVATION = "gelu_tanh"
+
+
+def case_lengths(case: str, batch: int, seed: int = 0) -> tuple[list[int], list[int]]:
+    """Log-normal lengths (mean ~470, max 2048) for the long side; fixed short side."""
+    long = lognormal_lengths(batch, 470, 2048, seed=seed)
+    if case == "self":
+        return long, long
+    if case == "cross":
+        return long, [16] * batch
+    if case == "pooled":
+        return [8] * batch, long
+    raise ValueError(case)
+
+
+class Case:
+    """Jagged and padded bf16 inputs of one shape, with its useful FLOP and byte counts."""
+
+    def __init__(self, name: str, batch: int, heads: int, dim: int, seed: int = 0,
+                 device: str = "cuda", dtype: torch.dtype = torch.bfloat16) -> None:
+        from gem_kernels.gdpa.reference import pad_jagged
+
+        self.name = name
+        self.ql, self.kl = case_lengths(name, batch, seed)
+        self.heads, self.dim = heads, dim
+        dev, dt = device, dtype
+        g = torch.Generator(device=dev).manual_seed(seed)
+        tq, tk = sum(self.ql), sum(self.kl)
+        self.q = torch.randn(tq, heads, dim, device=dev, dtype=dt, generator=g)
+        self.k = torch.randn(tk, heads, dim, device=dev, dtype=dt, generator=g)
+        self.v = torch.randn(tk, heads, dim, device=dev, dtype=dt, generator=g)
+        self.do = torch.randn(tq, heads, dim, device=dev, dtype=dt, generator=g)
+        self.qo = offsets_from_lengths(self.ql, dev)
+        self.ko = offsets_from_lengths(self.kl, dev)
+        self.max_q, self.max_kv = max(self.ql), max(self.kl)
+        self.qp, _ = pad_jagged(self.q, self.qo, self.max_q)
+        self.kp, _ = pad_jagged(self.k, self.ko, self.max_kv)
+        self.vp, _ = pad_jagged(self.v, self.ko, self.max_kv)
+        self.dop, _ = pad_jagged(self.do, self.qo, self.max_q)
+        pairs = sum(a * b for a, b in zip(self.ql, self.kl, strict=True))
+        self.flops_fwd = 4.0 * pairs * heads * dim
+        row = heads * dim * self.q.element_size()
+        self.bytes = {"fwd": (2 * tq + 2 * tk) * row, "bwd": (3 * tq + 4 * tk) * row}
+        self.bytes["fwd+bwd"] = self.bytes["fwd"] + self.bytes["bwd"]
+        self.flops = {"fwd": self.flops_fwd, "bwd": 2 * self.flops_fwd,
+                      "fwd+bwd": 3 * self.flops_fwd}
+
+    def free_padded(self) -> None:
+        del self.qp, self.kp, self.vp, self.dop
+
+
+def _grad_fns(fwd, inputs, do):
+    """(fwd, bwd-only, fwd+bwd) callables for an op taking ``inputs``."""
+    leaves = [t.detach().requires_grad_(True) for t in inputs]
+    out = fwd(*leaves)
+
+    def bwd():
+        return torch.autograd.grad(out, leaves, do, retain_graph=True)
+
+    def both():
+        return torch.autograd.grad(fwd(*leaves), leaves, do)
+
+    def fwd_only():
+        with torch.no_grad():
+            return fwd(*inputs)
+
+    return fwd_only, bwd, both
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30))
+
+
+def check_against_reference(c: Case, ours, info: dict, samples: int = 16) -> None:
+    """Ours on the full batch vs the fp32 reference on its first samples (rows of a sample
+    depend on that sample only), forward and gradients."""
+    from gem_kernels.gdpa import gdpa_reference
+
+    nq, nk = int(c.qo[samples]), int(c.ko[samples])
+    leaves = [t.detach().requires_grad_(True) for t in (c.q, c.k, c.v)]
+    out = ours(*leaves)
+    grads = torch.autograd.grad(out, leaves, c.do)
+    sub = [t.detach()[:n].float().requires_grad_(True) for t, n in zip(
+        (c.q, c.k, c.v), (nq, nk, nk), strict=True)]
+    ref = gdpa_reference(*sub, c.qo[:samples + 1], c.ko[:samples + 1], c.max_q, c.max_kv,
+                         activation=ACTIVATION)
+    ref_grads = torch.autograd.grad(ref, sub, c.do[:nq].float())
+    info["rel_err_fwd_vs_fp32_reference"] = _rel(out[:nq], ref)
+    info["rel_err_bwd_vs_fp32_reference"] = {
+        n: _rel(a[:m], r) for n, a, r, m in zip("qkv", grads, ref_grads, (nq, nk, nk),
+                                                 strict=True)}
+
+
+def sched_stats(c: Case, cfg, rows_are_q: bool, num_sms: int) -> dict:
+    """Per-SM work max/mean of the persistent schedule, snake vs natural order."""
+    from gem_kernels.gdpa.schedule import build_items, deal, imbalance
+
+    rl, cl = (c.ql, c.kl) if rows_are_q else (c.kl, c.ql)
+    items, work = build_items(torch.tensor(rl), torch.tensor(cl), cfg.block_rows,
+                              cfg.block_cols, c.heads)
+    p = max(1, min(num_sms * cfg.ctas_per_sm, items.shape[0]))
+    t0 = time.perf_counter()
+    from gem_kernels.gdpa.schedule import build_schedule
+
+    build_schedule(c.qo if rows_are_q else c.ko, c.ko if rows_are_q else c.qo, cfg.block_rows,
+                   cfg.block_cols, c.heads, p, c.q.device)
+    build_ms = (time.perf_counter() - t0) * 1e3
+    tiles = int((work - 1).sum())
+    bm, bn = cfg.block_rows, cfg.block_cols
+    padded_tiles = len(rl) * c.heads * math.ceil(max(rl) / bm) * math.ceil(max(cl) / bn)
+    return {
+        "programs": p, "items": int(items.shape[0]), "tiles_computed": tiles,
+        "tiles_padded_grid": padded_tiles, "schedule_build_ms": round(build_ms, 3),
+        "imbalance_snake_per_sm": imbalance(work, deal(work, p, True), p, num_sms),
+        "imbalance_natural_per_sm": imbalance(work, deal(work, p, False), p, num_sms),
+        "imbalance_snake_per_program": imbalance(work, deal(work, p, True), p),
+        "imbalance_natural_per_program": imbalance(work, deal(work, p, False), p),
+    }
+
+
+def fwd_variants(case: str, quick: bool):
+    """(name, TileConfig overrides) forward ablations timed besides the default."""
+    if quick:
+        return [("no_prefetch", {"prefetch": False})]
+    common = [("no_prefetch", {"prefetch": False})]
+    if case == "self":
+        return common + [("bm128_bn128_w8", {"block_cols": 128}),
+                         ("bm128_bn64_s3", {"num_stages": 3}),
+                         ("bm64_bn64_w4_cta2", {"block_rows": 64, "num_warps": 4,
+                                                "ctas_per_sm": 2})]
+    if case == "cross":
+        return common + [("bm128_w4_cta2", {"block_rows": 128, "ctas_per_sm": 2}),
+                         ("bm64_w4_cta2", {"ctas_per_sm": 2}),
+                         ("bm128_w8_cta2", {"block_rows": 128, "num_warps": 8,
+                                            "ctas_per_sm": 2})]
+    return common + [("bn128_s3", {"block_cols": 128}),
+                     ("bn64_s4", {"num_stages": 4}),
+                     ("bn64_s2_cta2", {"num_stages": 2, "ctas_per_sm": 2})]
+
+
+def bwd_variants(case: str, quick: bool):
+    """(name, dkdv overrides, dq overrides) backward ablations."""
+    if quick:
+        return []
+    if case == "self":
+        return [("bwd_128x64_w8", {"block_rows": 128, "num_warps": 8, "ctas_per_sm": 1},
+                 {"block_rows": 128, "num_warps": 8, "ctas_per_sm": 1}),
+                ("bwd_64x64_s3", {"num_stages": 3}, {"num_stages": 3}),
+                ("bwd_no_prefetch", {"prefetch": False}, {"prefetch": False})]
+    return [("bwd_no_prefetch", {"prefetch": False}, {"prefetch": False}),
+            ("bwd_cta4", {"ctas_per_sm": 4}, {"ctas_per_sm": 4})]
+
+
+def run_case(c: Case, phase: str, quick: bool, rows: list[BenchRow], meta: dict,
+             deadline: float) -> None:
+    """phase 'main': correctness check, ours and both padded baselines; 'ablations': the
+    schedule-order, prefetch and tile-shape variants."""
+    from gem_kernels.gdpa import gdpa
+    from gem_kernels.gdpa.activations import ACT_CODE
+    from gem_kernels.gdpa.autograd import GDPAFunction, num_sms, schedule_for
+    from gem_kernels.gdpa.reference import gdpa_padded
+    from gem_kernels.gdpa.schedule import build_schedule
+    from gem_kernels.gdpa.triton_bwd import dkdv_config, dq_config
+    from gem_kernels.gdpa.triton_fwd import fwd_config, launch_fwd
+
+    scale = 1.0 / math.sqrt(c.dim)
+    sms = num_sms(c.q.device)
+    cfg = fwd_config(c.max_q, c.max_kv, c.dim)
+    cfg_kv, cfg_q = dkdv_config(c.max_q, c.max_kv, c.dim), dq_config(c.max_q, c.max_kv, c.dim)
+    if phase == "main":
+        meta["cases"][c.name] = {
+            "lengths_q": {"sum": sum(c.ql), "max": c.max_q},
+            "lengths_kv": {"sum": sum(c.kl), "max": c.max_kv},
+            "fwd_config": vars(cfg), "dkdv_config": vars(cfg_kv), "dq_config": vars(cfg_q),
+            "schedule_fwd": sched_stats(c, cfg, True, sms),
+            "schedule_dkdv": sched_stats(c, cfg_kv, False, sms),
+            "schedule_dq": sched_stats(c, cfg_q, True, sms), "errors": {}}
+    info = meta["cases"][c.name]
+
+    def record(variant: str, direction: str, fn, extra: dict | None = None) -> None:
+        if time.monotonic() > deadline:
+            info["errors"][f"{variant}/{direction}"] = "skipped: time budget"
+            return
+        try:
+            ms = time_ms(fn)
+        except Exception as e:  # one failing variant must not lose the others
+            info["errors"][f"{variant}/{direction}"] = f"{type(e).__name__}: {e}"[:500]
+            torch.cuda.empty_cache()
+            return
+        row = BenchRow(case=c.name, variant=variant, direction=direction, ms=ms,
+                       extra=extra or {})
+        rows.append(fill_rates(row, c.flops[direction], c.bytes[direction]))
+
+    # --- ours: the public op (default configs) -----------------------------------------
+    def ours(q, k, v):
+        return gdpa(q, k, v, c.qo, c.ko, c.max_q, c.max_kv, activation=ACTIVATION,
+                    kernel="triton")
+
+    def padded(q, k, v):
+        return gdpa_padded(q, k, v, None, activation=ACTIVATION, scale=scale)
+
+    if phase == "main":
+        try:
+            check_against_reference(c, ours, info)
+        except Exception as e:
+            info["errors"]["check"] = f"{type(e).__name__}: {e}"[:500]
+        torch.cuda.empty_cache()
+
+        try:
+            f, b, fb = _grad_fns(ours, (c.q, c.k, c.v), c.do)
+            for direction, fn in (("fwd", f), ("bwd", b), ("fwd+bwd", fb)):
+                record("ours", direction, fn)
+            del f, b, fb
+        except Exception as e:
+            info["errors"]["ours"] = f"{type(e).__name__}: {e}"[:500]
+
+        # --- baselines on padded tensors ----------------------------------------------------
+        compiled = torch.compile(padded, dynamic=False)
+        for variant, fn in (("padded_eager", padded), ("padded_compile", compiled)):
+            if time.monotonic() > deadline:
+                info["errors"][variant] = "skipped: time budget"
+                continue
+            try:
+                f, b, fb = _grad_fns(fn, (c.qp, c.kp, c.vp), c.dop)
+            except Exception as e:
+                info["errors"][variant] = f"{type(e).__name__}: {e}"[:500]
+                continue
+            for direction, g in (("fwd", f), ("bwd", b), ("fwd+bwd", fb)):
+                record(variant, direction, g)
+            del f, b, fb
+            torch.cuda.empty_cache()
+        return
+
+    # --- forward ablations: schedule order, prefetch, tile shapes ----------------------
+    act = ACT_CODE[ACTIVATION]
+    natural = build_schedule(c.qo, c.ko, cfg.block_rows, cfg.block_cols, c.heads,
+                             sms * cfg.ctas_per_sm, c.q.device, snake=False)
+    record("ours_no_snake", "fwd",
+           lambda: launch_fwd(c.q, c.k, c.v, natural, cfg, act, 0, scale, c.max_kv))
+    for name, over in fwd_variants(c.name, quick):
+        vcfg = replace(cfg, **over)
+        sched = schedule_for(c.qo, c.ko, c.heads, vcfg, c.q.device)
+        record(f"ours_{name}", "fwd",
+               lambda vcfg=vcfg, sched=sched: launch_fwd(c.q, c.k, c.v, sched, vcfg, act, 0,
+                                                         scale, c.max_kv),
+               {"config": vars(vcfg)})
+    for name, okv, oq in bwd_variants(c.name, quick):
+        ckv, cq = replace(cfg_kv, **okv), replace(cfg_q, **oq)
+
+        def op(q, k, v, ckv=ckv, cq=cq):
+            return GDPAFunction.apply(q, k, v, c.qo, c.ko, c.max_q, c.max_kv, ACTIVATION,
+                                      scale, 0, None, ckv, cq)
+
+        try:
+            _, b, _ = _grad_fns(op, (c.q, c.k, c.v), c.do)
+        except Exception as e:
+            info["errors"][f"ours_{name}"] = f"{type(e).__name__}: {e}"[:500]
+            continue
+        record(f"ours_{name}", "bwd", b, {"dkdv": vars(ckv), "dq": vars(cq)})
+        del b
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="bench-out", help="directory for gdpa.json")
+    ap.add_argument("--quick", action="store_true", help="small batch, fewer variants")
+    ap.add_argument("--cases", default="self,cross,pooled")
+    ap.add_argument("--budget-s", type=float, default=1e9,
+                    help="stop timing new variants after this many seconds")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("the GDPA benchmark needs a CUDA GPU")
+    deadline = time.monotonic() + args.budget_s
+    batch, heads, dim = (64 if args.quick else 256), 4, 128
+    rows: list[BenchRow] = []
+    meta = {"activation": ACTIVATION, "batch": batch, "heads": heads, "head_dim": dim,
+            "lengths": "log-normal mean 470, sigma 1, clipped to [1, 2048]",
+            "flops": "fwd 4*sum(Lq*Lkv)*H*d, bwd 2x fwd, fwd+bwd 3x fwd",
+            "bytes": "fwd q+k+v+o, bwd q+k+v+do+dq+dk+dv (bf16)",
+            "ceilings": {"bf16_tflops": H200_BF16_TFLOPS, "hbm_tbs": 4.27}, "cases": {}}
+    out = Path(args.out) / "gdpa.json"
+    cases = [Case(name, batch, heads, dim) for name in args.cases.split(",")]
+    for phase in ("main", "ablations"):
+        for c in cases:
+            run_case(c, phase, args.quick, rows, meta, deadline)
+            torch.cuda.empty_cache()
+            add_ratios(rows, "ours", "padded_compile")
+            write_json(rows, out, meta)
+    for name, info in meta["cases"].items():
+        sf = info["schedule_fwd"]
+        print(f"{name}: fwd per-SM work max/mean snake {sf['imbalance_snake_per_sm']:.3f} vs "
+              f"natural {sf['imbalance_natural_per_sm']:.3f}; rel err fwd "
+              f"{info.get('rel_err_fwd_vs_fp32_reference')} bwd "
+              f"{info.get('rel_err_bwd_vs_fp32_reference')}; errors {info['errors']}")
+    print_table(rows, f"GDPA ({ACTIVATION}, B={batch}, H={heads}, d={dim}, bf16)")
+    print(f"\nwrote {out}")
+
+
+if __name__ == "__main__":
+    main()
