@@ -165,7 +165,8 @@ def test_gemm_matches_dequantized_reference():
 
 CFGS = [Fp8Config(), Fp8Config(hadamard=True, hadamard_block=32),
         Fp8Config(stochastic_rounding=True, wgrad="fp8"),
-        Fp8Config(block=128, hadamard=True, hadamard_block=64)]
+        Fp8Config(block=128, hadamard=True, hadamard_block=64),
+        Fp8Config(block=128, stochastic_rounding=True, wgrad="fp8")]
 
 
 @pytest.mark.parametrize("cfg", CFGS, ids=lambda c: f"b{c.block}h{int(c.hadamard)}{c.wgrad}")
@@ -173,10 +174,10 @@ CFGS = [Fp8Config(), Fp8Config(hadamard=True, hadamard_block=32),
 def test_linear_gradients_close_to_bf16(cfg, kernel):
     torch.manual_seed(0)
     lin = torch.nn.Linear(128, 64)
-    x = torch.randn(3, 32, 128, requires_grad=True)
+    x = torch.randn(4, 32, 128, requires_grad=True)
     fp8 = Fp8BlockLinear.from_linear(lin, cfg, kernel=kernel)
     assert fp8.weight is lin.weight
-    gy = torch.randn(3, 32, 64)
+    gy = torch.randn(4, 32, 64)
     y = fp8(x)
     y.backward(gy)
     dx, dw, db = x.grad.clone(), lin.weight.grad.clone(), lin.bias.grad.clone()

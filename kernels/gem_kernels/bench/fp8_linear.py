@@ -5,7 +5,8 @@ Same run, same inputs, per shape (tokens x in -> out):
 - ``rowwise_gemm``: torch._scaled_mm with rowwise FP8 scales, GEMMs only (operands quantized
   beforehand, not timed): forward X W^T, backward dX in FP8 plus dW in bf16.
 - ``fp8_b32`` / ``fp8_b128``: Fp8BlockLinear, quantization included, through autograd
-  (block 32: Triton quantizer + Triton GEMM; block 128: Triton quantizer + cuBLAS blockwise).
+  (block 32: Triton quantizer + Triton GEMM; block 128: Triton quantizer + cuBLAS blockwise);
+  bf16 weight gradient. ``_w8``: FP8 weight gradient too. ``_had``: Hadamard block 128.
 - ``gemm_b32`` / ``gemm_b128``: our forward GEMM alone (operands pre-quantized).
 - ``quant_*``: the quantization kernel alone; HBM bytes = 2 (read bf16) + 1 (write fp8) per
   element plus scales; fraction of the measured copy ceiling.
@@ -98,11 +99,12 @@ def _case_rows(m: int, k: int, n: int, rep_ms: float, errors: dict) -> list[Benc
 
     add("rowwise_gemm", "bwd", rowwise_bwd, f_bwd)
 
-    for block, hadamard in ((32, False), (128, False), (32, True)):
-        name = f"fp8_b{block}" + ("_had" if hadamard else "")
+    for block, hadamard, wgrad in ((32, False, "bf16"), (128, False, "bf16"),
+                                   (128, False, "fp8"), (32, True, "bf16")):
+        name = f"fp8_b{block}" + ("_had" if hadamard else "") + ("_w8" if wgrad == "fp8" else "")
         if hadamard and (m, k, n) not in ((65536, 2048, 2048), (16384, 1024, 1024)):
             continue
-        cfg = Fp8Config(block=block, hadamard=hadamard, hadamard_block=128)
+        cfg = Fp8Config(block=block, hadamard=hadamard, hadamard_block=128, wgrad=wgrad)
         layer = Fp8BlockLinear.from_linear(lin, cfg)
         add(name, "fwd", lambda layer=layer: layer(x), f_fwd)
         try:
@@ -149,8 +151,8 @@ def main(argv: list[str] | None = None) -> list[BenchRow]:
     for m, k, n in cases:
         rows += _case_rows(m, k, n, rep, errors)
         torch.cuda.empty_cache()
-        for ours in ("fp8_b32", "fp8_b128", "fp8_b32_had", "rowwise_gemm", "gemm_b32",
-                     "gemm_b128"):
+        for ours in ("fp8_b32", "fp8_b128", "fp8_b128_w8", "fp8_b32_had", "rowwise_gemm",
+                     "gemm_b32", "gemm_b128"):
             add_ratios(rows, ours, "bf16")
         path = write_json(rows, f"{args.out}/fp8_linear.json", meta)  # partial results survive
     print_table(rows, "FP8 block-scaled linear on " + torch.cuda.get_device_name())

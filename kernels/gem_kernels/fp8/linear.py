@@ -8,9 +8,10 @@ Two routes (``block``):
   through cuBLAS blockwise scaled_mm (``torch.nn.functional.scaled_mm``, Hopper). The weight's
   128x128 blocks are reused transposed for the input gradient.
 
-Weight gradient: bf16 by default (GEM keeps it out of low precision); ``wgrad='fp8'`` (block 32
-only) computes it from the 32x32 FP8 gradient and activation, and then the layer saves only the
-FP8 activation for the backward (half the bytes of bf16).
+Weight gradient: bf16 by default (GEM keeps it out of low precision). ``wgrad='fp8'``: block 32
+computes it from the same 32x32 FP8 gradient and activation (and then the layer saves only the
+FP8 activation for the backward: half the bytes of bf16); block 128 quantizes the transposed
+gradient and activation in 1x128 blocks along tokens (one more pass over each) and runs cuBLAS.
 
 Hadamard: the same random orthogonal Q rotates the reduction dimension (in_features) of the
 activation and of the weight, so (X Q)(W Q)^T = X W^T. The input gradient then comes out
@@ -54,8 +55,6 @@ class Fp8Config:
             raise ValueError(f"block must be 32 or 128, got {self.block}")
         if self.wgrad not in ("bf16", "fp8"):
             raise ValueError(f"wgrad must be 'bf16' or 'fp8', got {self.wgrad!r}")
-        if self.wgrad == "fp8" and self.block != 32:
-            raise ValueError("wgrad='fp8' is implemented for block=32 only")
         hb = self.hadamard_block
         if self.hadamard and (hb < 32 or hb > 128 or hb & (hb - 1)):
             raise ValueError(f"hadamard_block must be 32, 64 or 128, got {hb}")
@@ -94,22 +93,34 @@ def quantize_weight(w: torch.Tensor, cfg: Fp8Config, kernel: Kernel | str | None
                     kernel=kernel)
 
 
+def _col_major(s: torch.Tensor) -> torch.Tensor:
+    """The same 2-D tensor with stride (1, rows) (copies only if it is not already so)."""
+    if s.stride(0) == 1 and (s.shape[1] == 1 or s.stride(1) == s.shape[0]):
+        return s
+    return s.t().contiguous().t()
+
+
 def _scaled_mm_blockwise(a: BlockFp8, b: BlockFp8, out_dtype: torch.dtype) -> torch.Tensor:
-    """cuBLAS blockwise FP8: a (M x K, 1x128 blocks) @ b (K x N, 128x128 blocks)."""
+    """cuBLAS blockwise FP8 (Hopper): a (M x K, 1x128 blocks) @ b (K x N, 128x128 blocks, or
+    1x128 blocks along K, i.e. per column)."""
     sm = getattr(F, "scaled_mm", None)
     if sm is None:
         raise RuntimeError("block=128 needs torch.nn.functional.scaled_mm (torch >= 2.10)")
-    k = a.data.shape[1]
-    kb = -(-k // 128)
-    l4 = -(-kb // 4) * 4
-    a_data = a.data.contiguous()
-    b_data = b.data.t().contiguous().t()  # column-major K x N
-    scale_a = a.scale.t().contiguous().t()  # (M, K/128), stride (1, M)
-    nb = b.scale.shape[1]
-    sb = torch.zeros((nb, l4), dtype=torch.float32, device=b.scale.device)
-    sb[:, :kb] = b.scale.t()
-    scale_b = sb.t()  # (L4, N/128), stride (1, L4)
     st = F.ScalingType
+    a_data = a.data if a.data.is_contiguous() else a.data.contiguous()
+    b_data = b.data if b.data.t().is_contiguous() else b.data.t().contiguous().t()
+    scale_a = _col_major(a.scale)  # (M, K/128), stride (1, M)
+    if b.block == (128, 1):  # per-column 1x128 along K: scales (N, K/128), stride (1, N)
+        return sm(a_data, b_data, scale_a, st.BlockWise1x128, _col_major(b.scale.t()),
+                  st.BlockWise1x128, output_dtype=out_dtype)
+    kb, nb = b.scale.shape
+    l4 = -(-kb // 4) * 4
+    if kb == l4 and b.scale.stride() == (1, kb):
+        scale_b = b.scale  # (K/128, N/128), stride (1, K/128): cuBLAS's layout already
+    else:
+        sb = torch.zeros((nb, l4), dtype=torch.float32, device=b.scale.device)
+        sb[:, :kb] = b.scale.t()
+        scale_b = sb.t()  # (L4, N/128), stride (1, L4)
     return sm(a_data, b_data, scale_a, st.BlockWise1x128, scale_b, st.BlockWise128x128,
               output_dtype=out_dtype)
 
@@ -120,6 +131,8 @@ def fp8_matmul(a: BlockFp8, b: BlockFp8, out_dtype: torch.dtype, kernel: Kernel)
         return gemm_reference(a, b, out_dtype)
     if a.block == (32, 32):
         return gemm(a, b, out_dtype, kernel=kernel)
+    if a.block != (1, 128) or b.block not in ((128, 128), (128, 1)):
+        raise ValueError(f"no FP8 GEMM for blocks {a.block} x {b.block}")
     if a.data.device.type != "cuda":  # interpreter runs: no cuBLAS on CPU
         return gemm_reference(a, b, out_dtype)
     return _scaled_mm_blockwise(a, b, out_dtype)
@@ -142,13 +155,14 @@ class _Fp8LinearFn(torch.autograd.Function):
         else:
             wq = quantize_weight(weight, cfg, kernel)
         q = hadamard_for(cfg, x.device)
-        xq = quantize(x, cfg.act_block, hadamard=q, kernel=kernel)
+        xq = quantize(x, cfg.act_block, hadamard=q, kernel=kernel,
+                      scale_col_major=cfg.block == 128)
         y = fp8_matmul(xq, wq.t(), x.dtype, kernel)
         if bias is not None:
             y = y + bias.to(y.dtype)
         ctx.cfg, ctx.kernel, ctx.has_bias = cfg, kernel, bias is not None
         ctx.w_dtype = weight.dtype
-        if cfg.wgrad == "fp8":
+        if cfg.wgrad == "fp8" and cfg.block == 32:  # only the FP8 activation is kept
             ctx.save_for_backward(wq.data, wq.scale, xq.data, xq.scale)
         else:
             ctx.save_for_backward(wq.data, wq.scale, x)
@@ -162,20 +176,30 @@ class _Fp8LinearFn(torch.autograd.Function):
         wq = BlockFp8(saved[0], saved[1], cfg.weight_block)
         grad = grad.contiguous()
         q = hadamard_for(cfg, grad.device)
-        gq = quantize(grad, cfg.act_block, stochastic=cfg.stochastic_rounding, kernel=kernel)
+        sr = cfg.stochastic_rounding
+        gq = quantize(grad, cfg.act_block, stochastic=sr, kernel=kernel,
+                      scale_col_major=cfg.block == 128)
         dx = dw = db = None
         if ctx.needs_input_grad[0]:
             dx = fp8_matmul(gq, _k_contiguous(wq), grad.dtype, kernel)
             if q is not None:
                 dx = apply_hadamard(dx, q.t())
         if ctx.needs_input_grad[1]:
-            if cfg.wgrad == "fp8":
+            if cfg.wgrad == "fp8" and cfg.block == 32:
                 xq = BlockFp8(saved[2], saved[3], cfg.act_block)
                 gt = gq.t()
                 gt = BlockFp8(gt.data.contiguous(), gt.scale, gt.block)
                 dw = fp8_matmul(gt, _k_contiguous(xq), torch.float32, kernel)
                 if q is not None:
                     dw = apply_hadamard(dw, q.t())
+            elif cfg.wgrad == "fp8" and grad.shape[0] % 128 == 0:
+                # 1x128 blocks along the token dimension for both operands (unrotated: the
+                # reduction here is over tokens), quantized from transposed views
+                x = saved[2]
+                gt = quantize(grad.t(), (1, 128), stochastic=sr, kernel=kernel,
+                              scale_col_major=True)
+                xt = quantize(x.t(), (1, 128), kernel=kernel, scale_col_major=True)
+                dw = fp8_matmul(gt, xt.t(), torch.float32, kernel)
             else:
                 x = saved[2]
                 dw = grad.t().to(x.dtype) @ x

@@ -21,8 +21,9 @@ from gem_kernels.fp8.reference import FP8_DTYPE, BlockFp8, quantize_reference, s
 
 
 @triton.jit
-def _quantize_kernel(x_ptr, q_ptr, s_ptr, h_ptr, R, C, stride_xr, stride_xc, seed, inv_sqrt_n,
-                     BR: tl.constexpr, BC: tl.constexpr, TR: tl.constexpr, TC: tl.constexpr,
+def _quantize_kernel(x_ptr, q_ptr, s_ptr, h_ptr, R, C, stride_xr, stride_xc, stride_sr,
+                     stride_sc, seed, inv_sqrt_n, BR: tl.constexpr, BC: tl.constexpr,
+                     TR: tl.constexpr, TC: tl.constexpr,
                      HB: tl.constexpr, HAD_FP32: tl.constexpr, STOCHASTIC: tl.constexpr):
     pid_r = tl.program_id(0)
     pid_c = tl.program_id(1)
@@ -58,8 +59,11 @@ def _quantize_kernel(x_ptr, q_ptr, s_ptr, h_ptr, R, C, stride_xr, stride_xc, see
     ulp = ((127 - 3 + ev) << 23).to(tl.float32, bitcast=True)
     t = v * inv_ulp
     if STOCHASTIC:
-        offs = rows[:, None] * C + cols[None, :]
-        u = tl.rand(seed, offs)
+        # one Philox call gives 4 numbers: 4 adjacent columns share an offset
+        cols4 = pid_c * (TC // 4) + tl.arange(0, TC // 4)
+        r0, r1, r2, r3 = tl.randint4x(seed, rows[:, None] * C + cols4[None, :])
+        r = tl.reshape(tl.join(tl.join(r0, r1), tl.join(r2, r3)), (TR, TC))
+        u = tl.random.uint_to_uniform_float(r)
         lo = tl.floor(t)
         t = lo + (u < (t - lo)).to(tl.float32)
     else:
@@ -72,46 +76,66 @@ def _quantize_kernel(x_ptr, q_ptr, s_ptr, h_ptr, R, C, stride_xr, stride_xc, see
     n_sr = (R + BR - 1) // BR
     n_sc = (C + BC - 1) // BC
     smask = (srows[:, None] < n_sr) & (scols[None, :] < n_sc)
-    tl.store(s_ptr + srows[:, None] * n_sc + scols[None, :], scale, mask=smask)
+    tl.store(s_ptr + srows[:, None] * stride_sr + scols[None, :] * stride_sc, scale, mask=smask)
 
 
-def _tile(block: tuple[int, int]) -> tuple[int, int, int]:
-    br, bc = block
-    tr = max(br, 32)
-    tc = max(bc, 128)
-    warps = 8 if tr * tc >= 128 * 128 else 4
-    return tr, tc, warps
+def _prune(configs, named_args, **kwargs):
+    """Keep tiles made of whole blocks (and whole Hadamard blocks)."""
+    a = {**named_args, **kwargs}
+    br, bc, hb = a["BR"], a["BC"], a["HB"]
+    ok = [c for c in configs if c.kwargs["TR"] % br == 0 and c.kwargs["TC"] % bc == 0
+          and (hb == 0 or c.kwargs["TC"] % hb == 0)]
+    return ok or [triton.Config({"TR": max(br, 32), "TC": max(bc, 128)}, num_warps=8)]
+
+
+_TILES = [triton.Config({"TR": tr, "TC": tc}, num_warps=w)
+          for tr, tc, w in ((32, 128, 4), (64, 128, 4), (64, 128, 8), (128, 128, 8),
+                            (32, 256, 4), (16, 256, 4))]
+_quantize_autotuned = triton.autotune(
+    configs=_TILES, key=["R", "C", "BR", "BC", "HB", "STOCHASTIC"],
+    prune_configs_by={"early_config_prune": _prune})(_quantize_kernel)
 
 
 def quantize_triton(x: torch.Tensor, block: tuple[int, int], *, hadamard: torch.Tensor | None,
-                    stochastic: bool, seed: int) -> BlockFp8:
+                    stochastic: bool, seed: int, scale_col_major: bool = False) -> BlockFp8:
+    """``scale_col_major``: write the scales column-major (the layout cuBLAS blockwise wants
+    for 1x128 activation scales), returned as a strided view of the same logical shape."""
     r, c = x.shape
     br, bc = block
-    tr, tc, warps = _tile(block)
-    if tr % br or tc % bc:
-        raise ValueError(f"unsupported block {block}")
     q = torch.empty((r, c), dtype=FP8_DTYPE, device=x.device)
-    s = torch.empty(scale_shape(r, c, block), dtype=torch.float32, device=x.device)
+    sr, sc = scale_shape(r, c, block)
+    if scale_col_major:
+        s = torch.empty((sc, sr), dtype=torch.float32, device=x.device).t()
+    else:
+        s = torch.empty((sr, sc), dtype=torch.float32, device=x.device)
     hb = 0
     h = x  # placeholder pointer when no transform
     inv_sqrt_n = 1.0
     if hadamard is not None:
         hb = hadamard.shape[0]
-        if tc % hb or c % hb:
+        if c % hb:
             raise ValueError(f"columns {c} must be a multiple of the hadamard block {hb}")
         h = torch.sign(hadamard).to(device=x.device, dtype=torch.float32).contiguous()
         inv_sqrt_n = 1.0 / math.sqrt(hb)
-    had_fp32 = os.environ.get("TRITON_INTERPRET") == "1" or x.dtype != torch.bfloat16
-    grid = (triton.cdiv(r, tr), triton.cdiv(c, tc))
-    _quantize_kernel[grid](x, q, s, h, r, c, x.stride(0), x.stride(1), seed, inv_sqrt_n,
-                           BR=br, BC=bc, TR=tr, TC=tc, HB=hb, HAD_FP32=had_fp32,
-                           STOCHASTIC=stochastic, num_warps=warps)
+    interpret = os.environ.get("TRITON_INTERPRET") == "1"
+    had_fp32 = interpret or x.dtype != torch.bfloat16
+    args = (x, q, s, h, r, c, x.stride(0), x.stride(1), s.stride(0), s.stride(1), seed,
+            inv_sqrt_n)
+    flags = dict(BR=br, BC=bc, HB=hb, HAD_FP32=had_fp32, STOCHASTIC=stochastic)
+    if interpret or x.device.type != "cuda":
+        tr, tc = max(br, 32), max(bc, 128, hb)
+        grid = (triton.cdiv(r, tr), triton.cdiv(c, tc))
+        _quantize_kernel[grid](*args, TR=tr, TC=tc, **flags, num_warps=4)
+    else:
+        grid = lambda meta: (triton.cdiv(r, meta["TR"]), triton.cdiv(c, meta["TC"]))
+        _quantize_autotuned[grid](*args, **flags)
     return BlockFp8(q, s, block)
 
 
 def quantize(x: torch.Tensor, block: tuple[int, int] = (32, 32), *,
              hadamard: torch.Tensor | None = None, stochastic: bool = False,
-             seed: int | None = None, kernel: Kernel | str | None = None) -> BlockFp8:
+             seed: int | None = None, kernel: Kernel | str | None = None,
+             scale_col_major: bool = False) -> BlockFp8:
     """Quantize a 2-D tensor to block-scaled FP8 (see :mod:`gem_kernels.fp8.reference`).
 
     ``hadamard``: the normalized (n x n) matrix from ``hadamard_matrix`` applied along columns
@@ -126,4 +150,5 @@ def quantize(x: torch.Tensor, block: tuple[int, int] = (32, 32), *,
         if stochastic:
             g = torch.Generator(device=x.device).manual_seed(int(seed))
         return quantize_reference(x, block, hadamard=hadamard, stochastic=stochastic, generator=g)
-    return quantize_triton(x, block, hadamard=hadamard, stochastic=stochastic, seed=seed or 0)
+    return quantize_triton(x, block, hadamard=hadamard, stochastic=stochastic, seed=seed or 0,
+                           scale_col_major=scale_col_major)
