@@ -17,6 +17,7 @@ if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
 
 import torch.nn.functional as F  # noqa: E402
+
 from gem_kernels.dispatch import Kernel, resolve_kernel  # noqa: E402
 from gem_kernels.jagged_attention import (  # noqa: E402
     jagged_attention,
@@ -158,7 +159,7 @@ INTERP_LENGTHS = [0, 1, 31, 32, 33, 70, 0, 5]
 
 @interpreter
 @pytest.mark.parametrize("causal,window", MASKS)
-@pytest.mark.parametrize("use_tma", [True, False])
+@pytest.mark.parametrize("use_tma", ["ptr", "tma_ragged", "tma_device"])
 def test_triton_interpreter_matches_reference(causal, window, use_tma):
     lengths = INTERP_LENGTHS
     offs = offsets_from_lengths(lengths)
@@ -246,7 +247,7 @@ def test_triton_gpu_matches_reference(causal, window, head_dim, dtype):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("boundary", ["trick", "where", "mask_all"])
-@pytest.mark.parametrize("use_tma", [True, False])
+@pytest.mark.parametrize("use_tma", ["ptr", "tma_ragged", "tma_device"])
 def test_triton_gpu_boundary_and_load_paths(boundary, use_tma):
     lengths = [5, 127, 128, 129, 700, 0, 2000]
     offs = offsets_from_lengths(lengths, "cuda")

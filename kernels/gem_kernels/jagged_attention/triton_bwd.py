@@ -38,15 +38,16 @@ def _jfa_bwd_delta_kernel(Out, DO, DELTA, total_tokens, stride_o, stride_do, H,
 
 
 @triton.jit
-def _dkdv_tiles(dk, dv, k, v, q_src, do_src, q_base, do_base, lse_ptr, delta_ptr, lo, hi, L,
+def _dkdv_tiles(dk, dv, k, v, q_src, do_src, q_base, do_base, seq_start, lse_ptr, delta_ptr, lo,
+                hi, L,
                 col0, stride_q, stride_do, offs_n, qk_scale, WL, WR,
                 BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, MASKED: tl.constexpr,
                 CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, USE_TMA: tl.constexpr):
     offs_m0 = tl.arange(0, BLOCK_M)
     for start_m in tl.range(lo, hi, BLOCK_M):
         offs_m = start_m + offs_m0
-        q = _load_rows(q_src, q_base, start_m, L, col0, stride_q, BLOCK_M, HEAD_DIM, USE_TMA,
-                       True)
+        q = _load_rows(q_src, q_base, seq_start, start_m, L, col0, stride_q, BLOCK_M, HEAD_DIM,
+                       USE_TMA, True)
         lse = tl.load(lse_ptr + offs_m, mask=offs_m < L, other=float("inf"))
         qkT = tl.dot(k, tl.trans(q))  # (BLOCK_N, BLOCK_M)
         pT = tl.math.exp2(qkT * qk_scale - lse[None, :])
@@ -59,8 +60,8 @@ def _dkdv_tiles(dk, dv, k, v, q_src, do_src, q_base, do_base, lse_ptr, delta_ptr
                 maskT = maskT & (offs_n[:, None] >= offs_m[None, :] - WL)
                 maskT = maskT & (offs_n[:, None] <= offs_m[None, :] + WR)
             pT = tl.where(maskT, pT, 0.0)
-        do = _load_rows(do_src, do_base, start_m, L, col0, stride_do, BLOCK_M, HEAD_DIM, USE_TMA,
-                        True)
+        do = _load_rows(do_src, do_base, seq_start, start_m, L, col0, stride_do, BLOCK_M,
+                        HEAD_DIM, USE_TMA, True)
         dv = tl.dot(pT.to(do.dtype), do, dv)
         delta = tl.load(delta_ptr + offs_m, mask=offs_m < L, other=0.0)
         dpT = tl.dot(v, tl.trans(do))
@@ -70,7 +71,8 @@ def _dkdv_tiles(dk, dv, k, v, q_src, do_src, q_base, do_base, lse_ptr, delta_ptr
 
 
 @triton.jit
-def _jfa_bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, offsets, sched, n_sched, total_tokens,
+def _jfa_bwd_dkdv_kernel(Q, K, V, DO, DK, DV, Qd, Kd, Vd, DOd, DKd, DVd, LSE, DELTA, offsets,
+                         sched, n_sched, total_tokens,
                          sm_scale, qk_scale, stride_q, stride_k, stride_v, stride_do, stride_dk,
                          stride_dv, H, WL, WR,
                          HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -90,10 +92,11 @@ def _jfa_bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, offsets, sched, n_sche
     k_base = K + start * stride_k
     v_base = V + start * stride_v
     do_base = DO + start * stride_do
-    q_src = _make_src(q_base, L, stride_q, H_D, BLOCK_M, HEAD_DIM, USE_TMA)
-    do_src = _make_src(do_base, L, stride_do, H_D, BLOCK_M, HEAD_DIM, USE_TMA)
-    k_src = _make_src(k_base, L, stride_k, H_D, BLOCK_N, HEAD_DIM, USE_TMA)
-    v_src = _make_src(v_base, L, stride_v, H_D, BLOCK_N, HEAD_DIM, USE_TMA)
+    start32 = start.to(tl.int32)
+    q_src = _make_src(Qd, q_base, L, stride_q, H_D, BLOCK_M, HEAD_DIM, USE_TMA)
+    do_src = _make_src(DOd, do_base, L, stride_do, H_D, BLOCK_M, HEAD_DIM, USE_TMA)
+    k_src = _make_src(Kd, k_base, L, stride_k, H_D, BLOCK_N, HEAD_DIM, USE_TMA)
+    v_src = _make_src(Vd, v_base, L, stride_v, H_D, BLOCK_N, HEAD_DIM, USE_TMA)
     lse_ptr = LSE + h.to(tl.int64) * total_tokens + start
     delta_ptr = DELTA + h.to(tl.int64) * total_tokens + start
 
@@ -121,47 +124,47 @@ def _jfa_bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, offsets, sched, n_sche
         full_lo = tl.cdiv(q_hi, BLOCK_M) * BLOCK_M
         full_hi = full_lo
 
-    k = _load_rows(k_src, k_base, n0, L, col0, stride_k, BLOCK_N, HEAD_DIM, USE_TMA, True)
-    v = _load_rows(v_src, v_base, n0, L, col0, stride_v, BLOCK_N, HEAD_DIM, USE_TMA, True)
+    k = _load_rows(k_src, k_base, start32, n0, L, col0, stride_k, BLOCK_N, HEAD_DIM, USE_TMA,
+                   True)
+    v = _load_rows(v_src, v_base, start32, n0, L, col0, stride_v, BLOCK_N, HEAD_DIM, USE_TMA,
+                   True)
     dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     if CAUSAL or HAS_WINDOW:
-        dk, dv = _dkdv_tiles(dk, dv, k, v, q_src, do_src, q_base, do_base, lse_ptr, delta_ptr,
+        dk, dv = _dkdv_tiles(dk, dv, k, v, q_src, do_src, q_base, do_base, start32, lse_ptr,
+                             delta_ptr,
                              q_lo, full_lo, L, col0, stride_q, stride_do, offs_n, qk_scale, WL,
                              WR, BLOCK_M, HEAD_DIM, True, CAUSAL, HAS_WINDOW, USE_TMA)
-    dk, dv = _dkdv_tiles(dk, dv, k, v, q_src, do_src, q_base, do_base, lse_ptr, delta_ptr,
+    dk, dv = _dkdv_tiles(dk, dv, k, v, q_src, do_src, q_base, do_base, start32, lse_ptr,
+                             delta_ptr,
                          full_lo, full_hi, L, col0, stride_q, stride_do, offs_n, qk_scale, WL, WR,
                          BLOCK_M, HEAD_DIM, False, CAUSAL, HAS_WINDOW, USE_TMA)
     if HAS_WINDOW:
-        dk, dv = _dkdv_tiles(dk, dv, k, v, q_src, do_src, q_base, do_base, lse_ptr, delta_ptr,
+        dk, dv = _dkdv_tiles(dk, dv, k, v, q_src, do_src, q_base, do_base, start32, lse_ptr,
+                             delta_ptr,
                              full_hi, q_hi, L, col0, stride_q, stride_do, offs_n, qk_scale, WL,
                              WR, BLOCK_M, HEAD_DIM, True, CAUSAL, HAS_WINDOW, USE_TMA)
     dk = dk * sm_scale
-    if USE_TMA:
-        dk_dst = tl.make_tensor_descriptor(DK + start * stride_dk, shape=[L, H_D],
-                                           strides=[stride_dk, 1], block_shape=[BLOCK_N, HEAD_DIM])
-        dv_dst = tl.make_tensor_descriptor(DV + start * stride_dv, shape=[L, H_D],
-                                           strides=[stride_dv, 1], block_shape=[BLOCK_N, HEAD_DIM])
-    else:
-        dk_dst = DK + start * stride_dk
-        dv_dst = DV + start * stride_dv
-    _store_rows(dk_dst, DK + start * stride_dk, n0, L, col0, stride_dk,
+    dk_dst = _make_src(DKd, DK + start * stride_dk, L, stride_dk, H_D, BLOCK_N, HEAD_DIM, USE_TMA)
+    dv_dst = _make_src(DVd, DV + start * stride_dv, L, stride_dv, H_D, BLOCK_N, HEAD_DIM, USE_TMA)
+    _store_rows(dk_dst, DK + start * stride_dk, start32, n0, L, col0, stride_dk,
                 dk.to(DK.dtype.element_ty), BLOCK_N, HEAD_DIM, USE_TMA)
-    _store_rows(dv_dst, DV + start * stride_dv, n0, L, col0, stride_dv,
+    _store_rows(dv_dst, DV + start * stride_dv, start32, n0, L, col0, stride_dv,
                 dv.to(DV.dtype.element_ty), BLOCK_N, HEAD_DIM, USE_TMA)
 
 
 @triton.jit
-def _dq_tiles(dq, q, do, lse, delta, k_src, v_src, k_base, v_base, lo, hi, L, col0, stride_k,
+def _dq_tiles(dq, q, do, lse, delta, k_src, v_src, k_base, v_base, seq_start, lo, hi, L, col0,
+              stride_k,
               stride_v, offs_m, qk_scale, WL, WR,
               BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, MASKED: tl.constexpr,
               CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, USE_TMA: tl.constexpr):
     offs_n0 = tl.arange(0, BLOCK_N)
     for start_n in tl.range(lo, hi, BLOCK_N):
-        k = _load_rows(k_src, k_base, start_n, L, col0, stride_k, BLOCK_N, HEAD_DIM, USE_TMA,
-                       MASKED)
-        v = _load_rows(v_src, v_base, start_n, L, col0, stride_v, BLOCK_N, HEAD_DIM, USE_TMA,
-                       MASKED)
+        k = _load_rows(k_src, k_base, seq_start, start_n, L, col0, stride_k, BLOCK_N, HEAD_DIM,
+                       USE_TMA, MASKED)
+        v = _load_rows(v_src, v_base, seq_start, start_n, L, col0, stride_v, BLOCK_N, HEAD_DIM,
+                       USE_TMA, MASKED)
         qk = tl.dot(q, tl.trans(k))
         p = tl.math.exp2(qk * qk_scale - lse[:, None])
         if MASKED:
@@ -174,7 +177,8 @@ def _dq_tiles(dq, q, do, lse, delta, k_src, v_src, k_base, v_base, lo, hi, L, co
 
 
 @triton.jit
-def _jfa_bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, offsets, sched, n_sched, total_tokens,
+def _jfa_bwd_dq_kernel(Q, K, V, DO, DQ, Qd, Kd, Vd, DOd, DQd, LSE, DELTA, offsets, sched,
+                       n_sched, total_tokens,
                        sm_scale, qk_scale, stride_q, stride_k, stride_v, stride_do, stride_dq,
                        H, WL, WR,
                        HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -194,10 +198,11 @@ def _jfa_bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, offsets, sched, n_sched, tot
     k_base = K + start * stride_k
     v_base = V + start * stride_v
     do_base = DO + start * stride_do
-    q_src = _make_src(q_base, L, stride_q, H_D, BLOCK_M, HEAD_DIM, USE_TMA)
-    do_src = _make_src(do_base, L, stride_do, H_D, BLOCK_M, HEAD_DIM, USE_TMA)
-    k_src = _make_src(k_base, L, stride_k, H_D, BLOCK_N, HEAD_DIM, USE_TMA)
-    v_src = _make_src(v_base, L, stride_v, H_D, BLOCK_N, HEAD_DIM, USE_TMA)
+    start32 = start.to(tl.int32)
+    q_src = _make_src(Qd, q_base, L, stride_q, H_D, BLOCK_M, HEAD_DIM, USE_TMA)
+    do_src = _make_src(DOd, do_base, L, stride_do, H_D, BLOCK_M, HEAD_DIM, USE_TMA)
+    k_src = _make_src(Kd, k_base, L, stride_k, H_D, BLOCK_N, HEAD_DIM, USE_TMA)
+    v_src = _make_src(Vd, v_base, L, stride_v, H_D, BLOCK_N, HEAD_DIM, USE_TMA)
 
     offs_m = m0 + tl.arange(0, BLOCK_M)
     m_last = tl.minimum(m0 + BLOCK_M, L) - 1
@@ -220,8 +225,10 @@ def _jfa_bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, offsets, sched, n_sched, tot
         full_lo = lo
         full_hi = lo
 
-    q = _load_rows(q_src, q_base, m0, L, col0, stride_q, BLOCK_M, HEAD_DIM, USE_TMA, True)
-    do = _load_rows(do_src, do_base, m0, L, col0, stride_do, BLOCK_M, HEAD_DIM, USE_TMA, True)
+    q = _load_rows(q_src, q_base, start32, m0, L, col0, stride_q, BLOCK_M, HEAD_DIM, USE_TMA,
+                   True)
+    do = _load_rows(do_src, do_base, start32, m0, L, col0, stride_do, BLOCK_M, HEAD_DIM, USE_TMA,
+                    True)
     row_ok = offs_m < L
     lse = tl.load(LSE + h.to(tl.int64) * total_tokens + start + offs_m, mask=row_ok,
                   other=float("inf"))
@@ -229,20 +236,19 @@ def _jfa_bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, offsets, sched, n_sched, tot
                     other=0.0)
     dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     if HAS_WINDOW:
-        dq = _dq_tiles(dq, q, do, lse, delta, k_src, v_src, k_base, v_base, lo, full_lo, L, col0,
+        dq = _dq_tiles(dq, q, do, lse, delta, k_src, v_src, k_base, v_base, start32, lo, full_lo, L,
+                       col0,
                        stride_k, stride_v, offs_m, qk_scale, WL, WR, BLOCK_N, HEAD_DIM, True,
                        CAUSAL, HAS_WINDOW, USE_TMA)
-    dq = _dq_tiles(dq, q, do, lse, delta, k_src, v_src, k_base, v_base, full_lo, full_hi, L, col0,
+    dq = _dq_tiles(dq, q, do, lse, delta, k_src, v_src, k_base, v_base, start32, full_lo, full_hi,
+                   L, col0,
                    stride_k, stride_v, offs_m, qk_scale, WL, WR, BLOCK_N, HEAD_DIM, False,
                    CAUSAL, HAS_WINDOW, USE_TMA)
-    dq = _dq_tiles(dq, q, do, lse, delta, k_src, v_src, k_base, v_base, full_hi, hi, L, col0,
+    dq = _dq_tiles(dq, q, do, lse, delta, k_src, v_src, k_base, v_base, start32, full_hi, hi, L,
+                   col0,
                    stride_k, stride_v, offs_m, qk_scale, WL, WR, BLOCK_N, HEAD_DIM, True,
                    CAUSAL, HAS_WINDOW, USE_TMA)
     dq = dq * sm_scale
-    if USE_TMA:
-        dq_dst = tl.make_tensor_descriptor(DQ + start * stride_dq, shape=[L, H_D],
-                                           strides=[stride_dq, 1], block_shape=[BLOCK_M, HEAD_DIM])
-    else:
-        dq_dst = DQ + start * stride_dq
-    _store_rows(dq_dst, DQ + start * stride_dq, m0, L, col0, stride_dq,
+    dq_dst = _make_src(DQd, DQ + start * stride_dq, L, stride_dq, H_D, BLOCK_M, HEAD_DIM, USE_TMA)
+    _store_rows(dq_dst, DQ + start * stride_dq, start32, m0, L, col0, stride_dq,
                 dq.to(DQ.dtype.element_ty), BLOCK_M, HEAD_DIM, USE_TMA)

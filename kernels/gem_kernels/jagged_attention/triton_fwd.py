@@ -34,15 +34,23 @@ BOUNDARY_TRICK = 1
 BOUNDARY_MASK_ALL = 2
 
 LOG2E = 1.4426950408889634
+_RAGGED_BILLION: tl.constexpr = tl.constexpr(0x40000000)  # triton.tools.ragged_tma's 2**30
 
 
 @triton.jit
-def _load_rows(src, base_ptr, row0, n_rows, col0, stride_t,
+def _load_rows(src, base_ptr, seq_start, row0, n_rows, col0, stride_t,
                BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr, USE_TMA: tl.constexpr,
                MASKED: tl.constexpr):
-    """Rows [row0, row0 + BLOCK) of one head of one sequence; rows >= n_rows read as 0."""
-    if USE_TMA:
+    """Rows [row0, row0 + BLOCK) of one head of one sequence; rows >= n_rows read as 0.
+    USE_TMA: 0 = masked pointer loads, 1 = a per-sequence device-side descriptor, 2 = one
+    host-side ragged descriptor for the whole jagged tensor (triton.tools.ragged_tma)."""
+    if USE_TMA == 1:
         return src.load([row0, col0])
+    elif USE_TMA == 2:
+        # ragged_tma's indexing: rows past n_rows fall outside the descriptor's bounds
+        x = tl.load_tensor_descriptor(src, [_RAGGED_BILLION, seq_start + n_rows,
+                                            _RAGGED_BILLION - n_rows + row0, col0])
+        return tl.reshape(x, [BLOCK, HEAD_DIM])
     else:
         rows = row0 + tl.arange(0, BLOCK)
         cols = col0 + tl.arange(0, HEAD_DIM)
@@ -54,10 +62,14 @@ def _load_rows(src, base_ptr, row0, n_rows, col0, stride_t,
 
 
 @triton.jit
-def _store_rows(dst, base_ptr, row0, n_rows, col0, stride_t, value,
+def _store_rows(dst, base_ptr, seq_start, row0, n_rows, col0, stride_t, value,
                 BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr, USE_TMA: tl.constexpr):
-    if USE_TMA:
+    if USE_TMA == 1:
         dst.store([row0, col0], value)
+    elif USE_TMA == 2:
+        tl.store_tensor_descriptor(dst, [_RAGGED_BILLION, seq_start + n_rows,
+                                         _RAGGED_BILLION - n_rows + row0, col0],
+                                   tl.reshape(value, [1, 1, BLOCK, HEAD_DIM]))
     else:
         rows = row0 + tl.arange(0, BLOCK)
         cols = col0 + tl.arange(0, HEAD_DIM)
@@ -66,12 +78,15 @@ def _store_rows(dst, base_ptr, row0, n_rows, col0, stride_t, value,
 
 
 @triton.jit
-def _make_src(base_ptr, n_rows, stride_t, H_D, BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr,
-              USE_TMA: tl.constexpr):
-    """A descriptor over one sequence's rows (all heads side by side), or its base pointer."""
-    if USE_TMA:
+def _make_src(desc, base_ptr, n_rows, stride_t, H_D, BLOCK: tl.constexpr,
+              HEAD_DIM: tl.constexpr, USE_TMA: tl.constexpr):
+    """What _load_rows/_store_rows take: a descriptor over one sequence's rows (all heads side
+    by side), the host's ragged descriptor, or the sequence's base pointer."""
+    if USE_TMA == 1:
         return tl.make_tensor_descriptor(base_ptr, shape=[n_rows, H_D], strides=[stride_t, 1],
                                          block_shape=[BLOCK, HEAD_DIM])
+    elif USE_TMA == 2:
+        return desc
     else:
         return base_ptr
 
@@ -91,7 +106,7 @@ def _band_mask(offs_m, offs_n, L, WL, WR, CAUSAL: tl.constexpr, HAS_WINDOW: tl.c
 
 
 @triton.jit
-def _fwd_tiles(acc, l_i, m_i, q, k_src, v_src, k_base, v_base, lo, hi, L, col0,
+def _fwd_tiles(acc, l_i, m_i, q, k_src, v_src, k_base, v_base, seq_start, lo, hi, L, col0,
                stride_k, stride_v, offs_m, qk_scale, WL, WR,
                BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, MODE: tl.constexpr,
                CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, USE_TMA: tl.constexpr):
@@ -99,8 +114,8 @@ def _fwd_tiles(acc, l_i, m_i, q, k_src, v_src, k_base, v_base, lo, hi, L, col0,
     2: the sequence-end tile by the boundary trick."""
     offs_n0 = tl.arange(0, BLOCK_N)
     for start_n in tl.range(lo, hi, BLOCK_N):
-        k = _load_rows(k_src, k_base, start_n, L, col0, stride_k, BLOCK_N, HEAD_DIM, USE_TMA,
-                       MODE != 0)
+        k = _load_rows(k_src, k_base, seq_start, start_n, L, col0, stride_k, BLOCK_N, HEAD_DIM,
+                       USE_TMA, MODE != 0)
         qk = tl.dot(q, tl.trans(k))
         if MODE == 0:
             m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
@@ -132,15 +147,16 @@ def _fwd_tiles(acc, l_i, m_i, q, k_src, v_src, k_base, v_base, lo, hi, L, col0,
         alpha = tl.math.exp2(m_i - m_ij)
         l_i = l_i * alpha + l_ij
         acc = acc * alpha[:, None]
-        v = _load_rows(v_src, v_base, start_n, L, col0, stride_v, BLOCK_N, HEAD_DIM, USE_TMA,
-                       MODE != 0)
+        v = _load_rows(v_src, v_base, seq_start, start_n, L, col0, stride_v, BLOCK_N, HEAD_DIM,
+                       USE_TMA, MODE != 0)
         acc = tl.dot(p.to(v.dtype), v, acc)
         m_i = m_ij
     return acc, l_i, m_i
 
 
 @triton.jit
-def _jfa_fwd_kernel(Q, K, V, Out, LSE, offsets, sched, n_sched, total_tokens, qk_scale,
+def _jfa_fwd_kernel(Q, K, V, Out, Qd, Kd, Vd, Od, LSE, offsets, sched, n_sched, total_tokens,
+                    qk_scale,
                     stride_q, stride_k, stride_v, stride_o, H, WL, WR,
                     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, BOUNDARY: tl.constexpr,
@@ -161,9 +177,10 @@ def _jfa_fwd_kernel(Q, K, V, Out, LSE, offsets, sched, n_sched, total_tokens, qk
     k_base = K + start * stride_k
     v_base = V + start * stride_v
     o_base = Out + start * stride_o
-    q_src = _make_src(q_base, L, stride_q, H_D, BLOCK_M, HEAD_DIM, USE_TMA)
-    k_src = _make_src(k_base, L, stride_k, H_D, BLOCK_N, HEAD_DIM, USE_TMA)
-    v_src = _make_src(v_base, L, stride_v, H_D, BLOCK_N, HEAD_DIM, USE_TMA)
+    start32 = start.to(tl.int32)
+    q_src = _make_src(Qd, q_base, L, stride_q, H_D, BLOCK_M, HEAD_DIM, USE_TMA)
+    k_src = _make_src(Kd, k_base, L, stride_k, H_D, BLOCK_N, HEAD_DIM, USE_TMA)
+    v_src = _make_src(Vd, v_base, L, stride_v, H_D, BLOCK_N, HEAD_DIM, USE_TMA)
 
     offs_m = m0 + tl.arange(0, BLOCK_M)
     m_last = tl.minimum(m0 + BLOCK_M, L) - 1  # last real query row of this block
@@ -192,24 +209,29 @@ def _jfa_fwd_kernel(Q, K, V, Out, LSE, offsets, sched, n_sched, total_tokens, qk
         full_lo = lo
         full_hi = lo
 
-    q = _load_rows(q_src, q_base, m0, L, col0, stride_q, BLOCK_M, HEAD_DIM, USE_TMA, True)
+    q = _load_rows(q_src, q_base, start32, m0, L, col0, stride_q, BLOCK_M, HEAD_DIM, USE_TMA,
+                   True)
     m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
 
     if HAS_WINDOW:  # left band edge
-        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_src, v_src, k_base, v_base, lo, full_lo,
+        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_src, v_src, k_base, v_base, start32,
+                                   lo, full_lo,
                                    L, col0, stride_k, stride_v, offs_m, qk_scale, WL, WR,
                                    BLOCK_N, HEAD_DIM, 1, CAUSAL, HAS_WINDOW, USE_TMA)
-    acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_src, v_src, k_base, v_base, full_lo, full_hi,
+    acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_src, v_src, k_base, v_base, start32,
+                                   full_lo, full_hi,
                                L, col0, stride_k, stride_v, offs_m, qk_scale, WL, WR,
                                BLOCK_N, HEAD_DIM, 0, CAUSAL, HAS_WINDOW, USE_TMA)
     if (not CAUSAL) and (not HAS_WINDOW) and BOUNDARY == 1:
-        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_src, v_src, k_base, v_base, full_hi, hi,
+        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_src, v_src, k_base, v_base, start32,
+                                   full_hi, hi,
                                    L, col0, stride_k, stride_v, offs_m, qk_scale, WL, WR,
                                    BLOCK_N, HEAD_DIM, 2, CAUSAL, HAS_WINDOW, USE_TMA)
     else:
-        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_src, v_src, k_base, v_base, full_hi, hi,
+        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_src, v_src, k_base, v_base, start32,
+                                   full_hi, hi,
                                    L, col0, stride_k, stride_v, offs_m, qk_scale, WL, WR,
                                    BLOCK_N, HEAD_DIM, 1, CAUSAL, HAS_WINDOW, USE_TMA)
 
@@ -218,11 +240,7 @@ def _jfa_fwd_kernel(Q, K, V, Out, LSE, offsets, sched, n_sched, total_tokens, qk
     l_safe = tl.where(has_key, l_i, 1.0)
     out = tl.where(has_key[:, None], acc / l_safe[:, None], 0.0)
     lse = tl.where(has_key, m_i + tl.math.log2(l_safe), float("inf"))
-    if USE_TMA:
-        o_dst = tl.make_tensor_descriptor(o_base, shape=[L, H_D], strides=[stride_o, 1],
-                                          block_shape=[BLOCK_M, HEAD_DIM])
-    else:
-        o_dst = o_base
-    _store_rows(o_dst, o_base, m0, L, col0, stride_o, out.to(Out.dtype.element_ty), BLOCK_M,
-                HEAD_DIM, USE_TMA)
+    o_dst = _make_src(Od, o_base, L, stride_o, H_D, BLOCK_M, HEAD_DIM, USE_TMA)
+    _store_rows(o_dst, o_base, start32, m0, L, col0, stride_o, out.to(Out.dtype.element_ty),
+                BLOCK_M, HEAD_DIM, USE_TMA)
     tl.store(LSE + h.to(tl.int64) * total_tokens + start + offs_m, lse, mask=offs_m < L)
