@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from pydantic import ValidationError
+
 from gem_platform.balance import (
     LoaderConfig,
     LoaderStateError,
@@ -13,7 +15,6 @@ from gem_platform.balance import (
 )
 from gem_platform.balance.bbs import plan_buffer
 from gem_platform.errors import DataError
-from pydantic import ValidationError
 
 
 def long_tailed(n: int, seed: int = 0) -> np.ndarray:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from gem_platform.balance import BalanceTracker, StepBalance, batch_work, measure_step
 from gem_platform.balance.stats import padding_waste, straggler_overhead, straggler_overheads
 

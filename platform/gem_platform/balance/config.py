@@ -28,11 +28,14 @@ class LoaderConfig(BaseModel):
         128, ge=1, description="Samples per base batch, the unit BBS sorts and pairs."
     )
     buffer_full_batches: int = Field(
-        32,
+        128,
         ge=1,
         description=(
             "How many full batches one BBS buffer spans. A rank can only balance within its "
-            "buffer, so the rank-to-rank spread of step work shrinks like 1/sqrt(this)."
+            "buffer, so the rank-to-rank spread of step work shrinks like 1/sqrt(this). The "
+            "buffer holds sample positions only (lengths are known up front), so a large one "
+            "costs no memory; an epoch shorter than the buffer is one buffer. 128 reaches 90% "
+            "of a global partition's gain in the simulation benchmark."
         ),
     )
     cost: CostName = Field(

@@ -29,7 +29,7 @@ from gem_platform.balance.config import LoaderConfig
 from gem_platform.balance.cost import sample_work
 from gem_platform.balance.partition import balanced_partition, descending_order
 from gem_platform.balance.sequential import SequentialBatcher
-from gem_platform.balance.stats import Summary, straggler_overheads
+from gem_platform.balance.stats import Summary, straggler_overhead, straggler_overheads
 from gem_platform.errors import DataError, RecipeError
 
 METHODS = ("none", "bbs", "global")
@@ -62,6 +62,19 @@ class ProfileReport:
     rows: list[ProfileRow]
     work: dict[str, np.ndarray] = field(repr=False)  # method -> (steps, world)
 
+    @property
+    def local_bound(self) -> float:
+        """The lowest mean straggler overhead any local-only balancer can reach with this
+        buffer: a BBS buffer holds exactly the samples of the same steps under "none", and no
+        reordering inside it can give every step less than the buffer's mean work."""
+        buffer = self.cfg.buffer_full_batches
+        none = self.work["none"]
+        per_step = []
+        for first in range(0, self.steps, buffer):
+            window = none[first : first + buffer]
+            per_step += [straggler_overhead(window.mean(axis=0))] * window.shape[0]
+        return float(np.mean(per_step))
+
     def row(self, method: str) -> ProfileRow:
         return next(r for r in self.rows if r.method == method)
 
@@ -72,6 +85,7 @@ class ProfileReport:
             "local_batch": self.local_batch,
             "steps": self.steps,
             "loader": self.cfg.model_dump(),
+            "local_bound": self.local_bound,
             "rows": [asdict(r) for r in self.rows],
         }
 
