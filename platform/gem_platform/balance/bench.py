@@ -103,6 +103,7 @@ def batcher_cost(cfg: LoaderConfig, steps: int, reps: int, seed: int) -> dict[st
             times.append(time.perf_counter() - t0)
         out[f"{batching}_ms_per_full_batch"] = 1e3 * float(np.median(times)) / steps
     out["samples_per_rank"] = float(lengths.size)
+    out["buffer_full_batches"] = float(cfg.buffer_full_batches)
     return out
 
 
@@ -182,8 +183,12 @@ def main(argv: Sequence[str] | None = None) -> dict:
     del data
     print_table(sweep, f"BBS buffer sweep at world {sweep_world}, {sweep_steps} steps, same "
                        "data (length cost; share taken against a global partition at 0)")
-    cost_ms = batcher_cost(base, steps, reps=5, seed=args.seed)
-    print(f"\nBatcher cost on one rank ({int(cost_ms['samples_per_rank'])} samples): "
+    # the batcher's own cost under the default buffer, over an epoch that fills it
+    default = LoaderConfig(local_batch_size=1024, base_batch_size=128, seed=args.seed)
+    cost_steps = steps if args.quick else default.buffer_full_batches
+    cost_ms = batcher_cost(default, cost_steps, reps=5, seed=args.seed)
+    print(f"\nBatcher cost on one rank ({int(cost_ms['samples_per_rank'])} samples, buffer "
+          f"{int(cost_ms['buffer_full_batches'])}): "
           f"sequential {cost_ms['sequential_ms_per_full_batch']:.4f} ms, "
           f"bbs {cost_ms['bbs_ms_per_full_batch']:.4f} ms per full batch")
     checks = targets(rows, cost_ms, sweep)
