@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from gem_platform.data.config import DataConfig
 from gem_platform.data.movielens import convert_movielens
 from gem_platform.data.parquet import SampleTable
 from gem_platform.errors import DataError
@@ -113,6 +114,14 @@ def test_100k_samples_histories_labels_and_split(tmp_path: Path) -> None:
 
     batch = train.collate(np.arange(len(train)))
     assert sorted(batch.seq_lengths.tolist()) == [0, 0, 0, 1, 2]  # users 1, 1, 1, 2, 3
+
+
+def test_converted_directory_is_a_parquet_source(tmp_path: Path) -> None:
+    meta = convert_movielens(str(write_100k(tmp_path / "ml")), str(tmp_path / "out"))
+    assert DataConfig(source="parquet", path=str(tmp_path / "out")).prepare() == meta
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "eval-00000.parquet", "meta.json", "train-00000.parquet",
+    ]  # fmt: skip
 
 
 def test_max_history_keeps_the_most_recent(tmp_path: Path) -> None:

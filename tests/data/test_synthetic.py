@@ -112,6 +112,24 @@ def test_planted_auc_is_reproducible_and_needs_the_history(make_config, tiny_dat
         assert auc(p, arrays.ctr) < meta.planted_auc["ctr"] - 0.02
 
 
+def test_degenerate_but_valid_shapes(tmp_path: Path, make_config) -> None:
+    cfg = make_config(
+        tmp_path,
+        num_samples=300,
+        dense_dim=0,
+        num_action_types=1,
+        sparse_features=[],
+        seq_len={"mean": 1.0, "sigma": 1.0, "min": 0, "max": 3},
+    )
+    meta = cfg.prepare()
+    assert [s.name for s in meta.sparse_features] == ["user_id", "ad_category"]
+    table = SampleTable.load(tmp_path, "train")
+    assert table.seq_lengths.min() == 0 and table.seq_lengths.max() <= 3
+    batch = table.collate(np.arange(len(table)))
+    assert batch.dense.shape == (len(table), 0)
+    assert batch.seq_action_types.unique().tolist() == [0]
+
+
 def test_length_distributions_respect_bounds() -> None:
     rng = np.random.default_rng(0)
     for dist in ("lognormal", "powerlaw", "fixed"):

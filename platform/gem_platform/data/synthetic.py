@@ -112,6 +112,15 @@ def _skewed_ids(rng: np.random.Generator, size: np.ndarray | int, n: int) -> np.
     )
 
 
+def sparse_specs(cfg: SyntheticConfig) -> list[SparseFeatureSpec]:
+    """The dataset's sparse features: the two built-in ones, then the configured ones."""
+    return [
+        SparseFeatureSpec("user_id", cfg.num_users),
+        SparseFeatureSpec("ad_category", cfg.num_clusters),
+        *(SparseFeatureSpec(f.name, f.vocab_size, f.multi_hot) for f in cfg.sparse_features),
+    ]
+
+
 @dataclass
 class PlantedWorld:
     """The latent structure and the planted scorer; fully determined by the config's seed."""
@@ -137,12 +146,7 @@ class PlantedWorld:
 
     @property
     def sparse_specs(self) -> list[SparseFeatureSpec]:
-        c = self.cfg
-        return [
-            SparseFeatureSpec("user_id", c.num_users),
-            SparseFeatureSpec("ad_category", c.num_clusters),
-            *(SparseFeatureSpec(f.name, f.vocab_size, f.multi_hot) for f in c.sparse_features),
-        ]
+        return sparse_specs(self.cfg)
 
     @classmethod
     def build(cls, cfg: SyntheticConfig) -> PlantedWorld:
@@ -167,9 +171,7 @@ class PlantedWorld:
         action_probs = 0.5 ** np.arange(a)
         action_probs /= action_probs.sum()
         action_weight = np.linspace(0.5, 2.0, a) if a > 1 else np.ones(1)
-        specs = [SparseFeatureSpec("user_id", u), SparseFeatureSpec("ad_category", k)] + [
-            SparseFeatureSpec(f.name, f.vocab_size, f.multi_hot) for f in cfg.sparse_features
-        ]
+        specs = sparse_specs(cfg)
         ctr_eff = {s.name: SPARSE_EFFECT_STD * rng.standard_normal(s.vocab_size) for s in specs}
         cvr_eff = {s.name: SPARSE_EFFECT_STD * rng.standard_normal(s.vocab_size) for s in specs}
         world = cls(
