@@ -15,21 +15,23 @@ from gem_kernels.block_attention.rope import Rope, rope_tables_for
 _PLAN_MAX_BATCH = 16384  # the plan is one program over the whole batch up to this size
 _INTERPRET_META = {"CTAS": 1, "num_warps": 4}
 
-# Launch settings (CTAS: persistent programs per SM). num_stages=2 pipelines the persistent
-# loop through shared memory; the register counts behind these choices are in the bench notes.
+# Launch settings (CTAS: persistent programs per SM). num_stages >= 2 pipelines the persistent
+# loop through shared memory. Registers/shared memory per program (ptxas, sm_90, d=128, RoPE):
+# fwd 4 warps 2 stages 180 regs / 96 KiB; bwd 4 warps 1 stage 255 regs / 72 KiB, so two
+# programs of each fit on an SM. Measured best on the H200 (see docs/bench/block_attention.json).
 DEFAULT_META = {
     64: ({"CTAS": 4, "num_warps": 4, "num_stages": 2},
          {"CTAS": 2, "num_warps": 4, "num_stages": 2}),
-    128: ({"CTAS": 2, "num_warps": 4, "num_stages": 2},
-          {"CTAS": 1, "num_warps": 8, "num_stages": 2}),
+    128: ({"CTAS": 2, "num_warps": 4, "num_stages": 3},
+          {"CTAS": 2, "num_warps": 4, "num_stages": 1}),
 }
 TUNE_SPACE = {
     "fwd": [{"CTAS": c, "num_warps": w, "num_stages": s}
-            for c, w, s in ((2, 4, 2), (4, 4, 2), (2, 4, 3), (2, 4, 1), (4, 4, 1), (1, 8, 2),
-                            (2, 8, 1))],
+            for c, w, s in ((2, 4, 3), (2, 4, 2), (4, 4, 2), (2, 4, 1), (4, 4, 1), (1, 8, 2),
+                            (2, 8, 2))],
     "bwd": [{"CTAS": c, "num_warps": w, "num_stages": s}
-            for c, w, s in ((1, 8, 2), (2, 8, 2), (1, 8, 1), (2, 8, 1), (1, 4, 2), (2, 4, 2),
-                            (2, 4, 1))],
+            for c, w, s in ((2, 4, 1), (1, 4, 2), (2, 4, 2), (1, 8, 2), (2, 8, 1), (1, 8, 1),
+                            (3, 4, 1))],
 }
 TUNED: dict[tuple, dict] = {}
 _AUTOTUNE = False
@@ -185,6 +187,6 @@ def block_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         offsets = offsets.to(device=q.device, dtype=torch.int64).contiguous()
     cos = sin = None
     if rope is not None:
-        tables = rope_tables_for(rope, total, dim, q.device)
+        tables = rope_tables_for(rope, total, dim, q.device, q.dtype)
         cos, sin = tables.cos, tables.sin
     return _BlockAttention.apply(q, k, v, offsets, block, cos, sin, float(scale), bool(causal))

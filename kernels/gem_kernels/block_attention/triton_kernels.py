@@ -4,12 +4,13 @@ Each (block, head) pair is an independent BLOCK x BLOCK problem whose q, k, v fi
 so a tile is read once, its scores and exact softmax are computed in one pass (no online
 rescaling, no logsumexp in HBM) and its output is written once. The backward recomputes the
 softmax from q and k and gets the rowsum(dO * O) term as rowsum(P * dP), so it reads neither O
-nor any saved statistic. Both kernels run a persistent grid: programs stride over the
-(block, head) work items, head fastest, so neighbouring programs read neighbouring bytes.
+nor any saved statistic. Both kernels run a persistent grid: each program takes one contiguous
+chunk of the (block, head) work items, head fastest, so the chunks are balanced to within one
+item and a program walks the heads of a block over the same rows and RoPE table rows.
 
 RoPE (rotate-half convention, see rope.py) is applied to the q and k tiles right after the load,
-in the input dtype (fp32 tables rounded to it, as eager RoPE in bf16 models does; it keeps the
-tiles small enough for two programs per SM); the backward applies the inverse rotation to the
+in the input dtype (tables stored in it, as eager RoPE in bf16 models does; it keeps the tiles
+small and the table traffic low); the backward applies the inverse rotation to the
 fp32 dq and dk accumulators just before the store. q and k are handled as two halves of
 head_dim/2 columns each, so the rotation is elementwise and the score is the sum of two
 half-width dots. With num_stages >= 2 Triton pipelines the persistent loop: the next work
@@ -82,11 +83,16 @@ def fwd_kernel(Q, K, V, Out, PLAN, NBLK, COS, SIN,
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     n_items = tl.load(NBLK) * H
+    # Contiguous chunk of work items per program: balanced to within one item, and
+    # consecutive items are the heads of one block (same rows, same RoPE table rows).
+    chunk = tl.cdiv(n_items, nprog)
+    first = pid * chunk
+    last = tl.minimum(first + chunk, n_items)
     rows = tl.arange(0, BLOCK)
     cols = tl.arange(0, HALF)
     dcols = tl.arange(0, D)
     dtype = Q.dtype.element_ty
-    for w in range(pid, n_items, nprog):
+    for w in range(first, last):
         blk = w // H
         h = w % H
         start = tl.load(PLAN + blk * 3)
@@ -100,8 +106,8 @@ def fwd_kernel(Q, K, V, Out, PLAN, NBLK, COS, SIN,
         if ROPE:
             pos0 = tl.load(PLAN + blk * 3 + 2)
             t = (pos0 + rows)[:, None] * HALF + cols[None, :]
-            c = tl.load(COS + t, mask=rmask[:, None], other=0.0).to(dtype)
-            sn = tl.load(SIN + t, mask=rmask[:, None], other=0.0).to(dtype)
+            c = tl.load(COS + t, mask=rmask[:, None], other=0.0, eviction_policy="evict_last")
+            sn = tl.load(SIN + t, mask=rmask[:, None], other=0.0, eviction_policy="evict_last")
             q1, q2 = _rotate(q1, q2, c, sn)
             k1, k2 = _rotate(k1, k2, c, sn)
         p = _scores_to_probs(q1, q2, k1, k2, rows, length, qk_scale, CAUSAL)
@@ -121,11 +127,16 @@ def bwd_kernel(Q, K, V, DO, DQ, DK, DV, PLAN, NBLK, COS, SIN,
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     n_items = tl.load(NBLK) * H
+    # Contiguous chunk of work items per program: balanced to within one item, and
+    # consecutive items are the heads of one block (same rows, same RoPE table rows).
+    chunk = tl.cdiv(n_items, nprog)
+    first = pid * chunk
+    last = tl.minimum(first + chunk, n_items)
     rows = tl.arange(0, BLOCK)
     cols = tl.arange(0, HALF)
     dcols = tl.arange(0, D)
     dtype = Q.dtype.element_ty
-    for w in range(pid, n_items, nprog):
+    for w in range(first, last):
         blk = w // H
         h = w % H
         start = tl.load(PLAN + blk * 3)
@@ -141,31 +152,37 @@ def bwd_kernel(Q, K, V, DO, DQ, DK, DV, PLAN, NBLK, COS, SIN,
         if ROPE:
             pos0 = tl.load(PLAN + blk * 3 + 2)
             t = (pos0 + rows)[:, None] * HALF + cols[None, :]
-            c = tl.load(COS + t, mask=rmask[:, None], other=0.0).to(dtype)
-            sn = tl.load(SIN + t, mask=rmask[:, None], other=0.0).to(dtype)
+            c = tl.load(COS + t, mask=rmask[:, None], other=0.0, eviction_policy="evict_last")
+            sn = tl.load(SIN + t, mask=rmask[:, None], other=0.0, eviction_policy="evict_last")
             q1, q2 = _rotate(q1, q2, c, sn)
             k1, k2 = _rotate(k1, k2, c, sn)
         p = _scores_to_probs(q1, q2, k1, k2, rows, length, qk_scale, CAUSAL)
+        # Each gradient is stored as soon as it is complete, so that its accumulator dies
+        # before the next one is born (the tiles stay within two programs' registers per SM).
+        g = (tok * sg_t)[:, None] + h * sg_h
+        gm = rmask[:, None]
         dv = tl.dot(tl.trans(p.to(dtype)), do)
+        tl.store(DV + g + dcols[None, :], dv.to(dtype), mask=gm)
         dp = tl.dot(do, tl.trans(v))
         # rowsum(dO * O) == rowsum(P * dP): no read of O needed.
         delta = tl.sum(p * dp, 1)
         ds = (p * (dp - delta[:, None]) * sm_scale).to(dtype)
         dq1 = tl.dot(ds, k1)
         dq2 = tl.dot(ds, k2)
+        if ROPE:
+            # Inverse rotation (RoPE^T, angle -> -angle); tables re-read (L1/L2) rather than
+            # kept live through the whole tile.
+            cf = tl.load(COS + t, mask=rmask[:, None], other=0.0,
+                         eviction_policy="evict_last").to(tl.float32)
+            sf = tl.load(SIN + t, mask=rmask[:, None], other=0.0,
+                         eviction_policy="evict_last").to(tl.float32)
+            dq1, dq2 = _rotate(dq1, dq2, cf, -sf)
+        tl.store(DQ + g + cols[None, :], dq1.to(dtype), mask=gm)
+        tl.store(DQ + g + HALF + cols[None, :], dq2.to(dtype), mask=gm)
         dst = tl.trans(ds)
         dk1 = tl.dot(dst, q1)
         dk2 = tl.dot(dst, q2)
         if ROPE:
-            # Inverse rotation (RoPE^T): angle -> -angle.
-            cf = c.to(tl.float32)
-            sf = sn.to(tl.float32)
-            dq1, dq2 = _rotate(dq1, dq2, cf, -sf)
             dk1, dk2 = _rotate(dk1, dk2, cf, -sf)
-        g = (tok * sg_t)[:, None] + h * sg_h
-        gm = rmask[:, None]
-        tl.store(DQ + g + cols[None, :], dq1.to(dtype), mask=gm)
-        tl.store(DQ + g + HALF + cols[None, :], dq2.to(dtype), mask=gm)
         tl.store(DK + g + cols[None, :], dk1.to(dtype), mask=gm)
         tl.store(DK + g + HALF + cols[None, :], dk2.to(dtype), mask=gm)
-        tl.store(DV + g + dcols[None, :], dv.to(dtype), mask=gm)
