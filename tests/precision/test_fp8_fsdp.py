@@ -87,3 +87,27 @@ def test_fp8_all_gather_matches_high_precision_gather():
         for name, g in plain["grads"].items():
             assert torch.allclose(fp8["grads"][name], g, rtol=1e-4, atol=1e-6), name
     assert torch.equal(res[0][True]["y"], res[1][True]["y"])
+
+
+def test_convert_keeps_last_and_named_layers():
+    from gem_kernels.fp8 import Fp8BlockLinear
+    from gem_platform.precision import convert_to_fp8
+
+    model = nn.ModuleDict({
+        "tower": nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64)),
+        "gate": nn.Linear(64, 64),
+        "odd": nn.Linear(48, 64),  # in_features not a multiple of 32: stays bf16
+        "head": nn.Linear(64, 1),
+    })
+    w0 = model["tower"][0].weight
+    names = convert_to_fp8(model, block=32, hadamard=True, hadamard_block=64,
+                           stochastic_rounding=True, wgrad="bf16", keep_last=1, keep=["gate"])
+    assert names == ["tower.0", "tower.2"]
+    assert isinstance(model["tower"][0], Fp8BlockLinear)
+    assert model["tower"][0].weight is w0  # parameters shared: optimizer state survives
+    assert model["tower"][0].cfg.stochastic_rounding and model["tower"][0].cfg.hadamard
+    for kept in ("gate", "odd", "head"):
+        assert type(model[kept]) is nn.Linear
+    assert convert_to_fp8(model, block=32, hadamard=False, hadamard_block=128,
+                          stochastic_rounding=False, wgrad="bf16", keep_last=0,
+                          keep=["tower.*", "odd"]) == ["gate"]  # head: 1 output, too narrow

@@ -8,6 +8,10 @@ sum_k deq(A)[m, k] deq(B)[k, n] with fp32 accumulation, i.e. what the format mea
 is one scale-multiply-add per accumulator element per 32 of K on the CUDA cores, which is why
 the 128-block route (cuBLAS, promotion every 128 of K) can be faster.
 
+``PIPE`` (autotuned) issues the next K-block's MMA before scaling the previous partial product,
+a software pipeline that lets the scale FMAs overlap the tensor cores where the compiler keeps
+the MMA in flight.
+
 Operands are read through strides, so a transposed operand (``BlockFp8.t()``) needs no copy.
 For Hopper's fp8 MMA both tiles should be K-contiguous in memory (A row-major, B column-major);
 callers give the backward a K-contiguous copy of the weight bytes.
@@ -23,10 +27,10 @@ from gem_kernels.dispatch import Kernel, resolve_kernel
 from gem_kernels.fp8.reference import BlockFp8, gemm_reference
 
 _CONFIGS = [
-    triton.Config({"BM": 128, "BN": 128, "GROUP_M": 8}, num_warps=8, num_stages=4),
-    triton.Config({"BM": 128, "BN": 256, "GROUP_M": 8}, num_warps=8, num_stages=3),
-    triton.Config({"BM": 256, "BN": 128, "GROUP_M": 8}, num_warps=8, num_stages=3),
-    triton.Config({"BM": 128, "BN": 128, "GROUP_M": 8}, num_warps=4, num_stages=5),
+    triton.Config({"BM": bm, "BN": bn, "GROUP_M": 8, "PIPE": pipe}, num_warps=w, num_stages=st)
+    for bm, bn, w, st, pipe in (
+        (128, 128, 8, 4, 0), (128, 128, 8, 4, 1), (128, 256, 8, 3, 0), (256, 128, 8, 3, 0),
+        (128, 128, 4, 5, 0), (128, 128, 4, 5, 1), (128, 64, 4, 6, 0))
 ]
 
 
@@ -34,7 +38,7 @@ _CONFIGS = [
 def _gemm_body(a_ptr, b_ptr, sa_ptr, sb_ptr, c_ptr, M, N, K,
                stride_am, stride_ak, stride_bk, stride_bn,
                stride_sam, stride_sak, stride_sbk, stride_sbn, stride_cm, stride_cn,
-               BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr):
+               BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr, PIPE: tl.constexpr):
     BK: tl.constexpr = 32
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BM)
@@ -54,16 +58,39 @@ def _gemm_body(a_ptr, b_ptr, sa_ptr, sb_ptr, c_ptr, M, N, K,
     sa_ptrs = sa_ptr + (offs_m // 32) * stride_sam
     sb_ptrs = sb_ptr + (offs_n // 32) * stride_sbn
     acc = tl.zeros((BM, BN), dtype=tl.float32)
-    for kb in range(0, tl.cdiv(K, BK)):
-        k_ok = offs_k < K - kb * BK
+    n_k = tl.cdiv(K, BK)
+    if PIPE:
+        # Software pipeline: issue the next K-block's MMA before scaling the previous partial
+        # product, so the tensor cores and the scale FMAs overlap.
+        k_ok = offs_k < K
         a = tl.load(a_ptrs, mask=mask_m[:, None] & k_ok[None, :], other=0.0)
         b = tl.load(b_ptrs, mask=k_ok[:, None] & mask_n[None, :], other=0.0)
-        sa = tl.load(sa_ptrs + kb * stride_sak, mask=mask_m, other=0.0)
-        sb = tl.load(sb_ptrs + kb * stride_sbk, mask=mask_n, other=0.0)
+        sa = tl.load(sa_ptrs, mask=mask_m, other=0.0)
+        sb = tl.load(sb_ptrs, mask=mask_n, other=0.0)
         part = tl.dot(a, b)
+        for kb in range(1, n_k):
+            a_ptrs += BK * stride_ak
+            b_ptrs += BK * stride_bk
+            k_ok = offs_k < K - kb * BK
+            a = tl.load(a_ptrs, mask=mask_m[:, None] & k_ok[None, :], other=0.0)
+            b = tl.load(b_ptrs, mask=k_ok[:, None] & mask_n[None, :], other=0.0)
+            nxt = tl.dot(a, b)
+            acc += part * (sa[:, None] * sb[None, :])
+            sa = tl.load(sa_ptrs + kb * stride_sak, mask=mask_m, other=0.0)
+            sb = tl.load(sb_ptrs + kb * stride_sbk, mask=mask_n, other=0.0)
+            part = nxt
         acc += part * (sa[:, None] * sb[None, :])
-        a_ptrs += BK * stride_ak
-        b_ptrs += BK * stride_bk
+    else:
+        for kb in range(0, n_k):
+            k_ok = offs_k < K - kb * BK
+            a = tl.load(a_ptrs, mask=mask_m[:, None] & k_ok[None, :], other=0.0)
+            b = tl.load(b_ptrs, mask=k_ok[:, None] & mask_n[None, :], other=0.0)
+            sa = tl.load(sa_ptrs + kb * stride_sak, mask=mask_m, other=0.0)
+            sb = tl.load(sb_ptrs + kb * stride_sbk, mask=mask_n, other=0.0)
+            part = tl.dot(a, b)
+            acc += part * (sa[:, None] * sb[None, :])
+            a_ptrs += BK * stride_ak
+            b_ptrs += BK * stride_bk
     c_ptrs = c_ptr + offs_m[:, None].to(tl.int64) * stride_cm + offs_n[None, :] * stride_cn
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
@@ -79,7 +106,7 @@ def _check(a: BlockFp8, b: BlockFp8) -> None:
 
 
 def gemm_triton(a: BlockFp8, b: BlockFp8, out_dtype: torch.dtype = torch.bfloat16,
-                autotune: bool = True) -> torch.Tensor:
+                autotune: bool = True, pipe: bool = True) -> torch.Tensor:
     _check(a, b)
     m, k = a.data.shape
     n = b.data.shape[1]
@@ -94,7 +121,7 @@ def gemm_triton(a: BlockFp8, b: BlockFp8, out_dtype: torch.dtype = torch.bfloat1
     else:  # small fixed tiles: the interpreter and tiny shapes
         bm, bn = 32, 32
         grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
-        _gemm_body[grid](*args, BM=bm, BN=bn, GROUP_M=4)
+        _gemm_body[grid](*args, BM=bm, BN=bn, GROUP_M=4, PIPE=pipe)
     return c
 
 
