@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from gem_platform.balance import (
@@ -156,3 +158,20 @@ def test_config_messages_name_the_field() -> None:
         LoaderConfig(local_batch=128)  # type: ignore[call-arg]
     # sequential batching has no base batches to constrain it
     assert LoaderConfig(batching="sequential", local_batch_size=1000).local_batch_size == 1000
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    per_full=st.integers(2, 9),
+    fulls=st.integers(1, 6),
+    seed=st.integers(0, 2**16),
+)
+def test_plan_buffer_uses_every_base_batch_once(per_full: int, fulls: int, seed: int) -> None:
+    work = np.random.default_rng(seed).lognormal(0, 1, per_full * fulls)
+    plan = plan_buffer(work, per_full)
+    assert plan.shape == (fulls, per_full)
+    assert sorted(plan.reshape(-1).tolist()) == list(range(per_full * fulls))
+    # round-wise LPT keeps the spread of full-batch totals within one dealt item (a pair,
+    # at most twice the heaviest base batch), whatever k / 2 rounds add up to
+    totals = work[plan].sum(axis=1)
+    assert totals.max() - totals.min() <= 2 * work.max() + 1e-9
