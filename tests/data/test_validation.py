@@ -115,6 +115,12 @@ def test_truncated_file_is_reported(dataset: Path) -> None:
     assert "train-00000.parquet" in _load_error(dataset)
 
 
+def test_missing_shard_is_noticed(dataset: Path) -> None:
+    (dataset / "train-00001.parquet").unlink()
+    msg = _load_error(dataset)
+    assert "meta.json says 12 train samples but the 1 train shard(s) hold 6 rows" in msg
+
+
 def test_rows_are_numbered_within_their_file_on_every_rank(dataset: Path) -> None:
     # 12 rows over 4 ranks: rank 3 reads rows 3..5 of train-00001.
     _rewrite(dataset / "train-00001.parquet", lambda t: _scalar_set(t, "ctr", 4, 7))

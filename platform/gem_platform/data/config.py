@@ -49,7 +49,7 @@ class SparseFeatureConfig(BaseModel):
     """One non-sequence categorical feature of the synthetic data.
 
     Ids are drawn with a popularity skew in ``[0, vocab_size)``; a multi-hot feature holds
-    1..``max_ids`` distinct-or-not ids per sample. Each id carries a planted effect on the
+    1..``max_ids`` ids per sample (repeats possible). Each id carries a planted effect on the
     CTR and CVR logits, so the feature is worth learning.
     """
 
@@ -164,7 +164,7 @@ class DataConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     source: Literal["synthetic", "parquet"] = "synthetic"
-    path: str = Field("data/synthetic", min_length=1)
+    path: str = Field("gem_data/synthetic", min_length=1)
     synthetic: SyntheticConfig = Field(default_factory=SyntheticConfig)
 
     def prepare(self, *, force: bool = False) -> DatasetMeta:

@@ -339,6 +339,14 @@ def read_rows(
     """
     handles = [(f, _open(f)) for f in files]
     counts = [h.metadata.num_rows for _, h in handles]
+    split = files[0].name.split("-")[0] if files else ""
+    expected = {"train": meta.num_train, "eval": meta.num_eval}.get(split)
+    if expected is not None and sum(counts) != expected:
+        raise DataError(
+            f"{files[0].parent}: meta.json says {expected} {split} samples but the {len(files)} "
+            f"{split} shard(s) hold {sum(counts)} rows (a shard is missing or extra).",
+            "Regenerate the dataset or restore the missing shard.",
+        )
     lo, hi = _rank_range(sum(counts), rank, world_size)
     parts: list[SampleArrays] = []
     base = 0
