@@ -20,7 +20,8 @@ def block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets: 
     int64 (B+1,). Every sequence is cut into ``block``-token blocks from its first token (the
     last may be partial); each query attends to all keys of its own block (``causal=True``:
     only keys at or before it). ``rope`` (RopeConfig(base) or RopeTables(cos, sin)) rotates q
-    and k by position within the sequence inside the kernel. ``scale`` defaults to
+    and k by position within the sequence inside the kernel (tables rounded to the input dtype
+    there; RopeTables must cover every position used). ``scale`` defaults to
     1/sqrt(head_dim). ``kernel``: None/'auto' (Triton on CUDA, reference elsewhere), 'triton'
     or 'pytorch'. Returns (total_tokens, heads, head_dim) in q's dtype.
     """
