@@ -118,7 +118,7 @@ def test_truncated_file_is_reported(dataset: Path) -> None:
 def test_missing_shard_is_noticed(dataset: Path) -> None:
     (dataset / "train-00001.parquet").unlink()
     msg = _load_error(dataset)
-    assert "meta.json says 12 train samples but the 1 train shard(s) hold 6 rows" in msg
+    assert "meta.json says 12 samples but train-00000.parquet hold 6 rows" in msg
 
 
 def test_rows_are_numbered_within_their_file_on_every_rank(dataset: Path) -> None:

@@ -263,7 +263,12 @@ def staged_dataset(out: str | Path, what: str = "output") -> Iterator[Path]:
         old = out.parent / f".{out.name}.old-{tag}"
         if out.exists():
             os.rename(out, old)
-        os.rename(tmp, out)
+        try:
+            os.rename(tmp, out)
+        except OSError:
+            if old.exists() and not out.exists():
+                os.rename(old, out)  # put the previous dataset back
+            raise
         shutil.rmtree(old, ignore_errors=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -330,21 +335,26 @@ def _rank_range(total: int, rank: int, world_size: int) -> tuple[int, int]:
 
 
 def read_rows(
-    files: Sequence[Path], meta: DatasetMeta, rank: int = 0, world_size: int = 1
+    files: Sequence[Path],
+    meta: DatasetMeta,
+    rank: int = 0,
+    world_size: int = 1,
+    *,
+    expected_rows: int | None = None,
 ) -> SampleArrays:
     """Validated rows of ``files`` (read as one sequence) that belong to ``rank``.
 
     Rows are split into ``world_size`` contiguous ranges of the global row order, so every
     row goes to exactly one rank even when there are fewer shards than ranks.
+    ``expected_rows`` (from meta.json) catches a missing or extra shard.
     """
     handles = [(f, _open(f)) for f in files]
     counts = [h.metadata.num_rows for _, h in handles]
-    split = files[0].name.split("-")[0] if files else ""
-    expected = {"train": meta.num_train, "eval": meta.num_eval}.get(split)
-    if expected is not None and sum(counts) != expected:
+    if expected_rows is not None and sum(counts) != expected_rows:
+        names = ", ".join(f.name for f in files)
         raise DataError(
-            f"{files[0].parent}: meta.json says {expected} {split} samples but the {len(files)} "
-            f"{split} shard(s) hold {sum(counts)} rows (a shard is missing or extra).",
+            f"{files[0].parent}: meta.json says {expected_rows} samples but {names} hold "
+            f"{sum(counts)} rows (a shard is missing or extra).",
             "Regenerate the dataset or restore the missing shard.",
         )
     lo, hi = _rank_range(sum(counts), rank, world_size)
@@ -542,8 +552,11 @@ class SampleTable:
 
     @classmethod
     def load(cls, path: str | Path, split: str, rank: int = 0, world_size: int = 1) -> SampleTable:
+        """Rank ``rank``'s share of ``split`` ("train" or "eval") of the dataset at ``path``."""
         meta = load_meta(path)
-        return cls(meta, read_rows(shard_paths(path, split), meta, rank, world_size))
+        files = shard_paths(path, split)
+        expected = meta.num_train if split == "train" else meta.num_eval
+        return cls(meta, read_rows(files, meta, rank, world_size, expected_rows=expected))
 
     def __len__(self) -> int:
         return len(self.arrays)
