@@ -124,6 +124,16 @@ def test_converted_directory_is_a_parquet_source(tmp_path: Path) -> None:
     ]  # fmt: skip
 
 
+def test_100k_occupation_ids_follow_u_occupation(tmp_path: Path) -> None:
+    src = write_100k(tmp_path / "ml")
+    (src / "u.occupation").write_text("administrator\nother\ntechnician\nwriter\n")
+    meta = convert_movielens(str(src), str(tmp_path / "out"))
+    assert meta.extra["occupations"] == ["administrator", "other", "technician", "writer"]
+    train = SampleTable.load(tmp_path / "out", "train")
+    assert train.arrays.sparse_values["occupation"][_row(train, 1, 3)] == 2
+    assert train.arrays.sparse_values["occupation"][_row(train, 3, 4)] == 3
+
+
 def test_max_history_keeps_the_most_recent(tmp_path: Path) -> None:
     convert_movielens(str(write_100k(tmp_path / "ml")), str(tmp_path / "out"), max_history=1)
     ev = SampleTable.load(tmp_path / "out", "eval")

@@ -46,8 +46,10 @@ NUM_ACTION_TYPES = 6  # rating values 1..5; 0 unused
 ZIP_OTHER = 100
 DENSE_DIM = 3
 ENCODING = "latin-1"
-FILES = {"movielens-100k": ("u.data", "u.user", "u.item"),
-         "movielens-1m": ("ratings.dat", "users.dat", "movies.dat")}  # fmt: skip
+FILES = {
+    "movielens-100k": ("u.data", "u.user", "u.item"),
+    "movielens-1m": ("ratings.dat", "users.dat", "movies.dat"),
+}
 
 
 @dataclass
@@ -68,6 +70,7 @@ class Users:
     zip_prefix: np.ndarray
     known: np.ndarray  # bool
     num_occupations: int
+    occupation_names: list[str]  # 100K only (1M uses integer codes 0..20)
 
 
 @dataclass
@@ -92,7 +95,7 @@ def _lines(file: Path) -> list[str]:
             "A MovieLens directory needs all three files of its release "
             "(100K: u.data, u.user, u.item; 1M: ratings.dat, users.dat, movies.dat).",
         )
-    return [ln for ln in file.read_text(encoding=ENCODING).splitlines()]
+    return file.read_text(encoding=ENCODING).splitlines()
 
 
 def detect_format(src: Path) -> str:
@@ -147,7 +150,13 @@ def _zip_prefix(z: str) -> int:
 def _parse_users(file: Path, fmt: str) -> Users:
     lines = _lines(file)
     parsed = []
+    # 100K names occupations; u.occupation, when present, fixes their ids (else first seen).
+    listing = file.parent / "u.occupation"
+    known_occ = _lines(listing) if fmt == "movielens-100k" and listing.is_file() else []
     occupations: dict[str, int] = {}
+    for name in (ln.strip() for ln in known_occ):
+        if name:
+            occupations.setdefault(name, len(occupations))
     for i, ln in enumerate(lines, start=1):
         if not ln.strip():
             continue
@@ -185,7 +194,8 @@ def _parse_users(file: Path, fmt: str) -> Users:
     known = np.zeros(n, dtype=bool)
     known[a[:, 0]] = True
     num_occ = len(occupations) if fmt == "movielens-100k" else max(21, int(a[:, 3].max()) + 1)
-    return Users(*cols, known=known, num_occupations=num_occ)
+    names = list(occupations) if fmt == "movielens-100k" else []
+    return Users(*cols, known=known, num_occupations=num_occ, occupation_names=names)
 
 
 def _parse_movies(file: Path, fmt: str) -> Movies:
@@ -298,7 +308,7 @@ def _samples(
             "occupation": single,
             "zip_prefix": single,
             "ad_genres": g_off,
-        },  # fmt: skip
+        },
         dense=dense[rows],
         ctr=(r.rating[rows] >= 4).astype(np.int8),
         cvr=(r.rating[rows] == 5).astype(np.int8),
@@ -346,15 +356,21 @@ def convert_movielens(
     sibling directory and replaces an existing dataset there.
     """
     if not 0.0 < eval_fraction < 1.0:
-        raise DataError(f"eval_fraction={eval_fraction} is outside (0, 1).",
-                        "Pass e.g. 0.1 to hold out each user's last 10% of ratings.")  # fmt: skip
+        raise DataError(
+            f"eval_fraction={eval_fraction} is outside (0, 1).",
+            "Pass e.g. 0.1 to hold out each user's last 10% of ratings.",
+        )
     if max_history < 0 or rows_per_shard < 1:
-        raise DataError(f"max_history={max_history} and rows_per_shard={rows_per_shard} must be "
-                        ">= 0 and >= 1.", "Pass non-negative sizes.")  # fmt: skip
+        raise DataError(
+            f"max_history={max_history} and rows_per_shard={rows_per_shard} must be >= 0 and >= 1.",
+            "Pass non-negative sizes.",
+        )
     src_dir = Path(src)
     if not src_dir.is_dir():
-        raise DataError(f"MovieLens directory {src!r} does not exist.",
-                        "Download and unpack ml-100k or ml-1m and pass its directory.")  # fmt: skip
+        raise DataError(
+            f"MovieLens directory {src!r} does not exist.",
+            "Download and unpack ml-100k or ml-1m and pass its directory.",
+        )
     fmt = detect_format(src_dir)
     ratings_file, users_file, movies_file = (src_dir / f for f in FILES[fmt])
     ratings, lines = _parse_ratings(ratings_file, "\t" if fmt == "movielens-100k" else "::")
@@ -380,8 +396,9 @@ def convert_movielens(
         SparseFeatureSpec("ad_genres", len(movies.genres), multi_hot=True),
     ]
     rng = np.random.default_rng(seed)
-    split_rows = {s: rng.permutation(np.flatnonzero(m)) for s, m in
-                  (("train", ~is_eval), ("eval", is_eval))}  # fmt: skip
+    split_rows = {
+        s: rng.permutation(np.flatnonzero(m)) for s, m in (("train", ~is_eval), ("eval", is_eval))
+    }
     stats = {}
     with staged_dataset(out, "output") as tmp:
         for split, rows in split_rows.items():
@@ -410,6 +427,7 @@ def convert_movielens(
             max_seq_len=max(s[2] for s in stats.values()),
             extra={
                 "genres": movies.genres,
+                "occupations": users.occupation_names,
                 "max_history": max_history,
                 "eval_fraction": eval_fraction,
                 "eval_split": "each user's last ratings in time (users with >= 2 ratings)",
@@ -419,7 +437,7 @@ def convert_movielens(
                     "log1p_num_earlier",
                     "log1p_seconds_since_previous",
                     "mean_earlier_rating_over_5",
-                ],  # fmt: skip
+                ],
                 "num_users": int(users.known.sum()),
                 "num_ratings": len(r.user),
             },
