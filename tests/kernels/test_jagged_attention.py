@@ -25,7 +25,10 @@ from gem_kernels.jagged_attention import (  # noqa: E402
 )
 from gem_kernels.jagged_attention.op import jagged_attention_triton  # noqa: E402
 from gem_kernels.jagged_attention.reference import attention_mask  # noqa: E402
-from gem_kernels.jagged_attention.schedule import build_schedule  # noqa: E402
+from gem_kernels.jagged_attention.schedule import (  # noqa: E402
+    build_schedule,
+    build_schedule_torch,
+)
 from gem_kernels.testing import offsets_from_lengths  # noqa: E402
 
 interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
@@ -150,6 +153,8 @@ def test_schedule_covers_every_block_once_longest_first():
             firsts.append(a)
     assert [lengths[a] for a in firsts] == sorted((n for n in lengths if n), reverse=True)
     assert all(a == -1 for a in seq[len(pairs):])
+    # the one-program Triton builder (interpreter here, CUDA on the GPU) and the torch ops agree
+    torch.testing.assert_close(s, build_schedule_torch(offs, sum(lengths), 64), rtol=0, atol=0)
 
 
 # ----------------------------------------------------------------------------- interpreter
@@ -257,6 +262,22 @@ def test_triton_gpu_boundary_and_load_paths(boundary, use_tma):
     ref = _grads_ref(q, k, v, do, offs, 2000, False, None)
     for name, a, b in zip(("out", "dq", "dk", "dv"), got, ref, strict=True):
         assert _rel(a, b) < 1.5e-2, (name, _rel(a, b))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_schedule_kernel_matches_torch():
+    from gem_kernels.testing import lognormal_lengths
+
+    for lengths in ([5, 0, 130, 64, 1, 65], lognormal_lengths(3000, 300, 4096, seed=2), [0]):
+        offs = offsets_from_lengths(lengths, "cuda")
+        for block in (64, 128):
+            a = build_schedule(offs, sum(lengths), block)
+            b = build_schedule_torch(offs, sum(lengths), block)
+            assert torch.equal(a, b)
+    from gem_kernels.jagged_attention import schedule
+
+    assert not schedule._KERNEL_FAILED
 
 
 @pytest.mark.gpu
