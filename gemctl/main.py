@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -23,13 +24,21 @@ SetOpt = Annotated[list[str] | None, typer.Option(
     "--set", "-s", help="Override a recipe field: --set train.steps=50 (repeatable).")]
 
 
+def _terminate_as_interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Bad input -> one clear paragraph on stderr and exit code 2; failed run -> exit code 1."""
+    """Bad input -> one clear paragraph on stderr and exit code 2; failed run -> exit code 1.
+
+    SIGTERM is handled like Ctrl-C, so a killed submission still closes its MLflow run.
+    """
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         from gem_platform.errors import GemError
 
+        signal.signal(signal.SIGTERM, _terminate_as_interrupt)
         try:
             return fn(*args, **kwargs)
         except GemError as err:
@@ -81,8 +90,8 @@ def submit(
         render.error(str(err).splitlines()[0],
                      "The MLflow run is marked FAILED with the reason; see the log above.")
         raise typer.Exit(1) from None
-    render.console.print(render.summary_table(outcome.run_id, outcome.summary,
-                                              outcome.tracking_uri))
+    for table in render.summary_tables(outcome.run_id, outcome.summary, outcome.tracking_uri):
+        render.console.print(table)
 
 
 @data_app.command("movielens")

@@ -29,9 +29,9 @@ def error(problem: str, fix: str | None = None) -> None:
     err_console.print(text, highlight=False, soft_wrap=True)
 
 
-def summary_table(run_id: str, summary: dict[str, Any], tracking_uri: str) -> Table:
-    """NE and AUC per task with the planted ceiling, then throughput and MFU."""
-    table = Table(title=f"run {run_id}", title_justify="left")
+def summary_tables(run_id: str, summary: dict[str, Any], tracking_uri: str) -> list[Table]:
+    """NE and AUC per task with the planted ceiling; then throughput, MFU and balance."""
+    table = Table(title="quality (held-out)", title_justify="left")
     table.add_column("metric")
     table.add_column("ctr", justify="right")
     table.add_column("cvr", justify="right")
@@ -52,14 +52,14 @@ def summary_table(run_id: str, summary: dict[str, Any], tracking_uri: str) -> Ta
         ("peak TFLOP/s", "perf/peak_tflops"),
         ("padding waste (mean)", "balance/padding_waste_mean"),
         ("straggler overhead (mean)", "balance/straggler_overhead_mean"),
-        ("workers", "perf/world_size"),
     ]
     for label, key in rows:
         if key in summary:
             perf.add_row(label, fmt(summary[key]))
+    if "perf/world_size" in summary:
+        perf.add_row("workers", str(int(summary["perf/world_size"])))
     if "peak_source" in summary:
         perf.add_row("peak source", str(summary["peak_source"]))
-    perf.add_row("MLflow", tracking_uri)
-    outer = Table.grid(padding=(0, 4))
-    outer.add_row(table, perf)
-    return outer
+    perf.add_row("MLflow run", run_id)
+    perf.add_row("MLflow store", tracking_uri)
+    return [table, perf]

@@ -100,8 +100,7 @@ def _init_ray(recipe: Recipe, address: str | None) -> None:
 
 
 def _ray_worker_loop(config: dict[str, Any]) -> None:
-    """Body of each Ray Train worker."""
-    import ray.train
+    """Body of each Ray Train worker: train, with rank 0 streaming progress to the driver."""
     import torch
 
     from gem_platform.train.loop import RankInfo, train
@@ -110,22 +109,33 @@ def _ray_worker_loop(config: dict[str, Any]) -> None:
     torch.set_num_threads(recipe.parallel.cpus_per_worker)
     info = RankInfo.current()
     tracker = RunTracker(config["tracking_uri"], config["run_id"]) if info.is_chief else None
-    summary = train(recipe, sink=tracker.log_metrics if tracker else None)
-    ray.train.report({k: v for k, v in summary.items() if isinstance(v, (int, float, str))})
+    progress = config["progress"]
+
+    def echo(line: str) -> None:
+        progress.put(("line", line))
+
+    summary = train(recipe, sink=tracker.log_metrics if tracker else None, echo=echo)
+    if info.is_chief:
+        progress.put(("summary", summary))
 
 
-def _run_on_ray(recipe: Recipe, tracker: RunTracker, address: str | None) -> dict[str, Any]:
+def _run_on_ray(recipe: Recipe, tracker: RunTracker, address: str | None,
+                echo: Callable[[str], None]) -> dict[str, Any]:
+    import threading
+
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
+    from ray.util.queue import Empty, Queue
 
     _init_ray(recipe, address)
     backend = recipe.parallel.backend
     if backend == "auto":
         backend = "nccl" if recipe.parallel.use_gpu else "gloo"
+    progress = Queue(actor_options={"num_cpus": 0})
     trainer = TorchTrainer(
         train_loop_per_worker=_ray_worker_loop,
         train_loop_config={"recipe": recipe.model_dump(mode="json"), "run_id": tracker.run_id,
-                           "tracking_uri": tracker.uri},
+                           "tracking_uri": tracker.uri, "progress": progress},
         torch_config=TorchConfig(backend=backend),
         scaling_config=ScalingConfig(
             num_workers=recipe.parallel.workers, use_gpu=recipe.parallel.use_gpu,
@@ -134,10 +144,40 @@ def _run_on_ray(recipe: Recipe, tracker: RunTracker, address: str | None) -> dic
         run_config=RunConfig(name=f"{recipe.name}-{tracker.run_id[:8]}",
                              storage_path=str(Path(RAY_STORAGE).resolve())),
     )
-    result = trainer.fit()
+    outcome: dict[str, Any] = {}
+
+    def fit() -> None:
+        try:
+            outcome["result"] = trainer.fit()
+        except BaseException as err:  # surfaced in the driver thread below
+            outcome["error"] = err
+
+    thread = threading.Thread(target=fit, name="ray-train-fit", daemon=True)
+    thread.start()
+    summary: dict[str, Any] = {}
+
+    def drain(block: bool) -> None:
+        while True:
+            try:
+                kind, payload = progress.get(block=block, timeout=0.5)
+            except Empty:
+                return
+            if kind == "line":
+                echo(payload)
+            else:
+                summary.update(payload)
+
+    while thread.is_alive():
+        drain(block=True)
+    drain(block=False)
+    if "error" in outcome:
+        raise outcome["error"]
+    result = outcome["result"]
     if result.error is not None:
         raise result.error
-    return dict(result.metrics or {})
+    if not summary:
+        raise RuntimeError("training finished without reporting its summary")
+    return summary
 
 
 def _run_local(recipe: Recipe, tracker: RunTracker, echo: Callable[[str], None]
@@ -176,7 +216,7 @@ def submit(recipe: Recipe, *, local: bool = False, address: str | None = None,
         if local:
             summary = _run_local(recipe, tracker, echo)
         else:
-            summary = _run_on_ray(recipe, tracker, address)
+            summary = _run_on_ray(recipe, tracker, address, echo)
         tracker.log_json(summary, "summary.json")
         tracker.finish(ok=True)
         return RunOutcome(tracker.run_id, uri, True, summary)

@@ -1,0 +1,76 @@
+"""Shared fixtures: a real MLflow tracking server on 127.0.0.1 (sqlite backend), started once
+per test session, and GPU-marker skipping."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """URI of a live MLflow server; it stores runs in sqlite and artifacts on local disk."""
+    root = tmp_path_factory.mktemp("mlflow")
+    port = free_port()
+    log = open(root / "server.log", "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+         "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
+         "--artifacts-destination", str(root / "artifacts"), "--workers", "1"],
+        stdout=log, stderr=subprocess.STDOUT, cwd=root,
+    )
+    uri = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 90
+    while True:
+        try:
+            with urllib.request.urlopen(f"{uri}/health", timeout=2) as r:
+                if r.status == 200:
+                    break
+        except OSError:
+            pass
+        if proc.poll() is not None or time.time() > deadline:
+            proc.kill()
+            raise RuntimeError(f"mlflow server did not start: {(root / 'server.log').read_text()}")
+        time.sleep(0.5)
+    yield uri
+    proc.terminate()
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    log.close()
+
+
+def run_gemctl(*args: str, cwd: Path, env: dict[str, str] | None = None,
+               timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """Run the real CLI in a subprocess, as a user would."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    full_env.pop("RAY_ADDRESS", None) if env is None or "RAY_ADDRESS" not in env else None
+    return subprocess.run([sys.executable, "-m", "gemctl.main", *args], cwd=cwd, env=full_env,
+                          capture_output=True, text=True, timeout=timeout)

@@ -1,0 +1,172 @@
+"""The real CLI in a subprocess: the full submit path on Ray with 2 workers recorded in a live
+MLflow server, the in-process path, and every bad input (clear message, exit code != 0, no
+traceback, no orphan run)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from tests.conftest import free_port, run_gemctl
+
+TINY = """
+name: tiny
+model: {{d_model: 16, num_heads: 2, pooled_queries: 2, dhen_layers: 1, expert_hidden: 32,
+         head_hidden: 32, attention: block64}}
+data:
+  source: synthetic
+  path: {data}
+  synthetic: {{num_samples: 2400, num_users: 300, num_items: 300,
+              seq_len: {{dist: lognormal, mean: 24, min: 1, max: 96}}}}
+loader: {{batching: bbs, local_batch_size: 128, base_batch_size: 32, buffer_full_batches: 2}}
+train: {{steps: 6, log_every: 2, warmup_steps: 2}}
+parallel: {{workers: 2}}
+tracking: {{experiment: cli-test}}
+"""
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("cli")
+    (d / "tiny.yaml").write_text(TINY.format(data=d / "data"))
+    return d
+
+
+def no_traceback(proc) -> None:
+    assert "Traceback" not in proc.stderr + proc.stdout, proc.stderr
+
+
+def runs_in(uri: str, experiment: str) -> list:
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(experiment)
+    return [] if exp is None else client.search_runs([exp.experiment_id])
+
+
+def test_validate_ok(workdir):
+    proc = run_gemctl("validate", "tiny.yaml", "--set", "train.steps=3", cwd=workdir)
+    assert proc.returncode == 0, proc.stderr
+    assert "is valid" in proc.stdout
+
+
+@pytest.mark.parametrize("content, overrides, needle", [
+    ("model: {d_model: 16\n", [], "not valid YAML"),
+    (None, ["--set", "model.atention=full"], "model.atention: unknown field"),
+    (None, ["--set", "train.steps=-1"], "train.steps"),
+    (None, ["--set", "model.attention=sparse"], "model.attention"),
+    (None, ["--set", "train.steps"], "has no '='"),
+])
+def test_bad_recipe_inputs(workdir, content, overrides, needle):
+    path = "tiny.yaml"
+    if content is not None:
+        (workdir / "bad.yaml").write_text(content)
+        path = "bad.yaml"
+    for command in ("validate", "submit"):
+        proc = run_gemctl(command, path, *overrides, cwd=workdir)
+        assert proc.returncode == 2
+        assert needle in proc.stderr
+        no_traceback(proc)
+    assert not (workdir / "mlflow.db").exists()
+
+
+def test_missing_recipe_file(workdir):
+    proc = run_gemctl("submit", "nope.yaml", cwd=workdir)
+    assert proc.returncode == 2 and "does not exist" in proc.stderr
+    no_traceback(proc)
+
+
+def test_missing_data_path_opens_no_run(workdir, mlflow_server):
+    proc = run_gemctl("submit", "tiny.yaml", "--set", "data.source=parquet",
+                      "--set", f"data.path={workdir / 'absent'}", cwd=workdir,
+                      env={"MLFLOW_TRACKING_URI": mlflow_server})
+    assert proc.returncode == 2
+    assert "absent" in proc.stderr
+    no_traceback(proc)
+    assert runs_in(mlflow_server, "cli-test-missing") == []
+
+
+def test_unreachable_ray_address_fails_fast(workdir):
+    start = time.time()
+    proc = run_gemctl("submit", "tiny.yaml", "--address", f"ray://127.0.0.1:{free_port()}",
+                      cwd=workdir)
+    assert proc.returncode == 2
+    assert "unreachable" in proc.stderr and "--address" in proc.stderr
+    no_traceback(proc)
+    assert time.time() - start < 60
+    assert not (workdir / "mlflow.db").exists()
+
+
+def test_unreachable_tracking_server(workdir):
+    proc = run_gemctl("submit", "tiny.yaml", cwd=workdir,
+                      env={"MLFLOW_TRACKING_URI": f"http://127.0.0.1:{free_port()}"})
+    assert proc.returncode == 2
+    assert "MLflow tracking server" in proc.stderr and "unreachable" in proc.stderr
+    no_traceback(proc)
+
+
+def test_world_size_the_recipe_cannot_use(workdir):
+    proc = run_gemctl("submit", "tiny.yaml", "--set", "parallel.workers=64", cwd=workdir)
+    assert proc.returncode == 2
+    assert "parallel.workers=64" in proc.stderr
+    no_traceback(proc)
+
+
+def test_failure_after_start_marks_run_failed(workdir, mlflow_server):
+    """A run that breaks while training ends FAILED with the reason, never RUNNING."""
+    proc = run_gemctl("submit", "tiny.yaml", "--local", "--set", "train.device=cuda",
+                      "--set", "tracking.experiment=cli-test-failed", cwd=workdir,
+                      env={"MLFLOW_TRACKING_URI": mlflow_server})
+    if proc.returncode == 0:
+        pytest.skip("this machine has CUDA")
+    assert proc.returncode == 1
+    no_traceback(proc)
+    (run,) = runs_in(mlflow_server, "cli-test-failed")
+    assert run.info.status == "FAILED"
+    assert "CUDA" in run.data.tags["gem.failure_reason"]
+
+
+def _check_run(uri: str, run, workers: int) -> None:
+    client = MlflowClient(uri)
+    assert run.info.status == "FINISHED"
+    params = run.data.params
+    assert params["model.attention"] == "block64"
+    assert params["parallel.workers"] == "2" and params["train.steps"] == "6"
+    metrics = run.data.metrics
+    for key in ("eval/ne_ctr", "eval/auc_ctr", "eval/ne_cvr", "eval/auc_cvr", "perf/qps",
+                "perf/mfu_e2e", "perf/mfu_local", "perf/scaling_ratio", "planted/auc_ctr",
+                "balance/padding_waste_mean", "balance/straggler_overhead_mean"):
+        assert key in metrics, key
+    assert metrics["perf/world_size"] == workers
+    assert 0.0 < metrics["eval/auc_ctr"] < 1.0 and metrics["eval/ne_ctr"] > 0
+    history = client.get_metric_history(run.info.run_id, "train/loss")
+    assert [m.step for m in history] == [2, 4, 6]
+    names = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"recipe.yaml", "summary.json", "placement.json"} <= names
+    summary = json.loads(Path(client.download_artifacts(run.info.run_id, "summary.json"))
+                         .read_text())
+    assert summary["eval/auc_ctr"] == pytest.approx(metrics["eval/auc_ctr"])
+
+
+@pytest.mark.slow
+def test_submit_on_ray_with_two_workers(workdir, mlflow_server):
+    proc = run_gemctl("submit", "tiny.yaml", cwd=workdir,
+                      env={"MLFLOW_TRACKING_URI": mlflow_server})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "step     6/6" in proc.stdout and "eval auc" in proc.stdout
+    (run,) = runs_in(mlflow_server, "cli-test")
+    _check_run(mlflow_server, run, workers=2)
+    assert run.data.tags["gem.mode"] == "ray"
+
+
+@pytest.mark.slow
+def test_submit_local_in_process(workdir, mlflow_server):
+    proc = run_gemctl("submit", "tiny.yaml", "--local", "--set",
+                      "tracking.experiment=cli-test-local", cwd=workdir,
+                      env={"MLFLOW_TRACKING_URI": mlflow_server})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run,) = runs_in(mlflow_server, "cli-test-local")
+    _check_run(mlflow_server, run, workers=1)
+    assert run.data.tags["gem.mode"] == "local"
