@@ -143,6 +143,17 @@ def ui(
     raise typer.Exit(subprocess.call(cmd, env=dict(os.environ)))
 
 
+def _register_command_groups() -> None:
+    """Commands that live in their own modules (one module per product area)."""
+    from gemctl import bench, jobs, sweep
+
+    for module in (sweep, jobs, bench):
+        module.register(app)
+
+
+_register_command_groups()
+
+
 def main() -> None:
     app()
 

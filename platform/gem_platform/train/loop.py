@@ -26,6 +26,7 @@ from gem_platform.data.meta import DatasetMeta
 from gem_platform.data.parquet import SampleTable
 from gem_platform.model import GemModel
 from gem_platform.model.flops import FlopMeter
+from gem_platform.parallel import parallelize
 from gem_platform.recipe import Recipe
 from gem_platform.train.metrics import TaskEvaluator
 from gem_platform.train.mfu import Peak, mfu, resolve_peak
@@ -73,28 +74,6 @@ def compute_loss(logits: torch.Tensor, batch: JaggedBatch) -> tuple[torch.Tensor
                                                  reduction="none")
     cvr = (cvr_all * mask).sum() / mask.sum().clamp_min(1.0)
     return ctr + cvr, torch.stack([ctr.detach(), cvr.detach()])
-
-
-def all_reduce_gradients(params: list[nn.Parameter], world_size: int) -> None:
-    """Average gradients over ranks in one flat bucket (one collective per step)."""
-    grads = [p.grad for p in params if p.grad is not None]
-    if not grads or world_size == 1:
-        return
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat)
-    flat /= world_size
-    offset = 0
-    for g in grads:
-        n = g.numel()
-        g.copy_(flat[offset : offset + n].view_as(g))
-        offset += n
-
-
-def broadcast_parameters(model: nn.Module) -> None:
-    """Start every rank from rank 0's weights."""
-    if dist.is_available() and dist.is_initialized():
-        for tensor in [*model.parameters(), *model.buffers()]:
-            dist.broadcast(tensor.data, src=0)
 
 
 def _common_steps_per_epoch(local_samples: int, batch_size: int, info: RankInfo) -> int:
@@ -210,17 +189,13 @@ def train(recipe: Recipe, sink: MetricSink | None = None,
     train_table = SampleTable.load(recipe.data.path, "train", info.rank, info.world_size)
     eval_table = SampleTable.load(recipe.data.path, "eval", info.rank, info.world_size)
 
-    model = build_model(recipe, meta, device)
-    broadcast_parameters(model)
-    sparse_params = model.embedding_parameters()
-    sparse_ids = {id(p) for p in sparse_params}
-    dense_params = [p for p in model.parameters() if id(p) not in sparse_ids]
+    par = parallelize(build_model(recipe, meta, device), recipe)
+    model, dense_params, sparse_params = par.model, par.dense_params, par.sparse_params
     dense_opt = torch.optim.AdamW(dense_params, lr=recipe.train.lr,
                                   weight_decay=recipe.train.weight_decay)
     sparse_opt = torch.optim.Adagrad(sparse_params, lr=recipe.train.sparse_lr)
     schedules = [torch.optim.lr_scheduler.LambdaLR(o, _lr_lambda(recipe))
                  for o in (dense_opt, sparse_opt)]
-    all_params = [*dense_params, *sparse_params]
 
     steps_per_epoch = _common_steps_per_epoch(len(train_table), recipe.loader.local_batch_size,
                                               info)
@@ -252,7 +227,7 @@ def train(recipe: Recipe, sink: MetricSink | None = None,
         sync()
         t_compute = time.perf_counter() - t0
         t1 = time.perf_counter()
-        all_reduce_gradients(all_params, info.world_size)
+        par.sync_gradients()
         sync()
         t_comm = time.perf_counter() - t1
         t2 = time.perf_counter()
