@@ -23,6 +23,7 @@ from gem_kernels.gdpa.activations import (  # noqa: E402
     gelu_tanh_exact,
     gelu_tanh_poly,
 )
+from gem_kernels.gdpa.autograd import GDPAFunction, backward_mode  # noqa: E402
 from gem_kernels.gdpa.schedule import build_items, build_schedule, deal, imbalance  # noqa: E402
 from gem_kernels.testing import lognormal_lengths, offsets_from_lengths  # noqa: E402
 
@@ -157,12 +158,19 @@ def test_snake_schedule_balances_long_tailed_work() -> None:
 
 # --- Triton kernels under the CPU interpreter --------------------------------------------
 
-def _check_triton(ql, kl, heads, dim, dtype, device, act, norm, fwd_tol, bwd_tol):
+def _check_triton(ql, kl, heads, dim, dtype, device, act, norm, fwd_tol, bwd_tol,
+                  bwd_mode=None):
     q, k, v, qo, ko = _inputs(ql, kl, heads, dim, dtype, device, seed=sum(ql) + len(kl))
     for t in (q, k, v):
         t.requires_grad_(True)
     max_q, max_kv = max(ql + [1]), max(kl + [1])
-    out = gdpa(q, k, v, qo, ko, max_q, max_kv, activation=act, norm=norm, kernel="triton")
+    if bwd_mode is None:
+        out = gdpa(q, k, v, qo, ko, max_q, max_kv, activation=act, norm=norm,
+                   kernel="triton")
+    else:
+        out = GDPAFunction.apply(q, k, v, qo, ko, max_q, max_kv, act, 1 / math.sqrt(dim),
+                                 {"none": 0, "kv_len": 1, "max_len": 2}[norm], None, None,
+                                 None, bwd_mode)
     assert out.dtype == dtype and out.shape == q.shape
     assert torch.isfinite(out).all()
     do = torch.randn(out.shape, generator=torch.Generator().manual_seed(7)).to(device, dtype)
@@ -178,26 +186,35 @@ def _check_triton(ql, kl, heads, dim, dtype, device, act, norm, fwd_tol, bwd_tol
     qs = 0
     for lq, lk in zip(ql, kl, strict=True):
         if lk == 0 and lq:
-            assert torch.equal(out[qs:qs + lq].float(), torch.zeros(lq, heads, dim))
+            assert torch.equal(out[qs:qs + lq].float(),
+                               torch.zeros(lq, heads, dim, device=out.device))
         qs += lq
 
 
 @interpreter
 @pytest.mark.parametrize("act", ACTS)
-@pytest.mark.parametrize("ql,kl,norm", [
-    ([20, 0, 37, 1, 3], [5, 9, 0, 1, 17], "none"),     # empty Q, empty KV, length 1
-    ([40, 17, 1], [3, 1, 2], "kv_len"),                 # cross: long Q, short KV
-    ([1, 3, 2], [50, 0, 21], "max_len"),                # pooled: short Q, long KV
+@pytest.mark.parametrize("ql,kl,norm,bwd_mode", [
+    ([20, 0, 37, 1, 3], [5, 9, 0, 1, 17], "none", "two_kernel"),  # empty Q/KV, length 1
+    ([70, 0, 5, 1], [66, 9, 0, 1], "none", None),                   # self: two kernels
+    ([40, 17, 1, 0], [3, 1, 0, 2], "kv_len", None),                 # cross: fused, short KV
+    ([1, 3, 2, 0], [70, 0, 21, 4], "max_len", None),                # pooled: fused, short Q
+    ([1, 3, 2], [50, 0, 21], "max_len", "short_q"),
 ])
-def test_triton_interpreter_fp32(act, ql, kl, norm) -> None:
+def test_triton_interpreter_fp32(act, ql, kl, norm, bwd_mode) -> None:
     tol = 2e-3 if act == "gelu_tanh" else 1e-5  # polynomial vs exact tanh
-    _check_triton(ql, kl, 2, 16, torch.float32, "cpu", act, norm, tol, 10 * tol)
+    _check_triton(ql, kl, 2, 16, torch.float32, "cpu", act, norm, tol, 10 * tol, bwd_mode)
 
 
 @interpreter
 def test_triton_interpreter_fp16_d32() -> None:
     _check_triton([9, 33, 0], [33, 2, 4], 1, 32, torch.float16, "cpu", "silu", "none",
                   2e-3, 1e-2)
+
+
+def test_backward_mode_follows_the_short_side() -> None:
+    assert backward_mode(2048, 16) == "short_kv"
+    assert backward_mode(8, 2048) == "short_q"
+    assert backward_mode(2048, 2048) == "two_kernel"
 
 
 @interpreter

@@ -8,7 +8,15 @@ import torch
 
 from gem_kernels.gdpa.activations import ACT_CODE
 from gem_kernels.gdpa.schedule import Schedule, ScheduleCache, build_schedule
-from gem_kernels.gdpa.triton_bwd import dkdv_config, dq_config, launch_bwd
+from gem_kernels.gdpa.triton_bwd import (
+    dkdv_config,
+    dq_config,
+    launch_bwd,
+    launch_bwd_short_kv,
+    launch_bwd_short_q,
+    short_kv_config,
+    short_q_config,
+)
 from gem_kernels.gdpa.triton_fwd import TileConfig, fwd_config, launch_fwd
 
 _CACHE = ScheduleCache()
@@ -32,10 +40,25 @@ def schedule_for(rows_offsets: torch.Tensor, cols_offsets: torch.Tensor, heads: 
     return _CACHE.get(key, rows_offsets, cols_offsets, build)
 
 
+SHORT_SIDE = 64  # a side this short fits one tile: the backward runs as one fused kernel
+
+
+def backward_mode(max_q: int, max_kv: int) -> str:
+    """'short_kv' (cross attention), 'short_q' (pooled) or 'two_kernel' (self attention)."""
+    if max_kv <= SHORT_SIDE:
+        return "short_kv"
+    if max_q <= SHORT_SIDE:
+        return "short_q"
+    return "two_kernel"
+
+
 class GDPAFunction(torch.autograd.Function):
+    """Configs and bwd_mode default to the heuristics; the benchmark overrides them. In
+    'short_kv' mode dq_cfg configures the fused kernel, in 'short_q' mode dkdv_cfg does."""
+
     @staticmethod
     def forward(ctx, q, k, v, q_offsets, kv_offsets, max_q, max_kv, activation, scale,
-                norm_code, fwd_cfg=None, dkdv_cfg=None, dq_cfg=None):
+                norm_code, fwd_cfg=None, dkdv_cfg=None, dq_cfg=None, bwd_mode=None):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         q_offsets = q_offsets.to(q.device, torch.int64)
         kv_offsets = kv_offsets.to(q.device, torch.int64)
@@ -45,19 +68,35 @@ class GDPAFunction(torch.autograd.Function):
         out = launch_fwd(q, k, v, sched, cfg, ACT_CODE[activation],
                          norm_code, scale, max_kv)
         ctx.save_for_backward(q, k, v, q_offsets, kv_offsets)
-        ctx.meta = (max_q, max_kv, activation, scale, norm_code, dkdv_cfg, dq_cfg)
+        ctx.meta = (max_q, max_kv, activation, scale, norm_code, dkdv_cfg, dq_cfg,
+                    bwd_mode or backward_mode(max_q, max_kv))
         return out
 
     @staticmethod
     def backward(ctx, do):
         q, k, v, q_offsets, kv_offsets = ctx.saved_tensors
-        max_q, max_kv, activation, scale, norm_code, dkdv_cfg, dq_cfg = ctx.meta
+        max_q, max_kv, activation, scale, norm_code, dkdv_cfg, dq_cfg, mode = ctx.meta
         d, heads = q.shape[-1], q.shape[1]
-        cfg_kv = dkdv_cfg or dkdv_config(max_q, max_kv, d)
-        cfg_q = dq_cfg or dq_config(max_q, max_kv, d)
-        sched_kv = schedule_for(kv_offsets, q_offsets, heads, cfg_kv, q.device)
-        sched_q = schedule_for(q_offsets, kv_offsets, heads, cfg_q, q.device)
-        dq, dk, dv = launch_bwd(q, k, v, do.contiguous(), sched_kv,
-                                cfg_kv, sched_q, cfg_q, ACT_CODE[activation], norm_code,
-                                scale, max_kv)
-        return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
+        act, do = ACT_CODE[activation], do.contiguous()
+        if mode == "short_kv":
+            cfg = dq_cfg or short_kv_config(max_kv, d)
+            if max_kv > cfg.block_cols:
+                raise ValueError(f"short_kv backward needs max_kv <= {cfg.block_cols}")
+            sched = schedule_for(q_offsets, kv_offsets, heads, cfg, q.device)
+            dq, dk, dv = launch_bwd_short_kv(q, k, v, do, sched, cfg, act, norm_code, scale,
+                                             max_kv)
+        elif mode == "short_q":
+            cfg = dkdv_cfg or short_q_config(max_q, d)
+            if max_q > cfg.block_cols:
+                raise ValueError(f"short_q backward needs max_q <= {cfg.block_cols}")
+            sched = schedule_for(kv_offsets, q_offsets, heads, cfg, q.device)
+            dq, dk, dv = launch_bwd_short_q(q, k, v, do, sched, cfg, act, norm_code, scale,
+                                            max_kv)
+        else:
+            cfg_kv = dkdv_cfg or dkdv_config(max_q, max_kv, d)
+            cfg_q = dq_cfg or dq_config(max_q, max_kv, d)
+            sched_kv = schedule_for(kv_offsets, q_offsets, heads, cfg_kv, q.device)
+            sched_q = schedule_for(q_offsets, kv_offsets, heads, cfg_q, q.device)
+            dq, dk, dv = launch_bwd(q, k, v, do, sched_kv, cfg_kv, sched_q, cfg_q, act,
+                                    norm_code, scale, max_kv)
+        return (dq, dk, dv) + (None,) * 11

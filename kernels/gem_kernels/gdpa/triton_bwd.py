@@ -7,6 +7,13 @@ Two persistent kernels, each owning its outputs (no atomics, deterministic):
 - dK/dV: an item is (sample, key block, head); it loops over the sample's query blocks.
 - dQ: an item is (sample, query block, head); it loops over the sample's key blocks.
 Both use the snake schedule and prefetch the next item's row tiles as the forward does.
+
+When one side of every sample fits in a single tile (cross attention: KV <= 64 tokens; pooled
+attention: Q <= 64 tokens) the two kernels would each stream the long side, so one fused
+kernel runs instead: its items are blocks of the long side, it stores that side's gradients
+directly and adds the short side's partial gradients into an fp32 buffer with atomics. The
+long side's tensors then cross HBM once (the fewest bytes); the short side's sums are
+order-dependent in their last fp32 bits.
 """
 
 from __future__ import annotations
@@ -47,6 +54,114 @@ def dq_config(max_q: int, max_kv: int, head_dim: int) -> TileConfig:
         return TileConfig(_pow2_at_least(max_q, 16, 32), 64, num_warps=4, num_stages=2,
                           ctas_per_sm=2)
     return TileConfig(64, 64, num_warps=4, num_stages=2, ctas_per_sm=2)
+
+
+def short_kv_config(max_kv: int, head_dim: int) -> TileConfig:
+    """Fused backward with rows = query blocks, the whole KV of a sample in one column tile."""
+    return TileConfig(64, _pow2_at_least(max_kv, 16, 64), num_warps=4, num_stages=1,
+                      ctas_per_sm=2)
+
+
+def short_q_config(max_q: int, head_dim: int) -> TileConfig:
+    """Fused backward with rows = key blocks, the whole Q of a sample in one column tile."""
+    return TileConfig(64, _pow2_at_least(max_q, 16, 64), num_warps=4, num_stages=1,
+                      ctas_per_sm=2)
+
+
+@triton.jit
+def _atomic_add_rows(ptr, x, start, length, h, stride_t, stride_h, BLOCK: tl.constexpr,
+                     D: tl.constexpr):
+    """Adds a (BLOCK, D) fp32 tile into rows start.. of one head (rows past length skipped)."""
+    rows = tl.arange(0, BLOCK)
+    offs = (start + rows).to(tl.int64)[:, None] * stride_t + h * stride_h \
+        + tl.arange(0, D)[None, :]
+    tl.atomic_add(ptr + offs, x, mask=(rows < length)[:, None], sem="relaxed")
+
+
+@triton.jit
+def _gdpa_bwd_short_kv_kernel(Q, K, V, DO, DQ, DK32, DV32, items, prog_ptr,
+                              stride_qt, stride_qh, stride_kt, stride_kh, stride_vt,
+                              stride_vh, stride_dot, stride_doh, scale, inv_max_kv,
+                              ACT: tl.constexpr, NORM: tl.constexpr, D: tl.constexpr,
+                              BM: tl.constexpr, BS: tl.constexpr, PREFETCH: tl.constexpr,
+                              PREC: tl.constexpr):
+    """Items are query blocks; the sample's KV (<= BS rows) is one tile. Stores dQ, adds
+    partial dK, dV into fp32 buffers laid out like k / v."""
+    pid = tl.program_id(0)
+    start = tl.load(prog_ptr + pid)
+    end = tl.load(prog_ptr + pid + 1)
+    blk, h, r0, rlen, c0, clen = load_meta(items, start)
+    nblk, nh, nr0, nrlen, nc0, nclen = load_meta(items, tl.minimum(start + 1, end - 1))
+    q = load_rows(Q, r0, rlen, blk, h, stride_qt, stride_qh, BM, D)
+    do = load_rows(DO, r0, rlen, blk, h, stride_dot, stride_doh, BM, D)
+    for it in range(start, end):
+        mblk, mh, mr0, mrlen, mc0, mclen = load_meta(items, tl.minimum(it + 2, end - 1))
+        if PREFETCH:
+            q_next = load_rows(Q, nr0, nrlen, nblk, nh, stride_qt, stride_qh, BM, D)
+            do_next = load_rows(DO, nr0, nrlen, nblk, nh, stride_dot, stride_doh, BM, D)
+        k = load_rows(K, c0, clen, 0, h, stride_kt, stride_kh, BS, D)
+        v = load_rows(V, c0, clen, 0, h, stride_vt, stride_vh, BS, D)
+        s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale  # (BM, BS)
+        p, dact = act_fwd_and_grad(s, ACT)
+        dp = tl.dot(do, tl.trans(v), input_precision=PREC)
+        ds = (dp * dact).to(k.dtype)
+        c = norm_factor(clen, inv_max_kv, NORM)
+        dq = tl.dot(ds, k, input_precision=PREC)
+        store_rows(DQ, dq * (c * scale), r0, rlen, blk, h, stride_qt, stride_qh, BM, D)
+        dv = tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PREC)
+        dk = tl.dot(tl.trans(ds), q, input_precision=PREC)
+        _atomic_add_rows(DV32, dv * c, c0, clen, h, stride_vt, stride_vh, BS, D)
+        _atomic_add_rows(DK32, dk * (c * scale), c0, clen, h, stride_kt, stride_kh, BS, D)
+        if not PREFETCH:
+            q_next = load_rows(Q, nr0, nrlen, nblk, nh, stride_qt, stride_qh, BM, D)
+            do_next = load_rows(DO, nr0, nrlen, nblk, nh, stride_dot, stride_doh, BM, D)
+        q = q_next
+        do = do_next
+        blk, h, r0, rlen, c0, clen = nblk, nh, nr0, nrlen, nc0, nclen
+        nblk, nh, nr0, nrlen, nc0, nclen = mblk, mh, mr0, mrlen, mc0, mclen
+
+
+@triton.jit
+def _gdpa_bwd_short_q_kernel(Q, K, V, DO, DK, DV, DQ32, items, prog_ptr,
+                             stride_qt, stride_qh, stride_kt, stride_kh, stride_vt,
+                             stride_vh, stride_dot, stride_doh, scale, inv_max_kv,
+                             ACT: tl.constexpr, NORM: tl.constexpr, D: tl.constexpr,
+                             BN: tl.constexpr, BS: tl.constexpr, PREFETCH: tl.constexpr,
+                             PREC: tl.constexpr):
+    """Items are key blocks; the sample's Q (<= BS rows) is one tile. Stores dK, dV, adds
+    partial dQ into an fp32 buffer laid out like q."""
+    pid = tl.program_id(0)
+    start = tl.load(prog_ptr + pid)
+    end = tl.load(prog_ptr + pid + 1)
+    blk, h, r0, rlen, c0, clen = load_meta(items, start)
+    nblk, nh, nr0, nrlen, nc0, nclen = load_meta(items, tl.minimum(start + 1, end - 1))
+    k = load_rows(K, r0, rlen, blk, h, stride_kt, stride_kh, BN, D)
+    v = load_rows(V, r0, rlen, blk, h, stride_vt, stride_vh, BN, D)
+    for it in range(start, end):
+        mblk, mh, mr0, mrlen, mc0, mclen = load_meta(items, tl.minimum(it + 2, end - 1))
+        if PREFETCH:
+            k_next = load_rows(K, nr0, nrlen, nblk, nh, stride_kt, stride_kh, BN, D)
+            v_next = load_rows(V, nr0, nrlen, nblk, nh, stride_vt, stride_vh, BN, D)
+        q = load_rows(Q, c0, clen, 0, h, stride_qt, stride_qh, BS, D)
+        do = load_rows(DO, c0, clen, 0, h, stride_dot, stride_doh, BS, D)
+        st = tl.dot(k, tl.trans(q), input_precision=PREC) * scale  # (BN, BS) = S^T
+        pt, dact = act_fwd_and_grad(st, ACT)
+        c = norm_factor(rlen, inv_max_kv, NORM)  # rows are the sample's keys
+        dv = tl.dot(pt.to(do.dtype), do, input_precision=PREC)
+        store_rows(DV, dv * c, r0, rlen, blk, h, stride_vt, stride_vh, BN, D)
+        dpt = tl.dot(v, tl.trans(do), input_precision=PREC)
+        dst = (dpt * dact).to(q.dtype)
+        dk = tl.dot(dst, q, input_precision=PREC)
+        store_rows(DK, dk * (c * scale), r0, rlen, blk, h, stride_kt, stride_kh, BN, D)
+        dq = tl.dot(tl.trans(dst), k, input_precision=PREC)
+        _atomic_add_rows(DQ32, dq * (c * scale), c0, clen, h, stride_qt, stride_qh, BS, D)
+        if not PREFETCH:
+            k_next = load_rows(K, nr0, nrlen, nblk, nh, stride_kt, stride_kh, BN, D)
+            v_next = load_rows(V, nr0, nrlen, nblk, nh, stride_vt, stride_vh, BN, D)
+        k = k_next
+        v = v_next
+        blk, h, r0, rlen, c0, clen = nblk, nh, nr0, nrlen, nc0, nclen
+        nblk, nh, nr0, nrlen, nc0, nclen = mblk, mh, mr0, mrlen, mc0, mclen
 
 
 @triton.jit
@@ -172,3 +287,39 @@ def launch_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tens
             num_warps=cfg_q.num_warps,
             num_stages=cfg_q.num_stages)
     return dq, dk, dv
+
+
+def launch_bwd_short_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
+                        sched_q, cfg: TileConfig, act_code: int, norm_code: int, scale: float,
+                        max_kv: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Fused backward for KV samples of at most cfg.block_cols rows."""
+    dq = torch.empty_like(q)
+    dk32 = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
+    dv32 = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
+    if sched_q.num_items:
+        _gdpa_bwd_short_kv_kernel[(sched_q.num_programs,)](
+            q, k, v, do, dq, dk32, dv32, sched_q.items, sched_q.prog_ptr,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            do.stride(0), do.stride(1), scale, 1.0 / max(max_kv, 1),
+            ACT=act_code, NORM=norm_code, D=q.shape[-1], BM=cfg.block_rows,
+            BS=cfg.block_cols, PREFETCH=cfg.prefetch, PREC=_prec(q),
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return dq, dk32.to(k.dtype), dv32.to(v.dtype)
+
+
+def launch_bwd_short_q(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
+                       sched_kv, cfg: TileConfig, act_code: int, norm_code: int, scale: float,
+                       max_kv: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Fused backward for Q samples of at most cfg.block_cols rows."""
+    dk = torch.empty_like(k)
+    dv = torch.empty_like(v)
+    dq32 = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    if sched_kv.num_items:
+        _gdpa_bwd_short_q_kernel[(sched_kv.num_programs,)](
+            q, k, v, do, dk, dv, dq32, sched_kv.items, sched_kv.prog_ptr,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            do.stride(0), do.stride(1), scale, 1.0 / max(max_kv, 1),
+            ACT=act_code, NORM=norm_code, D=q.shape[-1], BN=cfg.block_rows,
+            BS=cfg.block_cols, PREFETCH=cfg.prefetch, PREC=_prec(q),
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return dq32.to(q.dtype), dk, dv
