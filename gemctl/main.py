@@ -145,9 +145,9 @@ def ui(
 
 def _register_command_groups() -> None:
     """Commands that live in their own modules (one module per product area)."""
-    from gemctl import bench, jobs, sweep
+    from gemctl import bench, inspect, jobs, sweep
 
-    for module in (sweep, jobs, bench):
+    for module in (inspect, sweep, jobs, bench):
         module.register(app)
 
 
