@@ -5,7 +5,8 @@ BBS and with a global balanced partition, at simulated world sizes, plus the bat
     python -m gem_platform.balance.bench --quick --out /tmp/bbs         # worlds 8, 64
     python -m gem_platform.balance.bench --out docs/bench               # the committed figures
 
-Every rank holds ``steps * local_batch`` samples (1024 samples per rank per step) with
+Every rank holds ``steps * local_batch`` samples (1024 samples per rank per step; 128 steps,
+the default BBS buffer, so one buffer spans the epoch) with
 long-tailed sequence lengths: log-normal with median 128 and sigma 1, clipped to 16..2048.
 A rank's step time is taken as proportional to its batch work under the cost model. The run
 prints the tables and writes ``bbs.json`` into ``--out``.
@@ -160,10 +161,12 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--out", type=Path, default=Path("bench_results/bbs"))
     parser.add_argument("--quick", action="store_true", help="worlds 8 and 64, short epochs")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--steps", type=int, default=None,
+                        help="steps per epoch = BBS buffer (default 128, --quick 16)")
     args = parser.parse_args(argv)
 
     worlds = [8, 64] if args.quick else [8, 64, 512, 4096]
-    steps = 16 if args.quick else 64
+    steps = args.steps or (16 if args.quick else LoaderConfig().buffer_full_batches)
     sweep_world, sweep_steps = (64, 64) if args.quick else (512, 256)
     sweep_buffers = [4, 16, 64] if args.quick else [8, 16, 32, 64, 128, 256]
     costs: tuple[CostName, ...] = ("length", "attention")
