@@ -1,9 +1,41 @@
-"""gemctl bench commands."""
+"""gemctl bench: the kernel and loader benchmarks. Each prints a table and writes JSON; the
+kernel ones need a CUDA GPU and time ours against named baselines in the same run."""
 
 from __future__ import annotations
 
+import importlib
+from typing import Annotated
+
 import typer
+
+BENCHES: dict[str, tuple[str, str]] = {
+    "attention": ("gem_kernels.bench.jfa",
+                  "Jagged flash attention vs varlen_attn, nested SDPA, padded SDPA."),
+    "gdpa": ("gem_kernels.bench.gdpa",
+             "GDPA self / cross / pooled vs the padded reference, eager and compiled."),
+    "block": ("gem_kernels.bench.block_attention",
+              "64-token block attention + RoPE vs SDPA on blocks, FlexAttention, sliding JFA."),
+    "fp8": ("gem_kernels.bench.fp8_linear",
+            "FP8 block-scaled linear vs bf16 matmul vs rowwise torch._scaled_mm."),
+    "bbs": ("gem_platform.balance.bench",
+            "Straggler overhead without balancing, with BBS and with a global partition (CPU)."),
+}
+
+
+def _command(module: str):
+    def run(
+        out: Annotated[str, typer.Option(help="Folder for the JSON results.")] = "bench_results",
+        quick: Annotated[bool, typer.Option(help="Smaller inputs, fewer cases.")] = False,
+    ) -> None:
+        argv = ["--out", out] + (["--quick"] if quick else [])
+        result = importlib.import_module(module).main(argv)
+        raise typer.Exit(result if isinstance(result, int) else 0)
+
+    return run
 
 
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to the gemctl app."""
+    bench = typer.Typer(no_args_is_help=True, help="Benchmarks: a table plus JSON per run.")
+    for name, (module, help_text) in BENCHES.items():
+        bench.command(name, help=help_text)(_command(module))
+    app.add_typer(bench, name="bench")
