@@ -1,9 +1,112 @@
-"""gemctl jobs commands."""
+"""gemctl jobs commands: follow and control jobs on a Ray cluster through the Ray Jobs API.
+
+`gemctl submit RECIPE --address http://HEAD:8265` (see :func:`submit_remote`) starts a job;
+`gemctl status`, `gemctl logs` and `gemctl stop` look after it.
+"""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+from typing import Annotated
+
 import typer
+from rich.table import Table
+
+from gemctl import render
+
+AddressOpt = Annotated[str | None, typer.Option(
+    "--address", help="Ray Jobs API (dashboard) URL, http://HEAD:8265; default RAY_ADDRESS "
+    "(when http), RAY_API_SERVER_ADDRESS, or http://127.0.0.1:8265.")]
+
+STATUS_STYLE = {"SUCCEEDED": "green", "FAILED": "red", "STOPPED": "yellow",
+                "RUNNING": "cyan", "PENDING": "cyan"}
+
+
+def _styled(status: str) -> str:
+    return f"[{STATUS_STYLE.get(status, 'white')}]{status}[/]"
+
+
+def _when(value: object) -> str:
+    return value.strftime("%Y-%m-%d %H:%M:%S UTC") if value else "-"  # type: ignore[attr-defined]
+
+
+def submit_remote(recipe: Path, sets: list[str], address: str, *, local: bool = False,
+                  command: str = "submit") -> str:
+    """Submit `gemctl <command> RECIPE` as a Ray job and say how to follow it."""
+    from gem_platform.remote import resolve_jobs_address, submit_recipe
+
+    address = resolve_jobs_address(address)
+    job_id = submit_recipe(recipe, sets, address, local=local, command=command)
+    render.console.print(f"[green]submitted[/] job [bold]{job_id}[/] to {address}", highlight=False)
+    suffix = f" --address {address}"
+    render.console.print(f"  follow: gemctl logs {job_id} --follow{suffix}\n"
+                         f"  status: gemctl status {job_id}{suffix}\n"
+                         f"  stop:   gemctl stop {job_id}{suffix}", highlight=False)
+    return job_id
+
+
+def status(
+    job: Annotated[str | None, typer.Argument(help="Job id; omit to list the cluster's jobs.")]
+    = None,
+    address: AddressOpt = None,
+) -> None:
+    """Show a job's status (or list the cluster's jobs)."""
+    from gem_platform.remote import job_status, list_jobs
+
+    if job is None:
+        table = Table(title="Ray jobs", title_justify="left")
+        for col in ("job", "status", "started", "command"):
+            table.add_column(col)
+        for view in list_jobs(address):
+            table.add_row(view.job_id, _styled(view.status), _when(view.start_time),
+                          view.metadata.get("gem.command", view.entrypoint))
+        render.console.print(table)
+        return
+    view = job_status(job, address)
+    render.console.print(f"{view.job_id}: {_styled(view.status)}", highlight=False)
+    render.console.print(f"  command: {view.entrypoint}\n  started: {_when(view.start_time)}\n"
+                         f"  ended:   {_when(view.end_time)}", highlight=False)
+    if view.message:
+        render.console.print(f"  message: {view.message}", highlight=False)
+
+
+def logs(
+    job: Annotated[str, typer.Argument(help="Job id (printed by gemctl submit).")],
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Stream new output until the "
+                                         "job ends; exit code 1 if it did not succeed.")] = False,
+    address: AddressOpt = None,
+) -> None:
+    """Print a job's output (driver stdout and stderr)."""
+    from gem_platform.remote import follow_logs, job_logs, job_status
+
+    if not follow:
+        sys.stdout.write(job_logs(job, address))
+        sys.stdout.flush()
+        return
+    for chunk in follow_logs(job, address):
+        sys.stdout.write(chunk)
+        sys.stdout.flush()
+    view = job_status(job, address)
+    render.console.print(f"job {view.job_id}: {_styled(view.status)}", highlight=False)
+    if view.status != "SUCCEEDED":
+        raise typer.Exit(1)
+
+
+def stop(
+    job: Annotated[str, typer.Argument(help="Job id to stop.")],
+    address: AddressOpt = None,
+) -> None:
+    """Stop a running job (SIGTERM first, so the MLflow run is closed as FAILED)."""
+    from gem_platform.remote import stop_job
+
+    view = stop_job(job, address)
+    render.console.print(f"{view.job_id}: {_styled(view.status)}", highlight=False)
 
 
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to the gemctl app."""
+    """Add this module's commands to the gemctl app (imported here: gemctl.main imports us)."""
+    from gemctl.main import user_errors
+
+    for command in (status, logs, stop):
+        app.command()(user_errors(command))

@@ -72,7 +72,8 @@ def submit(
         "--local", help="Train in this process (one rank, no Ray).")] = False,
     address: Annotated[str | None, typer.Option(
         "--address", help="Existing Ray cluster (ray://HEAD:10001); default RAY_ADDRESS or an "
-        "embedded local Ray.")] = None,
+        "embedded local Ray. http://HEAD:8265 submits a Ray job there (gemctl logs/status/"
+        "stop follow it).")] = None,
 ) -> None:
     """Validate a recipe, train it on Ray Train (or --local) and record it in MLflow."""
     from gem_platform.launch import submit as submit_run
@@ -83,6 +84,14 @@ def submit(
     render.console.print(f"[bold]gemctl submit[/] {recipe}: {workers} worker(s), attention="
                          f"{r.model.attention}, precision={r.precision.mode}, "
                          f"{r.train.steps} steps")
+    from gem_platform.remote import jobs_address_for_submit
+
+    jobs_address = jobs_address_for_submit(address, local)
+    if jobs_address:  # http(s)://HEAD:8265: run it as a Ray job on that cluster
+        from gemctl.jobs import submit_remote
+
+        submit_remote(recipe, set_ or [], jobs_address, local=local)
+        return
     try:
         outcome = submit_run(r, local=local, address=address,
                              echo=lambda line: render.console.print(line, highlight=False))

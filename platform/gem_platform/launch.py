@@ -50,9 +50,14 @@ def check_address(address: str, timeout: float = 3.0) -> None:
         return
     parsed = urllib.parse.urlparse(address if "://" in address else f"gcs://{address}")
     if parsed.scheme in ("http", "https"):
+        # Jobs API addresses never reach a driver: `gemctl submit` sends those runs as Ray
+        # jobs (gem_platform.remote) before calling submit() here.
         raise ClusterError(
-            f"--address {address} is a Ray Jobs (dashboard) address.",
-            "Pass the cluster's client address (ray://HEAD:10001) or GCS address (HEAD:6379).",
+            f"{address} is a Ray Jobs (dashboard) address; a training driver can't attach "
+            "to it.",
+            "Submit it as a Ray job: `gemctl submit RECIPE --address " + address + "` "
+            "(gem_platform.remote.submit_job), or pass the cluster's client address "
+            "(ray://HEAD:10001) or GCS address (HEAD:6379).",
         )
     host, port = parsed.hostname, parsed.port
     if not host or not port:
