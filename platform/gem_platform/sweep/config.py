@@ -1,0 +1,230 @@
+"""The sweep spec: a base recipe, its arms (a list of overrides or a grid), seeds per arm and a
+concurrency limit, loaded from YAML and resolved into one validated recipe per arm.
+
+Every arm's recipe is validated before anything runs, so a typo in the last arm fails in a
+second instead of after the first arms trained.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from gem_platform.errors import GemError, RecipeError
+from gem_platform.recipe import Recipe, apply_overrides, recipe_from_dict
+from gem_platform.tracking import resolve_tracking_uri
+
+
+class SweepError(GemError):
+    """The sweep spec is malformed, or a sweep can't be found, resumed or compared."""
+
+
+def _override_list(value: Any) -> list[str]:
+    """An arm is a list of ``a.b=v`` strings or a mapping ``{a.b: v}``; both become strings."""
+    if isinstance(value, dict):
+        return [f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in value.items()]
+    if value is None:
+        return []
+    return value
+
+
+class SweepSpec(BaseModel):
+    """What ``gemctl sweep SPEC.yaml`` reads."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$",
+                      description="sweep name: letters, digits, '_', '.', '-'")
+    base: str = Field(description="base recipe, relative to the spec file")
+    seeds: list[int] = Field([0], min_length=1, description="train.seed of each run of an arm")
+    max_concurrent: int = Field(1, ge=1, description="trials running at the same time")
+    baseline: str | None = Field(None, description="arm the others are compared with; "
+                                 "default: the first arm")
+    set: list[str] = Field(default_factory=list, description="overrides applied to every arm")
+    arms: dict[str, list[str]] | None = None
+    grid: dict[str, list[Any]] | None = None
+
+    @field_validator("arms", mode="before")
+    @classmethod
+    def _arms_as_lists(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            return {str(k): _override_list(v) for k, v in value.items()}
+        return value
+
+    @field_validator("seeds")
+    @classmethod
+    def _unique_seeds(cls, value: list[int]) -> list[int]:
+        if len(set(value)) != len(value):
+            raise ValueError(f"seeds {value} repeat a seed; each seed runs once per arm")
+        return value
+
+    @model_validator(mode="after")
+    def _one_axis(self) -> SweepSpec:
+        if (self.arms is None) == (self.grid is None):
+            raise ValueError("give exactly one of 'arms' (name -> overrides) or 'grid' "
+                             "(field -> values)")
+        names = self.arm_overrides()
+        if not names:
+            raise ValueError("the sweep has no arms")
+        for name in names:
+            if not name or any(ch in name for ch in "/'\"\\"):
+                raise ValueError(f"arm name {name!r} must be non-empty, without / or quotes")
+        if self.grid is not None:
+            for key, values in self.grid.items():
+                if not values:
+                    raise ValueError(f"grid.{key} has no values")
+        if self.baseline is not None and self.baseline not in names:
+            raise ValueError(f"baseline {self.baseline!r} is not an arm (arms: "
+                             f"{', '.join(names)})")
+        return self
+
+    def arm_overrides(self) -> dict[str, list[str]]:
+        """Arm name -> overrides, in the order written (a grid expands to its product)."""
+        if self.arms is not None:
+            return dict(self.arms)
+        grid = self.grid or {}
+        keys = list(grid)
+        out: dict[str, list[str]] = {}
+        for combo in itertools.product(*(grid[k] for k in keys)):
+            name = ",".join(f"{k.split('.')[-1]}={v}" for k, v in zip(keys, combo, strict=True))
+            out[name] = [f"{k}={v}" for k, v in zip(keys, combo, strict=True)]
+        return out
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One arm: its overrides and the recipe they resolve to (before the seed is set)."""
+
+    name: str
+    overrides: list[str]
+    recipe: Recipe
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    """A resolved sweep: what the runner executes and what a resume is matched against."""
+
+    name: str
+    spec_path: str
+    base_path: str
+    seeds: list[int]
+    max_concurrent: int
+    baseline: str
+    arms: list[Arm]
+    experiment: str
+
+    def trials(self) -> list[tuple[str, int]]:
+        """(arm, seed) pairs in run order: every arm's first seed before any second seed, so
+        an early look at a half-finished sweep already compares all arms."""
+        return [(arm.name, seed) for seed in self.seeds for arm in self.arms]
+
+    def arm(self, name: str) -> Arm:
+        return next(a for a in self.arms if a.name == name)
+
+    def trial_recipe(self, arm: str, seed: int) -> Recipe:
+        tree = self.arm(arm).recipe.model_dump(mode="json")
+        tree["train"]["seed"] = seed
+        return Recipe.model_validate(tree)
+
+    def fingerprint(self) -> str:
+        """Hash of everything that decides the results: same fingerprint = same sweep."""
+        body = {"name": self.name, "seeds": self.seeds,
+                "arms": {a.name: a.recipe.model_dump(mode="json") for a in self.arms}}
+        for arm in body["arms"].values():
+            arm["tracking"].pop("tags", None)
+        raw = json.dumps(body, sort_keys=True, default=str).encode()
+        return hashlib.sha256(raw).hexdigest()[:16]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "spec": self.spec_path, "base": self.base_path,
+                "seeds": self.seeds, "max_concurrent": self.max_concurrent,
+                "baseline": self.baseline, "experiment": self.experiment,
+                "arms": {a.name: a.overrides for a in self.arms}}
+
+
+def _format(err: ValidationError, source: str) -> str:
+    parts = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "(spec)"
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown field (allowed: name, base, seeds, max_concurrent, baseline, set, " \
+                  "arms, grid)"
+        parts.append(f"{loc}: {msg}")
+    return f"Sweep spec {source} is invalid: " + "; ".join(parts) + "."
+
+
+def _read_yaml(path: Path) -> Any:
+    if not path.is_file():
+        raise SweepError(f"Sweep spec {path} does not exist.",
+                         "Pass a sweep YAML, e.g. recipes/ablations/attention.yaml.")
+    try:
+        return yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise SweepError(f"Sweep spec {path} is not valid YAML{where}.",
+                         "Fix the YAML syntax (indentation, colons, quotes).") from None
+
+
+def _absolute_paths(tree: dict[str, Any], cwd: Path) -> dict[str, Any]:
+    """Trials run in Ray worker processes: give them paths that don't depend on their cwd."""
+    data = tree.setdefault("data", {})
+    path = Path(str(data.get("path", "gem_data/synthetic")))
+    data["path"] = str(path if path.is_absolute() else cwd / path)
+    return tree
+
+
+def load_sweep(path: str | Path, overrides: list[str] | None = None,
+               tracking_uri: str | None = None) -> SweepPlan:
+    """Read and validate a sweep spec and every arm's recipe. Raises SweepError/RecipeError.
+
+    ``overrides`` (``--set``) apply to the base recipe before each arm's own overrides.
+    """
+    path = Path(path)
+    raw = _read_yaml(path)
+    if not isinstance(raw, dict):
+        raise SweepError(f"Sweep spec {path} must be a YAML mapping, not "
+                         f"{type(raw).__name__}.", "See recipes/ablations/attention.yaml.")
+    try:
+        spec = SweepSpec.model_validate(raw)
+    except ValidationError as err:
+        raise SweepError(_format(err, str(path)),
+                         "Fix the named fields; see recipes/ablations/*.yaml.") from None
+    base_path = (path.parent / spec.base).resolve()
+    if not base_path.is_file():
+        raise SweepError(f"Sweep spec {path}: base recipe {spec.base} ({base_path}) does not "
+                         "exist.", "Write 'base' relative to the spec file, e.g. ../demo.yaml.")
+    try:
+        base_tree = yaml.safe_load(base_path.read_text()) or {}
+    except yaml.YAMLError:
+        raise SweepError(f"Base recipe {base_path} is not valid YAML.",
+                         "Check it with `gemctl validate`.") from None
+    base_tree = apply_overrides(base_tree, [*spec.set, *(overrides or [])])
+    cwd = Path.cwd()
+    arms = []
+    experiment = None
+    for name, arm_overrides in spec.arm_overrides().items():
+        tree = apply_overrides(base_tree, arm_overrides)
+        tree = _absolute_paths(tree, cwd)
+        try:
+            recipe = recipe_from_dict(tree, f"{base_path.name} + arm '{name}'")
+        except RecipeError as err:
+            raise SweepError(f"Sweep spec {path}, arm '{name}': {err.problem}",
+                             err.fix) from None
+        experiment = experiment or recipe.tracking.experiment
+        uri = resolve_tracking_uri(tracking_uri or recipe.tracking.uri)
+        tracking = recipe.tracking.model_copy(update={"experiment": experiment, "uri": uri})
+        recipe = recipe.model_copy(update={"tracking": tracking})
+        arms.append(Arm(name, list(arm_overrides), recipe))
+    return SweepPlan(name=spec.name, spec_path=str(path), base_path=str(base_path),
+                     seeds=spec.seeds, max_concurrent=spec.max_concurrent,
+                     baseline=spec.baseline or arms[0].name, arms=arms,
+                     experiment=experiment or "gem")

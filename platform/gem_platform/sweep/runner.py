@@ -1,0 +1,249 @@
+"""Run a sweep on Ray Tune: one MLflow parent run for the sweep, one child run per (arm,
+seed) trial, at most ``max_concurrent`` trials at a time.
+
+Launching the same spec again resumes it: the unfinished parent run with the same
+fingerprint is reopened, Tune restores its experiment state (``Tuner.restore``), and each
+trial skips itself when MLflow already holds its finished child run. A sweep that already
+finished is reported, not rerun (``new=True`` starts a fresh one).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gem_platform.errors import GemError
+from gem_platform.launch import check_address, check_world_size
+from gem_platform.sweep import store
+from gem_platform.sweep.config import SweepError, SweepPlan
+from gem_platform.sweep.trial import run_trial
+from gem_platform.tracking import RunTracker, check_reachable
+
+TUNE_STORAGE = "gem_runs/sweeps"
+
+
+@dataclass
+class SweepOutcome:
+    sweep_id: str
+    parent_run_id: str
+    tracking_uri: str
+    status: str  # FINISHED | FAILED | KILLED
+    resumed: bool = False
+    already_complete: bool = False
+    child_run_ids: dict[tuple[str, int], str] = field(default_factory=dict)
+    missing: list[tuple[str, int]] = field(default_factory=list)
+    errors: dict[tuple[str, int], str] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "FINISHED"
+
+
+def _prepare_data(plan: SweepPlan) -> None:
+    """Generate each distinct dataset once, on the driver, before trials race for it."""
+    seen: set[str] = set()
+    for arm in plan.arms:
+        recipe = arm.recipe
+        meta = recipe.data.prepare() if recipe.data.path not in seen else None
+        seen.add(recipe.data.path)
+        if meta is not None:
+            check_world_size(recipe, meta, recipe.parallel.workers)
+
+
+def _trial_cpus(plan: SweepPlan) -> float:
+    """CPUs a trial reserves: an in-process trial trains on its own CPUs; a trial that drives
+    a TorchTrainer only waits, its workers reserve theirs."""
+    return max(float(a.recipe.parallel.cpus_per_worker) if a.recipe.parallel.workers == 1
+               else 0.0 for a in plan.arms)
+
+
+def _init_ray(plan: SweepPlan, address: str | None) -> bool:
+    """Start (or connect to) Ray; True when this call started it."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    if address:
+        check_address(address)
+        ray.init(address=address, logging_level="WARNING")
+        return True
+    per_trial = max(_trial_cpus(plan), max(
+        a.recipe.parallel.workers * a.recipe.parallel.cpus_per_worker
+        if a.recipe.parallel.workers > 1 else 0 for a in plan.arms))
+    need = int(per_trial * plan.max_concurrent) + 1
+    ray.init(num_cpus=max(os.cpu_count() or 1, need), include_dashboard=False,
+             logging_level="WARNING")
+    return True
+
+
+def _open_parent(plan: SweepPlan, uri: str, new: bool, echo: Callable[[str], None]
+                 ) -> tuple[RunTracker, str, str, bool]:
+    """Reuse the latest parent with this fingerprint unless ``new``; else create one.
+
+    Returns (tracker, sweep id, status of the reused parent or '', resumed).
+    """
+    c = store.client(uri)
+    fingerprint = plan.fingerprint()
+    exp = c.get_experiment_by_name(plan.experiment)
+    if exp is not None and not new:
+        earlier = store.parents_with_fingerprint(c, exp.experiment_id, fingerprint)
+        if earlier:
+            run = earlier[0]
+            sweep_id = run.data.tags[store.TAG_SWEEP]
+            tracker = RunTracker(uri, run.info.run_id)
+            if run.info.status != "FINISHED":
+                c.update_run(run.info.run_id, status="RUNNING")
+                echo(f"resuming sweep {sweep_id} (parent run {run.info.run_id}, was "
+                     f"{run.info.status})")
+            return tracker, sweep_id, run.info.status, True
+    sweep_id = f"{plan.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    params = {"sweep.name": plan.name, "sweep.base": plan.base_path,
+              "sweep.seeds": ",".join(map(str, plan.seeds)),
+              "sweep.max_concurrent": plan.max_concurrent, "sweep.baseline": plan.baseline,
+              **{f"sweep.arm.{a.name}": " ".join(a.overrides) or "(base)" for a in plan.arms}}
+    tags = {store.TAG_SWEEP: sweep_id, store.TAG_ROLE: store.ROLE_PARENT,
+            store.TAG_BASELINE: plan.baseline, store.TAG_FINGERPRINT: fingerprint,
+            "gem.recipe": plan.arms[0].recipe.name}
+    tracker = RunTracker.start(uri, plan.experiment, sweep_id, params, tags)
+    tracker.log_json(plan.to_dict(), "sweep.json")
+    echo(f"sweep {sweep_id}: {len(plan.arms)} arms x {len(plan.seeds)} seeds, parent run "
+         f"{tracker.run_id}")
+    return tracker, sweep_id, "", False
+
+
+def _finished_children(uri: str, parent_run_id: str) -> dict[tuple[str, int], str]:
+    c = store.client(uri)
+    parent = c.get_run(parent_run_id)
+    out: dict[tuple[str, int], str] = {}
+    for run in store.children(c, parent):
+        tags = run.data.tags
+        if run.info.status == "FINISHED" and store.TAG_ARM in tags:
+            out.setdefault((tags[store.TAG_ARM], int(tags[store.TAG_SEED])), run.info.run_id)
+    return out
+
+
+def _progress_callback(echo: Callable[[str], None]) -> Any:
+    from ray import tune
+
+    class Progress(tune.Callback):
+        """One line per finished or failed trial (the per-step lines come from the trial)."""
+
+        def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any
+                              ) -> None:
+            r, c = trial.last_result or {}, trial.config["trial"]
+            if "run_id" not in r:
+                return
+            what = "already recorded" if r.get("reused") else "finished"
+            echo(f"trial {c['arm']} seed {c['seed']} {what}: NE ctr "
+                 f"{r.get('eval/ne_ctr', float('nan')):.4f}, AUC ctr "
+                 f"{r.get('eval/auc_ctr', float('nan')):.4f} (run {r['run_id']})")
+
+        def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any
+                           ) -> None:
+            c = trial.config["trial"]
+            echo(f"trial {c['arm']} seed {c['seed']} FAILED")
+
+    return Progress()
+
+
+def _tuner(plan: SweepPlan, sweep_id: str, parent_run_id: str, todo: list[tuple[str, int]],
+           echo: Callable[[str], None]) -> Any:
+    from ray import tune
+
+    plan_dict = {"sweep_id": sweep_id, "parent_run_id": parent_run_id,
+                 "recipes": {a.name: a.recipe.model_dump(mode="json") for a in plan.arms}}
+    trainable = tune.with_resources(tune.with_parameters(run_trial, plan_dict=plan_dict),
+                                    {"cpu": _trial_cpus(plan)})
+    storage = Path(TUNE_STORAGE).resolve()
+    path = storage / sweep_id
+    if tune.Tuner.can_restore(path):
+        echo(f"restoring Ray Tune state from {path}")
+        return tune.Tuner.restore(str(path), trainable, resume_unfinished=True,
+                                  restart_errored=True)
+    trials = [{"arm": arm, "seed": seed} for arm, seed in todo]
+    return tune.Tuner(
+        trainable,
+        param_space={"trial": tune.grid_search(trials)},
+        tune_config=tune.TuneConfig(max_concurrent_trials=plan.max_concurrent,
+                                    reuse_actors=True),
+        run_config=tune.RunConfig(name=sweep_id, storage_path=str(storage), verbose=0,
+                                  failure_config=tune.FailureConfig(max_failures=0),
+                                  callbacks=[_progress_callback(echo)]),
+    )
+
+
+def _trial_errors(results: Any) -> dict[tuple[str, int], str]:
+    errors = {}
+    for result in results:
+        if result.error is not None:
+            cfg = result.config["trial"]
+            first = str(result.error).strip().splitlines()
+            errors[(cfg["arm"], int(cfg["seed"]))] = first[-1] if first else "failed"
+    return errors
+
+
+def _close(tracker: RunTracker, status: str, reason: str | None = None) -> None:
+    c = store.client(tracker.uri)
+    if reason:
+        c.set_tag(tracker.run_id, "gem.failure_reason", reason[:5000])
+    elif "gem.failure_reason" in c.get_run(tracker.run_id).data.tags:
+        c.delete_tag(tracker.run_id, "gem.failure_reason")  # a resumed sweep that completed
+    c.set_terminated(tracker.run_id, status=status)
+
+
+def run_sweep(plan: SweepPlan, *, new: bool = False, address: str | None = None,
+              echo: Callable[[str], None] = print) -> SweepOutcome:
+    """Run (or resume) the sweep; the parent run ends FINISHED, FAILED or KILLED."""
+    import ray
+
+    uri = plan.arms[0].recipe.tracking.uri or ""
+    check_reachable(uri)
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    _prepare_data(plan)
+    tracker, sweep_id, earlier_status, resumed = _open_parent(plan, uri, new, echo)
+    done = _finished_children(uri, tracker.run_id)
+    todo = [t for t in plan.trials() if t not in done]
+    outcome = SweepOutcome(sweep_id, tracker.run_id, uri, "FINISHED", resumed=resumed)
+    if earlier_status == "FINISHED" and not todo:
+        outcome.already_complete = True
+        outcome.child_run_ids = done
+        echo(f"sweep {sweep_id} is already complete ({len(done)} runs); pass --new to run it "
+             "again")
+        return outcome
+    if done:
+        echo(f"{len(done)} of {len(plan.trials())} trials already recorded; running "
+             f"{len(todo)}")
+    started = False
+    try:
+        started = _init_ray(plan, address)
+        results = _tuner(plan, sweep_id, tracker.run_id, todo, echo).fit()
+        outcome.errors = _trial_errors(results)
+    except BaseException as err:
+        reason = "interrupted" if isinstance(err, KeyboardInterrupt) else f"{err}"
+        _close(tracker, "KILLED", f"{reason}; run the same command again to resume")
+        if started:
+            ray.shutdown()
+        if isinstance(err, GemError | KeyboardInterrupt):
+            raise
+        raise SweepError(f"Sweep {sweep_id} stopped: {type(err).__name__}: {err}",
+                         "Run the same command again to resume it.") from err
+    if started:
+        ray.shutdown()
+    outcome.child_run_ids = _finished_children(uri, tracker.run_id)
+    outcome.missing = [t for t in plan.trials() if t not in outcome.child_run_ids]
+    if not outcome.missing:
+        _close(tracker, "FINISHED")
+        return outcome
+    if outcome.errors:
+        outcome.status = "FAILED"
+        failed = "; ".join(f"{a} seed {s}: {e}" for (a, s), e in outcome.errors.items())
+        _close(tracker, "FAILED", f"{len(outcome.errors)} trial(s) failed: {failed}; run the "
+               "same command again to retry them")
+    else:
+        outcome.status = "KILLED"
+        _close(tracker, "KILLED", "interrupted; run the same command again to resume")
+    return outcome
