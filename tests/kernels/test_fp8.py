@@ -19,8 +19,10 @@ from gem_kernels.fp8 import (  # noqa: E402
     Fp8Config,
     apply_hadamard,
     dequantize_reference,
+    fp8_block_linear,
     gemm,
     gemm_reference,
+    hadamard_for,
     hadamard_matrix,
     quantize,
     quantize_reference,
@@ -166,8 +168,8 @@ def test_gemm_matches_dequantized_reference():
                 gemm_reference(g, bq, torch.float32)) < 1e-5
 
 
-CFGS = [Fp8Config(), Fp8Config(hadamard=True, hadamard_block=32),
-        Fp8Config(stochastic_rounding=True, wgrad="fp8"),
+CFGS = [Fp8Config(block=32), Fp8Config(block=32, hadamard=True, hadamard_block=32),
+        Fp8Config(block=32, stochastic_rounding=True, wgrad="fp8"),
         Fp8Config(block=128, hadamard=True, hadamard_block=64),
         Fp8Config(block=128, stochastic_rounding=True, wgrad="fp8")]
 
@@ -197,17 +199,16 @@ def test_linear_gradients_close_to_bf16(cfg, kernel):
 
 def test_linear_consumes_prequantized_weight():
     torch.manual_seed(1)
-    cfg = Fp8Config(hadamard=True, hadamard_block=32)
+    cfg = Fp8Config(block=32, hadamard=True, hadamard_block=32)
     lin = Fp8BlockLinear(64, 32, cfg=cfg, kernel="pytorch")
     x = torch.randn(32, 64)
     wq = Fp8BlockWeight(quantize_weight(lin.weight, cfg, "pytorch"), lin.weight.dtype,
-                        hadamard=None)
+                        hadamard=hadamard_for(cfg, x.device))
     w_param = torch.nn.Parameter(wq)
-    y = torch.nn.functional.linear  # noqa: F841  (only the module path is under test)
-    from gem_kernels.fp8.linear import fp8_block_linear
-
     out = fp8_block_linear(x, w_param, lin.bias, cfg, kernel="pytorch")
-    assert torch.allclose(out, lin(x))
+    assert torch.allclose(out, lin(x))  # same bytes as quantizing inside the layer
+    # generic ops fall back to the dequantized (and un-rotated) weight
+    assert _rel(w_param.detach() + 0, lin.weight) < 0.04
     out.sum().backward()
     assert w_param.grad is not None and w_param.grad.shape == lin.weight.shape
 
@@ -219,21 +220,21 @@ def test_cpu_training_in_fp8_tracks_bf16():
         model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(),
                                     torch.nn.Linear(128, 1))
         if fp8:
-            model[0] = Fp8BlockLinear.from_linear(model[0], Fp8Config(hadamard=True,
+            model[0] = Fp8BlockLinear.from_linear(model[0], Fp8Config(block=32, hadamard=True,
                                                                       hadamard_block=64))
-        opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+        opt = torch.optim.Adam(model.parameters(), lr=5e-3)
         g = torch.Generator().manual_seed(1)
         w_true = torch.randn(64, 1, generator=g)
-        for _ in range(40):
-            x = torch.randn(128, 64, generator=g)
+        for _ in range(25):
+            x = torch.randn(64, 64, generator=g)
             loss = torch.nn.functional.mse_loss(model(x), torch.tanh(x @ w_true))
             opt.zero_grad()
             loss.backward()
             opt.step()
-        return float(loss)
+        return float(loss.detach())
 
     base, fp8 = run(False), run(True)
-    assert fp8 < 0.5 * 1.0  # it learned (initial loss ~0.6)
+    assert fp8 < 0.5  # it learned (the initial loss is ~0.9)
     assert abs(fp8 - base) < 0.15 * base + 0.01
 
 

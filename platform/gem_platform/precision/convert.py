@@ -26,7 +26,7 @@ def _set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:
     setattr(parent, child, module)
 
 
-def convert_to_fp8(model: nn.Module, *, block: int = 32, hadamard: bool = False,
+def convert_to_fp8(model: nn.Module, *, block: int = 128, hadamard: bool = False,
                    hadamard_block: int = 128, stochastic_rounding: bool = False,
                    wgrad: str = "bf16", keep_last: int = 1, keep: list[str] | None = None,
                    seed: int = 0) -> list[str]:
