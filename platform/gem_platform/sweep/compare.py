@@ -1,0 +1,252 @@
+"""Compare the arms of one or more sweeps (or hand-picked runs): quality per task as mean +-
+std over seeds with the delta to the baseline arm and its confidence interval, efficiency
+(QPS, MFU, padding waste, straggler overhead), and the regression gates a scheduled pipeline
+fails on."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from mlflow.entities import Run
+from mlflow.exceptions import MlflowException
+
+from gem_platform.sweep import store
+from gem_platform.sweep.config import SweepError
+from gem_platform.sweep.stats import Delta, Summary, relative, summarize, welch_delta
+
+QUALITY = ("ne", "auc")
+EFFICIENCY = {
+    "perf/qps": "QPS",
+    "perf/mfu_e2e": "MFU E2E",
+    "balance/padding_waste_mean": "padding waste",
+    "balance/straggler_overhead_mean": "straggler overhead",
+}
+
+
+@dataclass(frozen=True)
+class TrialRun:
+    """One finished run as an arm's sample."""
+
+    run_id: str
+    arm: str
+    seed: str
+    metrics: dict[str, float]
+    sweep_id: str | None = None
+    parent_run_id: str | None = None
+
+
+@dataclass
+class ArmResult:
+    arm: str
+    run_ids: list[str]
+    seeds: list[str]
+    metrics: dict[str, Summary] = field(default_factory=dict)
+    # metric -> delta to the baseline; NE and QPS in percent of the baseline, others absolute
+    deltas: dict[str, Delta] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Gates:
+    """Limits per arm vs the baseline; None = not checked."""
+
+    max_ne_regression_pct: float | None = None
+    max_auc_drop: float | None = None
+    max_qps_drop_pct: float | None = None
+
+    def any(self) -> bool:
+        return any(v is not None for v in asdict(self).values())
+
+
+@dataclass(frozen=True)
+class GateFailure:
+    arm: str
+    metric: str
+    observed: float
+    limit: float
+    message: str
+
+
+@dataclass
+class Comparison:
+    baseline: str
+    tasks: list[str]
+    arms: list[ArmResult]
+    sweep_ids: list[str]
+    parent_run_ids: list[str]
+    skipped: list[str] = field(default_factory=list)  # unfinished runs left out
+    failures: list[GateFailure] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        def clean(obj: Any) -> Any:
+            if isinstance(obj, float):
+                return None if math.isnan(obj) else obj
+            if isinstance(obj, dict):
+                return {k: clean(v) for k, v in obj.items()}
+            if isinstance(obj, list):
+                return [clean(v) for v in obj]
+            return obj
+
+        return clean(asdict(self))
+
+
+def parse_percent(text: str) -> float:
+    """'0.1%' or '0.1' -> 0.1 (percent)."""
+    raw = text.strip().removesuffix("%").strip()
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SweepError(f"Gate value {text!r} is not a number.",
+                         "Write a percentage such as 0.1% (or 0.1).") from None
+    if value < 0 or not math.isfinite(value):
+        raise SweepError(f"Gate value {text!r} must be a finite number >= 0.",
+                         "Write a percentage such as 0.1%.")
+    return value
+
+
+def _as_trial(run: Run, sweep_id: str | None, parent: str | None) -> TrialRun:
+    tags = run.data.tags
+    return TrialRun(
+        run_id=run.info.run_id,
+        arm=tags.get(store.TAG_ARM) or tags.get(store.TAG_RUN_NAME) or run.info.run_id[:8],
+        seed=tags.get(store.TAG_SEED, run.info.run_id[:8]),
+        metrics=dict(run.data.metrics),
+        sweep_id=sweep_id or tags.get(store.TAG_SWEEP),
+        parent_run_id=parent or tags.get(store.TAG_PARENT),
+    )
+
+
+def collect(uri: str, ids: list[str]) -> tuple[list[TrialRun], list[Run], list[str]]:
+    """Resolve sweep ids, parent run ids and run ids into finished trial runs.
+
+    Returns (trial runs, parent runs, ids of unfinished runs left out).
+    """
+    c = store.client(uri)
+    trials: dict[str, TrialRun] = {}
+    parents: dict[str, Run] = {}
+    skipped: list[str] = []
+    for ident in ids:
+        ref = store.find_sweep(c, ident)
+        parent = ref.parent if ref else None
+        runs: list[Run]
+        if parent is None:
+            try:
+                run = c.get_run(ident)
+            except MlflowException:
+                raise SweepError(
+                    f"No sweep or run {ident!r} in the MLflow store {uri}.",
+                    "List sweeps and runs with `gemctl runs`; pass a sweep id (e.g. "
+                    "attention-20260101-120000) or run ids.") from None
+            if run.data.tags.get(store.TAG_ROLE) == store.ROLE_PARENT:
+                parent = run
+            runs = [run] if parent is None else []
+        if parent is not None:
+            parents[parent.info.run_id] = parent
+            runs = store.children(c, parent)
+            if not runs:
+                raise SweepError(f"Sweep {ident!r} has no child runs yet.",
+                                 "Run (or resume) it with `gemctl sweep SPEC`.")
+        for run in runs:
+            if run.info.status != "FINISHED":
+                skipped.append(run.info.run_id)
+                continue
+            sweep = parent.data.tags.get(store.TAG_SWEEP) if parent else None
+            trials[run.info.run_id] = _as_trial(run, sweep, parent.info.run_id if parent
+                                                else None)
+    return list(trials.values()), list(parents.values()), skipped
+
+
+def _tasks(trials: list[TrialRun]) -> list[str]:
+    found = {k.removeprefix("eval/ne_") for t in trials for k in t.metrics
+             if k.startswith("eval/ne_")}
+    order = ["ctr", "cvr"]
+    return [t for t in order if t in found] + sorted(found - set(order))
+
+
+def _metric_names(tasks: list[str]) -> list[str]:
+    return [f"eval/{q}_{t}" for t in tasks for q in QUALITY] + list(EFFICIENCY)
+
+
+def _relative_metric(name: str) -> bool:
+    return name.startswith("eval/ne_") or name == "perf/qps"
+
+
+def compare_trials(trials: list[TrialRun], baseline: str | None = None) -> Comparison:
+    if not trials:
+        raise SweepError("No finished runs to compare.",
+                         "Wait for the sweep to finish, or resume it with `gemctl sweep SPEC`.")
+    arms: dict[str, list[TrialRun]] = {}
+    for t in trials:
+        arms.setdefault(t.arm, []).append(t)
+    base = baseline or next(iter(arms))
+    if base not in arms:
+        raise SweepError(f"Baseline arm {base!r} is not among the compared arms "
+                         f"({', '.join(arms)}).", "Pass --baseline with one of them.")
+    tasks = _tasks(trials)
+    names = _metric_names(tasks)
+
+    def values(runs: list[TrialRun], name: str) -> list[float]:
+        return [r.metrics[name] for r in runs if name in r.metrics]
+
+    results = []
+    for arm, runs in arms.items():
+        runs = sorted(runs, key=lambda r: r.seed)
+        res = ArmResult(arm, [r.run_id for r in runs], [r.seed for r in runs])
+        for name in names:
+            res.metrics[name] = summarize(values(runs, name))
+            if arm != base:
+                d = welch_delta(values(runs, name), values(arms[base], name))
+                if _relative_metric(name):
+                    d = relative(d, summarize(values(arms[base], name)).mean)
+                res.deltas[name] = d
+        results.append(res)
+    results.sort(key=lambda r: r.arm != base)
+    sweeps = sorted({t.sweep_id for t in trials if t.sweep_id})
+    parents = sorted({t.parent_run_id for t in trials if t.parent_run_id})
+    return Comparison(base, tasks, results, sweeps, parents)
+
+
+def check_gates(cmp: Comparison, gates: Gates) -> list[GateFailure]:
+    """Every (arm, metric) whose mean delta to the baseline is worse than its gate."""
+    out: list[GateFailure] = []
+    for res in cmp.arms:
+        if res.arm == cmp.baseline:
+            continue
+        for task in cmp.tasks:
+            ne = res.deltas.get(f"eval/ne_{task}")
+            limit = gates.max_ne_regression_pct
+            if limit is not None and ne is not None and ne.value > limit:
+                out.append(GateFailure(res.arm, f"eval/ne_{task}", ne.value, limit,
+                                       f"arm '{res.arm}': NE {task} {ne.value:+.3f}% vs "
+                                       f"'{cmp.baseline}' exceeds --max-ne-regression "
+                                       f"{limit:g}%"))
+            auc = res.deltas.get(f"eval/auc_{task}")
+            limit = gates.max_auc_drop
+            if limit is not None and auc is not None and -auc.value > limit:
+                out.append(GateFailure(res.arm, f"eval/auc_{task}", auc.value, limit,
+                                       f"arm '{res.arm}': AUC {task} {auc.value:+.4f} vs "
+                                       f"'{cmp.baseline}' drops more than --max-auc-drop "
+                                       f"{limit:g}"))
+        qps = res.deltas.get("perf/qps")
+        limit = gates.max_qps_drop_pct
+        if limit is not None and qps is not None and -qps.value > limit:
+            out.append(GateFailure(res.arm, "perf/qps", qps.value, limit,
+                                   f"arm '{res.arm}': QPS {qps.value:+.1f}% vs "
+                                   f"'{cmp.baseline}' drops more than --max-qps-drop {limit:g}%"))
+    return out
+
+
+def compare(uri: str, ids: list[str], baseline: str | None = None,
+            gates: Gates | None = None) -> Comparison:
+    """Collect, compare and gate. The baseline defaults to the sweep's own."""
+    trials, parents, skipped = collect(uri, ids)
+    if baseline is None and parents:
+        baseline = parents[0].data.tags.get(store.TAG_BASELINE)
+        if baseline and baseline not in {t.arm for t in trials}:
+            baseline = None
+    cmp = compare_trials(trials, baseline)
+    cmp.skipped = skipped
+    if gates is not None:
+        cmp.failures = check_gates(cmp, gates)
+    return cmp

@@ -1,0 +1,71 @@
+"""Mean +- std over seeds and the Welch t-interval of a difference of means: the numbers a
+reader needs to tell a real regression from seed noise."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Summary:
+    mean: float
+    std: float  # sample std (n-1); nan with one seed
+    n: int
+
+
+@dataclass(frozen=True)
+class Delta:
+    """``value`` = mean(arm) - mean(baseline); [low, high] its interval (nan when a side has a
+    single seed: there is no variance to estimate)."""
+
+    value: float
+    low: float
+    high: float
+
+
+def summarize(values: list[float]) -> Summary:
+    vals = [v for v in values if math.isfinite(v)]
+    if not vals:
+        return Summary(math.nan, math.nan, 0)
+    std = statistics.stdev(vals) if len(vals) > 1 else math.nan
+    return Summary(statistics.fmean(vals), std, len(vals))
+
+
+def t_quantile(p: float, df: float) -> float:
+    """Student t quantile; scipy when present (it ships with MLflow), else the normal one
+    corrected by the Cornish-Fisher expansion (within 1% for df >= 3)."""
+    try:
+        from scipy.stats import t
+
+        return float(t.ppf(p, df))
+    except ImportError:
+        z = statistics.NormalDist().inv_cdf(p)
+        g1 = (z**3 + z) / 4
+        g2 = (5 * z**5 + 16 * z**3 + 3 * z) / 96
+        g3 = (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / 384
+        return z + g1 / df + g2 / df**2 + g3 / df**3
+
+
+def welch_delta(arm: list[float], base: list[float], confidence: float = 0.95) -> Delta:
+    """Difference of means with a Welch (unequal variances) t-interval."""
+    a, b = summarize(arm), summarize(base)
+    value = a.mean - b.mean
+    if a.n < 2 or b.n < 2:
+        return Delta(value, math.nan, math.nan)
+    va, vb = a.std**2 / a.n, b.std**2 / b.n
+    se = math.sqrt(va + vb)
+    if se == 0:
+        return Delta(value, value, value)
+    df = (va + vb) ** 2 / (va**2 / (a.n - 1) + vb**2 / (b.n - 1))
+    half = t_quantile(0.5 + confidence / 2, df) * se
+    return Delta(value, value - half, value + half)
+
+
+def relative(delta: Delta, base_mean: float) -> Delta:
+    """The same delta in percent of the baseline mean."""
+    if not base_mean or not math.isfinite(base_mean):
+        return Delta(math.nan, math.nan, math.nan)
+    k = 100.0 / abs(base_mean)
+    return Delta(delta.value * k, delta.low * k, delta.high * k)
