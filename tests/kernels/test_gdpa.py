@@ -156,6 +156,16 @@ def test_snake_schedule_balances_long_tailed_work() -> None:
     assert float(sched.work.max() / sched.work.mean()) <= 1.1
 
 
+def test_snake_balances_per_sm_with_several_programs_per_sm() -> None:
+    lengths = torch.tensor(lognormal_lengths(256, 470, 2048, seed=1))
+    short = torch.full_like(lengths, 16)
+    _, work = build_items(lengths, short, 64, 16, heads=4)  # cross attention, forward
+    sms, p = 132, 4 * 132
+    prog = deal(work, p, snake=True, num_sms=sms)
+    assert torch.bincount(prog, minlength=p).min() > 0  # every program gets work
+    assert imbalance(work, prog, p, sms) <= 1.1
+
+
 # --- Triton kernels under the CPU interpreter --------------------------------------------
 
 def _check_triton(ql, kl, heads, dim, dtype, device, act, norm, fwd_tol, bwd_tol,

@@ -140,7 +140,7 @@ def sched_stats(c: Case, cfg, rows_are_q: bool, num_sms: int) -> dict:
     from gem_kernels.gdpa.schedule import build_schedule
 
     build_schedule(c.qo if rows_are_q else c.ko, c.ko if rows_are_q else c.qo, cfg.block_rows,
-                   cfg.block_cols, c.heads, p, c.q.device)
+                   cfg.block_cols, c.heads, p, c.q.device, num_sms=num_sms)
     build_ms = (time.perf_counter() - t0) * 1e3
     tiles = int((work - 1).sum())
     bm, bn = cfg.block_rows, cfg.block_cols
@@ -148,44 +148,69 @@ def sched_stats(c: Case, cfg, rows_are_q: bool, num_sms: int) -> dict:
     return {
         "programs": p, "items": int(items.shape[0]), "tiles_computed": tiles,
         "tiles_padded_grid": padded_tiles, "schedule_build_ms": round(build_ms, 3),
-        "imbalance_snake_per_sm": imbalance(work, deal(work, p, True), p, num_sms),
+        "imbalance_snake_per_sm": imbalance(work, deal(work, p, True, num_sms), p, num_sms),
         "imbalance_natural_per_sm": imbalance(work, deal(work, p, False), p, num_sms),
-        "imbalance_snake_per_program": imbalance(work, deal(work, p, True), p),
+        "imbalance_snake_per_program": imbalance(work, deal(work, p, True, num_sms), p),
         "imbalance_natural_per_program": imbalance(work, deal(work, p, False), p),
     }
 
 
-def fwd_variants(case: str, quick: bool):
+def fwd_variants(case: str, quick: bool) -> list[tuple[str, dict]]:
     """(name, TileConfig overrides) forward ablations timed besides the default."""
+    flip = [("flip_prefetch", {"prefetch": None})]  # None: the opposite of the default
     if quick:
-        return [("no_prefetch", {"prefetch": False})]
-    common = [("no_prefetch", {"prefetch": False})]
+        return flip
     if case == "self":
-        return common + [("bm128_bn128_w8", {"block_cols": 128}),
-                         ("bm128_bn64_s3", {"num_stages": 3}),
-                         ("bm64_bn64_w4_cta2", {"block_rows": 64, "num_warps": 4,
-                                                "ctas_per_sm": 2})]
+        return flip + [("bm128_bn128_s3", {"block_cols": 128}),
+                       ("bm128_bn64_s4", {"num_stages": 4}),
+                       ("bm128_bn64_s2", {"num_stages": 2}),
+                       ("bm64_bn64_w4_s3_cta2", {"block_rows": 64, "num_warps": 4,
+                                                 "ctas_per_sm": 2})]
     if case == "cross":
-        return common + [("bm128_w4_cta2", {"block_rows": 128, "ctas_per_sm": 2}),
-                         ("bm64_w4_cta2", {"ctas_per_sm": 2}),
-                         ("bm128_w8_cta2", {"block_rows": 128, "num_warps": 8,
-                                            "ctas_per_sm": 2})]
-    return common + [("bn128_s3", {"block_cols": 128}),
-                     ("bn64_s4", {"num_stages": 4}),
-                     ("bn64_s2_cta2", {"num_stages": 2, "ctas_per_sm": 2})]
+        return flip + [("bm128_w4_cta2", {"block_rows": 128, "ctas_per_sm": 2}),
+                       ("bm64_cta8", {"ctas_per_sm": 8}),
+                       ("bm64_cta4_prefetch_s2", {"prefetch": True, "num_stages": 2}),
+                       ("bm32_cta8", {"block_rows": 32, "ctas_per_sm": 8})]
+    return flip + [("bn128_s3", {"block_cols": 128}),
+                   ("bn64_s4", {"num_stages": 4}),
+                   ("bn64_s3_cta2_w8", {"ctas_per_sm": 2, "num_warps": 8})]
 
 
-def bwd_variants(case: str, quick: bool):
-    """(name, dkdv overrides, dq overrides) backward ablations."""
+def bwd_variants(case: str, quick: bool, max_q: int, max_kv: int, dim: int):
+    """(name, bwd_mode, dkdv config, dq config) backward ablations."""
+    from gem_kernels.gdpa.triton_bwd import (
+        TileConfig,
+        dkdv_config,
+        dq_config,
+        short_kv_config,
+        short_q_config,
+    )
+
+    kv, q = dkdv_config(max_q, max_kv, dim), dq_config(max_q, max_kv, dim)
+    two = [("bwd_two_kernel", "two_kernel", replace(kv, prefetch=True),
+            replace(q, prefetch=True))]
     if quick:
-        return []
+        return two if case != "self" else []
     if case == "self":
-        return [("bwd_128x64_w8", {"block_rows": 128, "num_warps": 8, "ctas_per_sm": 1},
-                 {"block_rows": 128, "num_warps": 8, "ctas_per_sm": 1}),
-                ("bwd_64x64_s3", {"num_stages": 3}, {"num_stages": 3}),
-                ("bwd_no_prefetch", {"prefetch": False}, {"prefetch": False})]
-    return [("bwd_no_prefetch", {"prefetch": False}, {"prefetch": False}),
-            ("bwd_cta4", {"ctas_per_sm": 4}, {"ctas_per_sm": 4})]
+        return [("bwd_prefetch", "two_kernel", replace(kv, prefetch=True),
+                 replace(q, prefetch=True)),
+                ("bwd_128x32_w8", "two_kernel", TileConfig(128, 32, 8, 2, 1, False),
+                 TileConfig(128, 32, 8, 2, 1, False)),
+                ("bwd_64x32_s3", "two_kernel", TileConfig(64, 32, 4, 3, 2, False),
+                 TileConfig(64, 32, 4, 3, 2, False)),
+                ("bwd_128x64_w8_s2", "two_kernel", TileConfig(128, 64, 8, 2, 1, False),
+                 TileConfig(128, 64, 8, 2, 1, False))]
+    if case == "cross":
+        f = short_kv_config(max_kv, dim)
+        return two + [("bwd_fused_no_prefetch", "short_kv", None, replace(f, prefetch=False)),
+                      ("bwd_fused_bm128_w8", "short_kv", None,
+                       replace(f, block_rows=128, num_warps=8)),
+                      ("bwd_fused_cta4", "short_kv", None, replace(f, ctas_per_sm=4))]
+    f = short_q_config(max_q, dim)
+    return two + [("bwd_fused_no_prefetch", "short_q", replace(f, prefetch=False), None),
+                  ("bwd_fused_bn128_w8", "short_q", replace(f, block_rows=128, num_warps=8),
+                   None),
+                  ("bwd_fused_cta4", "short_q", replace(f, ctas_per_sm=4), None)]
 
 
 def run_case(c: Case, phase: str, quick: bool, rows: list[BenchRow], meta: dict,
@@ -194,21 +219,32 @@ def run_case(c: Case, phase: str, quick: bool, rows: list[BenchRow], meta: dict,
     schedule-order, prefetch and tile-shape variants."""
     from gem_kernels.gdpa import gdpa
     from gem_kernels.gdpa.activations import ACT_CODE
-    from gem_kernels.gdpa.autograd import GDPAFunction, num_sms, schedule_for
+    from gem_kernels.gdpa.autograd import GDPAFunction, backward_mode, num_sms, schedule_for
     from gem_kernels.gdpa.reference import gdpa_padded
     from gem_kernels.gdpa.schedule import build_schedule
-    from gem_kernels.gdpa.triton_bwd import dkdv_config, dq_config
+    from gem_kernels.gdpa.triton_bwd import (
+        dkdv_config,
+        dq_config,
+        short_kv_config,
+        short_q_config,
+    )
     from gem_kernels.gdpa.triton_fwd import fwd_config, launch_fwd
 
     scale = 1.0 / math.sqrt(c.dim)
     sms = num_sms(c.q.device)
     cfg = fwd_config(c.max_q, c.max_kv, c.dim)
     cfg_kv, cfg_q = dkdv_config(c.max_q, c.max_kv, c.dim), dq_config(c.max_q, c.max_kv, c.dim)
+    mode = backward_mode(c.max_q, c.max_kv)
+    if mode == "short_kv":
+        cfg_q = short_kv_config(c.max_kv, c.dim)
+    elif mode == "short_q":
+        cfg_kv = short_q_config(c.max_q, c.dim)
     if phase == "main":
         meta["cases"][c.name] = {
             "lengths_q": {"sum": sum(c.ql), "max": c.max_q},
             "lengths_kv": {"sum": sum(c.kl), "max": c.max_kv},
-            "fwd_config": vars(cfg), "dkdv_config": vars(cfg_kv), "dq_config": vars(cfg_q),
+            "fwd_config": vars(cfg), "bwd_mode": mode, "dkdv_config": vars(cfg_kv),
+            "dq_config": vars(cfg_q),
             "schedule_fwd": sched_stats(c, cfg, True, sms),
             "schedule_dkdv": sched_stats(c, cfg_kv, False, sms),
             "schedule_dq": sched_stats(c, cfg_q, True, sms), "errors": {}}
@@ -275,25 +311,26 @@ def run_case(c: Case, phase: str, quick: bool, rows: list[BenchRow], meta: dict,
     record("ours_no_snake", "fwd",
            lambda: launch_fwd(c.q, c.k, c.v, natural, cfg, act, 0, scale, c.max_kv))
     for name, over in fwd_variants(c.name, quick):
+        if "prefetch" in over and over["prefetch"] is None:
+            over = {**over, "prefetch": not cfg.prefetch}
         vcfg = replace(cfg, **over)
         sched = schedule_for(c.qo, c.ko, c.heads, vcfg, c.q.device)
         record(f"ours_{name}", "fwd",
                lambda vcfg=vcfg, sched=sched: launch_fwd(c.q, c.k, c.v, sched, vcfg, act, 0,
                                                          scale, c.max_kv),
                {"config": vars(vcfg)})
-    for name, okv, oq in bwd_variants(c.name, quick):
-        ckv, cq = replace(cfg_kv, **okv), replace(cfg_q, **oq)
-
-        def op(q, k, v, ckv=ckv, cq=cq):
+    for name, mode, ckv, cq in bwd_variants(c.name, quick, c.max_q, c.max_kv, c.dim):
+        def op(q, k, v, ckv=ckv, cq=cq, mode=mode):
             return GDPAFunction.apply(q, k, v, c.qo, c.ko, c.max_q, c.max_kv, ACTIVATION,
-                                      scale, 0, None, ckv, cq)
+                                      scale, 0, None, ckv, cq, mode)
 
         try:
             _, b, _ = _grad_fns(op, (c.q, c.k, c.v), c.do)
         except Exception as e:
             info["errors"][f"ours_{name}"] = f"{type(e).__name__}: {e}"[:500]
             continue
-        record(f"ours_{name}", "bwd", b, {"dkdv": vars(ckv), "dq": vars(cq)})
+        record(f"ours_{name}", "bwd", b, {"mode": mode, "dkdv": ckv and vars(ckv),
+                                           "dq": cq and vars(cq)})
         del b
 
 

@@ -34,8 +34,9 @@ def schedule_for(rows_offsets: torch.Tensor, cols_offsets: torch.Tensor, heads: 
     key = (cfg.block_rows, cfg.block_cols, cfg.ctas_per_sm, heads, str(device))
 
     def build() -> Schedule:
+        sms = num_sms(device)
         return build_schedule(rows_offsets, cols_offsets, cfg.block_rows, cfg.block_cols,
-                              heads, num_sms(device) * cfg.ctas_per_sm, device)
+                              heads, sms * cfg.ctas_per_sm, device, num_sms=sms)
 
     return _CACHE.get(key, rows_offsets, cols_offsets, build)
 

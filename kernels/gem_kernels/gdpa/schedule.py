@@ -56,17 +56,30 @@ def build_items(row_lengths: torch.Tensor, col_lengths: torch.Tensor, block_rows
     return items, work.repeat_interleave(heads)
 
 
-def deal(work: torch.Tensor, num_programs: int, snake: bool = True) -> torch.Tensor:
+def deal(work: torch.Tensor, num_programs: int, snake: bool = True,
+         num_sms: int | None = None) -> torch.Tensor:
     """Program of each item. snake=True: sorted by work and dealt zig-zag; False: natural
-    order, round-robin (what an unsorted persistent grid does)."""
+    order, round-robin (what an unsorted persistent grid does).
+
+    With num_sms < num_programs (several programs per SM; program p runs on SM p % num_sms)
+    the snake deals over SMs first, then each SM's items over its own programs, so that the
+    per-SM sums balance even when there are only a few items per program."""
     n = work.numel()
     if not snake:
         return torch.arange(n) % num_programs
     order = torch.argsort(-work.double(), stable=True)
     rank = torch.arange(n)
-    rnd = rank // num_programs
-    lane = rank % num_programs
-    prog_sorted = torch.where(rnd % 2 == 0, lane, num_programs - 1 - lane)
+    lanes = num_sms if num_sms is not None and num_sms < num_programs else num_programs
+    rnd = rank // lanes
+    lane = rank % lanes
+    sm = torch.where(rnd % 2 == 0, lane, lanes - 1 - lane)
+    if lanes == num_programs:
+        prog_sorted = sm
+    else:
+        per_sm = torch.div(num_programs - sm + lanes - 1, lanes, rounding_mode="floor")
+        i = rnd  # each round gives every SM one item: rnd is the item's index on its SM
+        j = torch.where((i // per_sm) % 2 == 0, i % per_sm, per_sm - 1 - i % per_sm)
+        prog_sorted = sm + lanes * j
     prog = torch.empty(n, dtype=torch.int64)
     prog[order] = prog_sorted
     return prog
@@ -86,8 +99,10 @@ def imbalance(work: torch.Tensor, prog: torch.Tensor, num_programs: int,
 
 def build_schedule(row_offsets: torch.Tensor, col_offsets: torch.Tensor, block_rows: int,
                    block_cols: int, heads: int, max_programs: int,
-                   device: torch.device | str, snake: bool = True) -> Schedule:
-    """snake=False keeps the natural item order dealt round-robin (the unbalanced baseline)."""
+                   device: torch.device | str, snake: bool = True,
+                   num_sms: int | None = None) -> Schedule:
+    """snake=False keeps the natural item order dealt round-robin (the unbalanced baseline);
+    num_sms: see ``deal``."""
     row_offsets = row_offsets.to("cpu", torch.int64)
     col_offsets = col_offsets.to("cpu", torch.int64)
     row_len = row_offsets[1:] - row_offsets[:-1]
@@ -95,7 +110,7 @@ def build_schedule(row_offsets: torch.Tensor, col_offsets: torch.Tensor, block_r
     items, work = build_items(row_len, col_len, block_rows, block_cols, heads)
     n = items.shape[0]
     p = max(1, min(max_programs, n))
-    prog = deal(work, p, snake)
+    prog = deal(work, p, snake, num_sms)
     # Within a program keep the dealt order (descending work with snake, natural without).
     rank = torch.argsort(torch.argsort(-work.double(), stable=True)) if snake \
         else torch.arange(n)

@@ -42,7 +42,7 @@ def dkdv_config(max_q: int, max_kv: int, head_dim: int) -> TileConfig:
     if max_q <= 32:
         return TileConfig(64, _pow2_at_least(max_q, 16, 32), num_warps=4, num_stages=1,
                           ctas_per_sm=2)
-    return TileConfig(64, 64, num_warps=4, num_stages=2, ctas_per_sm=2)
+    return TileConfig(64, 64, num_warps=4, num_stages=2, ctas_per_sm=2, prefetch=False)
 
 
 def dq_config(max_q: int, max_kv: int, head_dim: int) -> TileConfig:
@@ -53,7 +53,7 @@ def dq_config(max_q: int, max_kv: int, head_dim: int) -> TileConfig:
     if max_q <= 32:
         return TileConfig(_pow2_at_least(max_q, 16, 32), 64, num_warps=4, num_stages=2,
                           ctas_per_sm=2)
-    return TileConfig(64, 64, num_warps=4, num_stages=2, ctas_per_sm=2)
+    return TileConfig(64, 64, num_warps=4, num_stages=2, ctas_per_sm=2, prefetch=False)
 
 
 def short_kv_config(max_kv: int, head_dim: int) -> TileConfig:
