@@ -179,7 +179,7 @@ def test_triton_interpreter_matches_reference(causal, window, use_tma):
 
 
 @interpreter
-@pytest.mark.parametrize("boundary", ["trick", "where", "mask_all"])
+@pytest.mark.parametrize("boundary", ["trick", "trick_fused", "where", "mask_all"])
 def test_triton_interpreter_boundary_modes(boundary):
     lengths = [33, 5, 16, 47]
     offs = offsets_from_lengths(lengths)
@@ -192,7 +192,8 @@ def test_triton_interpreter_boundary_modes(boundary):
 
 
 @interpreter
-def test_triton_interpreter_boundary_trick_exact_for_very_negative_scores():
+@pytest.mark.parametrize("boundary", ["trick", "trick_fused"])
+def test_triton_interpreter_boundary_trick_exact_for_very_negative_scores(boundary):
     """Every real score far below zero: the zero-filled keys (score 0) dominate the raw row sum
     and the subtraction alone would cancel catastrophically; the guard must keep it exact."""
     lengths = [5, 20, 3]
@@ -201,7 +202,7 @@ def test_triton_interpreter_boundary_trick_exact_for_very_negative_scores():
     q = (q.abs() + 1.0).to(torch.float16)
     k = (-(k.abs() + 1.0) * 4).to(torch.float16)  # q.k <= -64, scaled <= -16 per pair
     got = _grads(q, k, v, do, offs, 20, False, None, kernel="triton",
-                 options={"fwd": {"boundary": "trick"}})
+                 options={"fwd": {"boundary": boundary}})
     ref = _grads_ref(q, k, v, do, offs, 20, False, None)
     for name, a, b in zip(("out", "dq", "dk", "dv"), got, ref, strict=True):
         assert torch.isfinite(a).all(), name
@@ -251,7 +252,7 @@ def test_triton_gpu_matches_reference(causal, window, head_dim, dtype):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("boundary", ["trick", "where", "mask_all"])
+@pytest.mark.parametrize("boundary", ["trick", "trick_fused", "where", "mask_all"])
 @pytest.mark.parametrize("use_tma", ["ptr", "tma_ragged", "tma_device"])
 def test_triton_gpu_boundary_and_load_paths(boundary, use_tma):
     lengths = [5, 127, 128, 129, 700, 0, 2000]

@@ -6,9 +6,13 @@ Reproduce (H200; results committed as docs/bench/jfa.json):
 (``gemctl bench attention`` calls :func:`main`.)
 
 Variants:
-- ours: ``jagged_attention`` (Triton, TMA loads, boundary trick on the partial key tile).
-- ours_where: the same kernels with a ``tl.where`` mask on the partial key tile instead of the
-  trick; ours_mask_all masks every key tile (a naive kernel). Together: the ablation.
+- ours: ``jagged_attention`` (Triton, ragged TMA loads; full key tiles unmasked, the partial
+  key tile by the boundary trick: unmasked, the zero-filled keys' exp(0 - m) terms subtracted
+  from the row sum).
+- The ablation, forward kernels that differ only in how the sequence end is handled:
+  ours_where (the partial tile with a ``tl.where`` mask instead), ours_mask_all (one loop with
+  a ``tl.where`` mask on every tile) and ours_trick_fused (one unmasked loop over all tiles,
+  the trick's subtraction on every tile, zero except on the partial one).
 - ours_ptr, ours_tma_ragged, ours_tma_device: the three load paths (masked pointer loads; one
   host-side ragged tensor descriptor per tensor; per-sequence descriptors built in the kernel).
 - varlen_attn: ``torch.nn.attention.varlen.varlen_attn`` (FlashAttention varlen), recorded as
@@ -121,7 +125,8 @@ def make_variants(case: Case, q, k, v, offsets) -> dict[str, Callable | str]:
     out["ours"] = lambda q, k, v: jagged_attention(q, k, v, offsets, max_len, causal=causal,
                                                    window=window)
     if not causal and window is None:
-        for name, boundary in (("ours_where", "where"), ("ours_mask_all", "mask_all")):
+        for name, boundary in (("ours_trick_fused", "trick_fused"), ("ours_where", "where"),
+                               ("ours_mask_all", "mask_all")):
             out[name] = (lambda q, k, v, b=boundary: jagged_attention_triton(
                 q, k, v, offsets, max_len, causal=causal, window=window,
                 options={"fwd": {"boundary": b}}))
@@ -219,6 +224,9 @@ def _time_variant(name, fn, case, q, k, v, do, directions, rep_ms):
     return res
 
 
+ABLATION_FWD_ONLY = ("ours_trick_fused", "ours_where", "ours_mask_all")
+
+
 def _warm_gpu(ms: float = 300.0) -> None:
     """Bring clocks up before the first timed variant of a case (it would be disadvantaged)."""
     a = torch.randn(8192, 8192, device="cuda", dtype=DTYPE)
@@ -257,7 +265,7 @@ def run_case(case: Case, rows: list[BenchRow], rep_ms: float, skip: set[str],
             rows.append(BenchRow(case.name, name, "fwd", float("nan"), extra={"status": fn}))
             print(f"  {case.name} {name}: {fn}", flush=True)
             continue
-        directions = ("fwd",) if name == "ours_mask_all" else ("fwd", "bwd", "fwd+bwd")
+        directions = ("fwd",) if name in ABLATION_FWD_ONLY else ("fwd", "bwd", "fwd+bwd")
         try:
             res = _time_variant(name, fn, case, q, k, v, do, directions,
                                 rep_ms=60 if name == "reference" else rep_ms)

@@ -22,13 +22,15 @@ from gem_kernels.jagged_attention.triton_bwd import (
 from gem_kernels.jagged_attention.triton_fwd import (
     BOUNDARY_MASK_ALL,
     BOUNDARY_TRICK,
+    BOUNDARY_TRICK_FUSED,
     BOUNDARY_WHERE,
     LOG2E,
     _jfa_fwd_kernel,
 )
 
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
-BOUNDARY_MODES = {"trick": BOUNDARY_TRICK, "where": BOUNDARY_WHERE, "mask_all": BOUNDARY_MASK_ALL}
+BOUNDARY_MODES = {"trick": BOUNDARY_TRICK, "trick_fused": BOUNDARY_TRICK_FUSED,
+                  "where": BOUNDARY_WHERE, "mask_all": BOUNDARY_MASK_ALL}
 
 
 def _interpret() -> bool:

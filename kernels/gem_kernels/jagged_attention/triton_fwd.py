@@ -10,14 +10,19 @@ Key tiles fall in three ranges per query block:
 * band tiles (causal diagonal, window edges): an explicit ``tl.where`` mask;
 * with neither causal nor window, the one partial tile at the sequence end. BOUNDARY selects how
   it is handled:
-  - ``BOUNDARY_TRICK``: the zero-filled key rows score exactly 0, so each adds exactly
+  - ``BOUNDARY_TRICK`` (default): full tiles in one unmasked loop; the partial tile in a
+    second loop, unmasked too: the zero-filled key rows score exactly 0, so each adds exactly
     ``exp2(0 - m)`` to the row sum and nothing to the numerator (their V rows are zero too);
-    subtract ``n_pad * exp2(-m)`` instead of masking. It is exact up to the rounding of the row
-    sum, and a guard keeps it so: if the spurious terms outweigh the row's total by more than
-    2^8 (which needs every real score of the row so far to sit far below zero) the tile is
-    redone with the mask;
-  - ``BOUNDARY_WHERE``: the same tile with a ``tl.where`` mask;
-  - ``BOUNDARY_MASK_ALL``: a naive kernel that masks every tile (for the ablation).
+    subtract ``n_pad * exp2(-m)`` instead of masking. It is exact up to the rounding of the
+    row sum, and a guard keeps it so: if the spurious terms outweigh the row's total by more
+    than 2^8 (which needs every real score of the row so far to sit far below zero) the tile
+    is redone with the mask;
+  - ``BOUNDARY_TRICK_FUSED``: the same subtraction, but since n_pad is 0 on every other tile
+    all tiles share one unmasked loop (no loop split, so the software pipeline never drains
+    between the full tiles and the partial one); the guard runs once after the loop and
+    redoes the block with the mask if needed. Interpreter-tested; not yet timed on the H200;
+  - ``BOUNDARY_WHERE``: full tiles in one loop, the partial tile with a ``tl.where`` mask;
+  - ``BOUNDARY_MASK_ALL``: one loop that masks every tile (a naive kernel).
 
 The row log-sum-exp is written in base 2 and scaled units (``m + log2(l)`` with scores
 ``qk * scale * log2(e)``) for the backward pass; rows with no valid key get output 0 and
@@ -32,6 +37,7 @@ import triton.language as tl
 BOUNDARY_WHERE = 0
 BOUNDARY_TRICK = 1
 BOUNDARY_MASK_ALL = 2
+BOUNDARY_TRICK_FUSED = 3
 
 LOG2E = 1.4426950408889634
 _RAGGED_BILLION: tl.constexpr = tl.constexpr(0x40000000)  # triton.tools.ragged_tma's 2**30
@@ -111,16 +117,24 @@ def _fwd_tiles(acc, l_i, m_i, q, k_src, v_src, k_base, v_base, seq_start, lo, hi
                BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, MODE: tl.constexpr,
                CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, USE_TMA: tl.constexpr):
     """Key tiles [lo, hi) step BLOCK_N. MODE 0: no mask; 1: band mask (with the sequence end);
-    2: the sequence-end tile by the boundary trick."""
+    2: the sequence-end tile by the boundary trick (guarded per tile); 3: every tile of the
+    sequence by the boundary trick, unguarded (the caller checks once after the loop)."""
     offs_n0 = tl.arange(0, BLOCK_N)
     for start_n in tl.range(lo, hi, BLOCK_N):
         k = _load_rows(k_src, k_base, seq_start, start_n, L, col0, stride_k, BLOCK_N, HEAD_DIM,
-                       USE_TMA, MODE != 0)
+                       USE_TMA, (MODE != 0) and ((MODE != 3) or (USE_TMA == 0)))
         qk = tl.dot(q, tl.trans(k))
         if MODE == 0:
             m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
             p = tl.math.exp2(qk * qk_scale - m_ij[:, None])
             l_ij = tl.sum(p, 1)
+        elif MODE == 3:
+            # fused trick: every tile unmasked; only a tile past the sequence end has
+            # n_pad > 0 (then its zero-filled keys added exactly n_pad * exp2(0 - m_ij))
+            m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+            p = tl.math.exp2(qk * qk_scale - m_ij[:, None])
+            n_pad = tl.maximum(start_n + BLOCK_N - L, 0).to(tl.float32)
+            l_ij = tl.sum(p, 1) - n_pad * tl.math.exp2(-m_ij)
         elif MODE == 2:
             m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
             p = tl.math.exp2(qk * qk_scale - m_ij[:, None])
@@ -148,7 +162,7 @@ def _fwd_tiles(acc, l_i, m_i, q, k_src, v_src, k_base, v_base, seq_start, lo, hi
         l_i = l_i * alpha + l_ij
         acc = acc * alpha[:, None]
         v = _load_rows(v_src, v_base, seq_start, start_n, L, col0, stride_v, BLOCK_N, HEAD_DIM,
-                       USE_TMA, MODE != 0)
+                       USE_TMA, (MODE != 0) and ((MODE != 3) or (USE_TMA == 0)))
         acc = tl.dot(p.to(v.dtype), v, acc)
         m_i = m_ij
     return acc, l_i, m_i
@@ -202,7 +216,7 @@ def _jfa_fwd_kernel(Q, K, V, Out, Qd, Kd, Vd, Od, LSE, offsets, sched, n_sched, 
     if HAS_WINDOW:
         full_hi = tl.minimum(full_hi, ((m0 + WR + 1) // BLOCK_N) * BLOCK_N)
         full_lo = tl.maximum(full_lo, tl.cdiv(tl.maximum(m_last - WL, 0), BLOCK_N) * BLOCK_N)
-    if BOUNDARY == 2:
+    if BOUNDARY == 2 or ((not CAUSAL) and (not HAS_WINDOW) and BOUNDARY == 3):  # one loop
         full_hi = lo
         full_lo = lo
     if full_hi <= full_lo:
@@ -224,7 +238,27 @@ def _jfa_fwd_kernel(Q, K, V, Out, Qd, Kd, Vd, Od, LSE, offsets, sched, n_sched, 
                                    full_lo, full_hi,
                                L, col0, stride_k, stride_v, offs_m, qk_scale, WL, WR,
                                BLOCK_N, HEAD_DIM, 0, CAUSAL, HAS_WINDOW, USE_TMA)
-    if (not CAUSAL) and (not HAS_WINDOW) and BOUNDARY == 1:
+    if (not CAUSAL) and (not HAS_WINDOW) and BOUNDARY == 3:
+        # One uniform loop over all key tiles, no mask anywhere (loads past the end are 0).
+        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_src, v_src, k_base, v_base, start32,
+                                   lo, hi,
+                                   L, col0, stride_k, stride_v, offs_m, qk_scale, WL, WR,
+                                   BLOCK_N, HEAD_DIM, 3, CAUSAL, HAS_WINDOW, USE_TMA)
+        # Exactness guard, once: the spurious mass was added at the last tile, under the final
+        # m_i; if it outweighs the row's true sum by > 2^8 (every real score of the row far
+        # below 0), redo this block with the mask.
+        n_pad_last = (tl.cdiv(L, BLOCK_N) * BLOCK_N - L).to(tl.float32)
+        spur = n_pad_last * tl.math.exp2(-m_i)
+        bad = tl.max(((spur > 256.0 * l_i) & (offs_m < L)).to(tl.int32), 0)
+        if bad != 0:
+            m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
+            l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+            acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+            acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_src, v_src, k_base, v_base,
+                                       start32, lo, hi,
+                                       L, col0, stride_k, stride_v, offs_m, qk_scale, WL, WR,
+                                       BLOCK_N, HEAD_DIM, 1, CAUSAL, HAS_WINDOW, USE_TMA)
+    elif (not CAUSAL) and (not HAS_WINDOW) and BOUNDARY == 1:
         acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_src, v_src, k_base, v_base, start32,
                                    full_hi, hi,
                                    L, col0, stride_k, stride_v, offs_m, qk_scale, WL, WR,
