@@ -1,9 +1,243 @@
-"""gemctl sweep commands."""
+"""gemctl sweep commands: run an ablation sweep on Ray Tune, compare its arms (with regression
+gates for scheduled pipelines), and list recent runs."""
 
 from __future__ import annotations
 
+import json
+import math
+import time
+from pathlib import Path
+from typing import Annotated
+
 import typer
+from rich.console import Console
+from rich.table import Table
+
+from gemctl import render
+
+# Tables of many numeric columns: full width in a terminal, 160 columns in logs (CI, files),
+# where rich would otherwise fold every cell to 80.
+console = render.console if render.console.is_terminal else Console(width=160)
+
+TrackingOpt = Annotated[str | None, typer.Option(
+    "--tracking-uri", help="MLflow store; default MLFLOW_TRACKING_URI or ./mlflow.db.")]
+SetOpt = Annotated[list[str] | None, typer.Option(
+    "--set", "-s", help="Override a field of the base recipe for every arm (repeatable).")]
+
+
+def _uri(tracking_uri: str | None) -> str:
+    from gem_platform.tracking import check_reachable, resolve_tracking_uri
+
+    uri = resolve_tracking_uri(tracking_uri)
+    check_reachable(uri)
+    return uri
+
+
+def _pm(mean: float, std: float, digits: int = 4) -> str:
+    if math.isnan(mean):
+        return "-"
+    return f"{mean:.{digits}f}" + ("" if math.isnan(std) else f"±{std:.{digits}f}")
+
+
+def _delta(d, unit: str = "", digits: int = 4) -> str:
+    if d is None or math.isnan(d.value):
+        return ""
+    text = f"{d.value:+.{digits}f}{unit}"
+    if not math.isnan(d.low):
+        text += f" [{d.low:+.{digits}f},{d.high:+.{digits}f}]"
+    return text
+
+
+def _styled_delta(d, worse_if_positive: bool, unit: str, digits: int) -> str:
+    text = _delta(d, unit, digits)
+    if not text or math.isnan(d.low):
+        return text
+    significant = d.low > 0 or d.high < 0
+    worse = (d.value > 0) == worse_if_positive
+    if not significant:
+        return text
+    return f"[{'red' if worse else 'green'}]{text}[/]"
+
+
+def comparison_tables(cmp) -> list[Table]:
+    """Quality per arm and task (delta to the baseline, 95% Welch interval), then efficiency."""
+    q = Table(title=f"quality per arm: mean±std over seeds; Δ vs baseline '{cmp.baseline}' "
+                    "(*) [95% CI]", title_justify="left")
+    for col in ("arm", "task", "seeds"):
+        q.add_column(col)
+    for col in ("NE", "ΔNE %", "AUC", "ΔAUC"):
+        q.add_column(col, justify="right")
+    for arm in cmp.arms:
+        for task in cmp.tasks:
+            ne, auc = arm.metrics[f"eval/ne_{task}"], arm.metrics[f"eval/auc_{task}"]
+            q.add_row(arm.arm + ("*" if arm.arm == cmp.baseline else ""), task,
+                      str(ne.n), _pm(ne.mean, ne.std),
+                      _styled_delta(arm.deltas.get(f"eval/ne_{task}"), True, "%", 3),
+                      _pm(auc.mean, auc.std),
+                      _styled_delta(arm.deltas.get(f"eval/auc_{task}"), False, "", 4))
+    e = Table(title="efficiency per arm: mean±std over seeds", title_justify="left")
+    e.add_column("arm")
+    for col in ("QPS", "ΔQPS %", "MFU E2E", "padding", "straggler"):
+        e.add_column(col, justify="right")
+    for arm in cmp.arms:
+        m = arm.metrics
+        qps = m["perf/qps"]
+        e.add_row(arm.arm, _pm(qps.mean, qps.std, 0),
+                  _styled_delta(arm.deltas.get("perf/qps"), False, "%", 1),
+                  _pm(m["perf/mfu_e2e"].mean, m["perf/mfu_e2e"].std),
+                  _pm(m["balance/padding_waste_mean"].mean,
+                      m["balance/padding_waste_mean"].std, 3),
+                  _pm(m["balance/straggler_overhead_mean"].mean,
+                      m["balance/straggler_overhead_mean"].std, 3))
+    return [q, e]
+
+
+def _render_comparison(cmp, uri: str, plot: Path | None, as_json: bool) -> None:
+    from gem_platform.sweep.plot import log_plot, plot_ne_vs_step
+
+    plot_path = None
+    if plot is not None:
+        plot_path = plot_ne_vs_step(uri, cmp, plot)
+        log_plot(uri, cmp.parent_run_ids, plot_path)
+    if as_json:
+        body = cmp.to_dict()
+        body["plot"] = str(plot_path) if plot_path else None
+        typer.echo(json.dumps(body, indent=2))
+        return
+    for table in comparison_tables(cmp):
+        console.print(table)
+    if cmp.skipped:
+        console.print(f"[yellow]left out {len(cmp.skipped)} unfinished run(s)[/]: "
+                             + ", ".join(cmp.skipped), highlight=False)
+    if plot_path:
+        where = " (logged to the parent run)" if cmp.parent_run_ids else ""
+        console.print(f"NE vs step plot: {plot_path}{where}", highlight=False)
+
+
+def _default_plot(ids: list[str]) -> Path:
+    label = ids[0] if len(ids) == 1 else f"compare-{time.strftime('%Y%m%d-%H%M%S')}"
+    return Path("gem_runs/compare") / f"{label}-ne.png"
+
+
+def sweep(
+    spec: Annotated[Path, typer.Argument(help="Sweep spec YAML, e.g. "
+                                         "recipes/ablations/attention.yaml.")],
+    set_: SetOpt = None,
+    new: Annotated[bool, typer.Option(
+        "--new", help="Start a fresh sweep even if this spec already ran.")] = False,
+    address: Annotated[str | None, typer.Option(
+        "--address", help="Existing Ray cluster (ray://HEAD:10001); default RAY_ADDRESS or an "
+        "embedded local Ray.")] = None,
+    tracking_uri: TrackingOpt = None,
+) -> None:
+    """Run an ablation sweep (arms x seeds) on Ray Tune; one MLflow parent run, one child run
+    per trial. Running the same spec again resumes an interrupted sweep."""
+    from gem_platform.sweep.compare import compare as compare_runs
+    from gem_platform.sweep.config import load_sweep
+    from gem_platform.sweep.runner import run_sweep
+
+    plan = load_sweep(spec, set_ or [], tracking_uri)
+    arms = ", ".join(a.name for a in plan.arms)
+    console.print(
+        f"[bold]gemctl sweep[/] {spec}: {len(plan.arms)} arms ({arms}) x seeds {plan.seeds}, "
+        f"{plan.max_concurrent} at a time, baseline '{plan.baseline}'", highlight=False)
+    outcome = run_sweep(plan, new=new, address=address,
+                        echo=lambda line: console.print(line, highlight=False))
+    if outcome.child_run_ids:
+        cmp = compare_runs(outcome.tracking_uri, [outcome.sweep_id], plan.baseline)
+        _render_comparison(cmp, outcome.tracking_uri, _default_plot([outcome.sweep_id]), False)
+    console.print(f"sweep [bold]{outcome.sweep_id}[/] {outcome.status}: "
+                         f"{len(outcome.child_run_ids)}/{len(plan.trials())} trials recorded; "
+                         f"parent run {outcome.parent_run_id}", highlight=False)
+    if outcome.status == "FAILED":
+        for (arm, seed), err in outcome.errors.items():
+            render.error(f"trial {arm} seed {seed} failed: {err}")
+        render.error("Some trials failed.", "Fix the cause and run the same command again: "
+                     "finished trials are kept, failed ones rerun.")
+        raise typer.Exit(1)
+    if outcome.status == "KILLED":
+        render.error("Sweep interrupted.", "Run the same command again to resume it.")
+        raise typer.Exit(130)
+
+
+def compare(
+    ids: Annotated[list[str], typer.Argument(help="Sweep ids, parent run ids or run ids.")],
+    baseline: Annotated[str | None, typer.Option(
+        help="Arm the others are compared with; default the sweep's baseline.")] = None,
+    max_ne_regression: Annotated[str | None, typer.Option(
+        "--max-ne-regression", help="Fail (exit 1) if an arm's mean NE of any task is worse "
+        "than the baseline's by more than this, in percent: 0.1%.")] = None,
+    max_auc_drop: Annotated[float | None, typer.Option(
+        "--max-auc-drop", min=0, help="Fail if an arm's mean AUC of any task is lower than "
+        "the baseline's by more than this (absolute): 0.005.")] = None,
+    max_qps_drop: Annotated[str | None, typer.Option(
+        "--max-qps-drop", help="Fail if an arm's mean QPS is lower than the baseline's by "
+        "more than this, in percent: 5%.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
+    = False,
+    plot: Annotated[Path | None, typer.Option(
+        help="Where to write the NE-vs-step PNG; default gem_runs/compare/<id>-ne.png.")] = None,
+    no_plot: Annotated[bool, typer.Option("--no-plot", help="Skip the plot.")] = False,
+    tracking_uri: TrackingOpt = None,
+) -> None:
+    """Compare arms: NE/AUC per task (mean ± std, Δ to the baseline with a 95% CI), QPS, MFU,
+    padding waste, straggler overhead; exit 1 when a gate is exceeded."""
+    from gem_platform.sweep.compare import Gates, parse_percent
+    from gem_platform.sweep.compare import compare as compare_runs
+
+    gates = Gates(
+        max_ne_regression_pct=parse_percent(max_ne_regression) if max_ne_regression else None,
+        max_auc_drop=max_auc_drop,
+        max_qps_drop_pct=parse_percent(max_qps_drop) if max_qps_drop else None,
+    )
+    uri = _uri(tracking_uri)
+    cmp = compare_runs(uri, ids, baseline, gates)
+    _render_comparison(cmp, uri, None if no_plot else (plot or _default_plot(ids)), as_json)
+    if not gates.any():
+        return
+    if cmp.failures:
+        for failure in cmp.failures:
+            render.error(f"gate failed: {failure.message}")
+        raise typer.Exit(1)
+    if not as_json:
+        console.print("[green]gates passed[/]")
+
+
+def runs(
+    limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="How many runs.")] = 20,
+    experiment: Annotated[str | None, typer.Option(help="Only this experiment.")] = None,
+    sweep_id: Annotated[str | None, typer.Option("--sweep", help="Only this sweep's runs.")]
+    = None,
+    sweeps: Annotated[bool, typer.Option("--sweeps", help="Only sweeps (parent runs).")]
+    = False,
+    tracking_uri: TrackingOpt = None,
+) -> None:
+    """List recent MLflow runs, newest first (ids to pass to `gemctl compare`)."""
+    from gem_platform.sweep.runs import list_runs
+
+    uri = _uri(tracking_uri)
+    rows = list_runs(uri, limit, experiment, sweep_id, sweeps)
+    table = Table(title=f"recent runs in {uri}", title_justify="left")
+    for col in ("run id", "status", "started", "experiment", "run", "NE ctr", "AUC ctr"):
+        table.add_column(col, no_wrap=col in ("run id", "started"), overflow="fold")
+    style = {"FINISHED": "green", "FAILED": "red", "KILLED": "yellow", "RUNNING": "cyan"}
+    for r in rows:
+        kind = {"sweep": f"sweep {r.sweep_id}",
+                "trial": f"{r.sweep_id} {r.arm} seed {r.seed}"}.get(r.role, r.name)
+        started = time.strftime("%m-%d %H:%M", time.localtime(r.start_ms / 1000))
+        table.add_row(r.run_id, f"[{style.get(r.status, 'white')}]{r.status}[/]", started,
+                      r.experiment, kind,
+                      render.fmt(r.ne_ctr) if r.ne_ctr is not None else "",
+                      render.fmt(r.auc_ctr) if r.auc_ctr is not None else "")
+    if not rows:
+        console.print(f"no runs yet in {uri}")
+        return
+    console.print(table)
 
 
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to the gemctl app."""
+    """Add this module's commands to the gemctl app (imported here: gemctl.main imports us)."""
+    from gemctl.main import user_errors
+
+    for command in (sweep, compare, runs):
+        app.command()(user_errors(command))
