@@ -1,5 +1,6 @@
 """Block-scaled FP8 training for linear layers: quantization (32x32 or 1x128/128x128 blocks,
-optional random Hadamard and stochastic rounding), the FP8 GEMM, and ``Fp8BlockLinear``.
+optional random Hadamard and stochastic rounding), the FP8 GEMM, ``Fp8BlockLinear`` and
+``Fp8RMSNormLinear`` (activation quantization fused into the norm).
 
 Every op takes ``kernel=`` (Triton on CUDA, the PyTorch reference elsewhere).
 """
@@ -12,7 +13,8 @@ from gem_kernels.fp8.linear import (
     hadamard_for,
     quantize_weight,
 )
-from gem_kernels.fp8.quantize import quantize
+from gem_kernels.fp8.norm_linear import Fp8RMSNormLinear
+from gem_kernels.fp8.quantize import quantize, rmsnorm_quantize
 from gem_kernels.fp8.reference import (
     FP8_DTYPE,
     BlockFp8,
@@ -21,11 +23,13 @@ from gem_kernels.fp8.reference import (
     gemm_reference,
     hadamard_matrix,
     quantize_reference,
+    rmsnorm_quantize_reference,
 )
 from gem_kernels.fp8.tensor import Fp8BlockWeight
 
 __all__ = [
-    "FP8_DTYPE", "BlockFp8", "Fp8BlockLinear", "Fp8BlockWeight", "Fp8Config", "apply_hadamard",
-    "dequantize_reference", "fp8_block_linear", "gemm", "gemm_reference", "hadamard_for",
-    "hadamard_matrix", "quantize", "quantize_reference", "quantize_weight",
+    "FP8_DTYPE", "BlockFp8", "Fp8BlockLinear", "Fp8BlockWeight", "Fp8Config", "Fp8RMSNormLinear",
+    "apply_hadamard", "dequantize_reference", "fp8_block_linear", "gemm", "gemm_reference",
+    "hadamard_for", "hadamard_matrix", "quantize", "quantize_reference", "quantize_weight",
+    "rmsnorm_quantize", "rmsnorm_quantize_reference",
 ]

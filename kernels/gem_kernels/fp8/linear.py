@@ -148,16 +148,55 @@ def _k_contiguous(q: BlockFp8) -> BlockFp8:
     return BlockFp8(q.data.t().contiguous().t(), q.scale, q.block)
 
 
+def input_grad(gq: BlockFp8, wq: BlockFp8, q: torch.Tensor | None, dtype: torch.dtype,
+               kernel: Kernel) -> torch.Tensor:
+    """dX = dY W from the FP8 gradient and the weight's bytes read transposed; un-rotated."""
+    dx = fp8_matmul(gq, _k_contiguous(wq), dtype, kernel)
+    return apply_hadamard(dx, q.t()) if q is not None else dx
+
+
+def weight_grad(grad: torch.Tensor, gq: BlockFp8, x: torch.Tensor | None,
+                xq: BlockFp8 | None, cfg: Fp8Config, kernel: Kernel,
+                q: torch.Tensor | None) -> torch.Tensor:
+    """dW = dY^T X: bf16 from ``x``, or FP8 per ``cfg.wgrad`` (block 32 from the saved 32x32
+    ``xq``; block 128 from 1x128 quantizations along tokens when tokens % 128 == 0)."""
+    if cfg.wgrad == "fp8" and cfg.block == 32 and xq is not None:
+        gt = gq.t()
+        gt = BlockFp8(gt.data.contiguous(), gt.scale, gt.block)
+        dw = fp8_matmul(gt, _k_contiguous(xq), torch.float32, kernel)
+        return apply_hadamard(dw, q.t()) if q is not None else dw
+    if x is None:
+        raise ValueError("weight_grad needs the activation for this configuration")
+    if cfg.wgrad == "fp8" and cfg.block == 128 and grad.shape[0] % 128 == 0:
+        # 1x128 blocks along the token dimension for both operands (unrotated: the reduction
+        # here is over tokens), quantized from transposed views
+        gt = quantize(grad.t(), (1, 128), stochastic=cfg.stochastic_rounding, kernel=kernel,
+                      scale_col_major=True)
+        xt = quantize(x.t(), (1, 128), kernel=kernel, scale_col_major=True)
+        return fp8_matmul(gt, xt.t(), torch.float32, kernel)
+    return grad.t().to(x.dtype) @ x
+
+
+def grad_quantize(grad: torch.Tensor, cfg: Fp8Config, kernel: Kernel) -> BlockFp8:
+    """The output gradient in activation blocks (stochastic rounding if configured)."""
+    return quantize(grad, cfg.act_block, stochastic=cfg.stochastic_rounding, kernel=kernel,
+                    scale_col_major=cfg.block == 128)
+
+
+def layer_weight(weight: torch.Tensor, cfg: Fp8Config, kernel: Kernel) -> BlockFp8:
+    """The weight in FP8: already gathered as FP8 (FSDP), or quantized now."""
+    if isinstance(weight, Fp8BlockWeight):
+        if weight.fp8.block != cfg.weight_block:
+            raise ValueError(f"weight blocks {weight.fp8.block} != {cfg.weight_block}")
+        return weight.fp8
+    return quantize_weight(weight, cfg, kernel)
+
+
 class _Fp8LinearFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                 cfg: Fp8Config, kernel: Kernel) -> torch.Tensor:
-        if isinstance(weight, Fp8BlockWeight):
-            wq = weight.fp8
-            if wq.block != cfg.weight_block:
-                raise ValueError(f"weight blocks {wq.block} != configured {cfg.weight_block}")
-        else:
-            wq = quantize_weight(weight, cfg, kernel)
+        wq = layer_weight(weight, cfg, kernel)
         q = hadamard_for(cfg, x.device)
         xq = quantize(x, cfg.act_block, hadamard=q, kernel=kernel,
                       scale_col_major=cfg.block == 128)
@@ -166,7 +205,8 @@ class _Fp8LinearFn(torch.autograd.Function):
             y = y + bias.to(y.dtype)
         ctx.cfg, ctx.kernel, ctx.has_bias = cfg, kernel, bias is not None
         ctx.w_dtype = weight.dtype
-        if cfg.wgrad == "fp8" and cfg.block == 32:  # only the FP8 activation is kept
+        ctx.fp8_act = cfg.wgrad == "fp8" and cfg.block == 32  # only the FP8 activation is kept
+        if ctx.fp8_act:
             ctx.save_for_backward(wq.data, wq.scale, xq.data, xq.scale)
         else:
             ctx.save_for_backward(wq.data, wq.scale, x)
@@ -180,34 +220,14 @@ class _Fp8LinearFn(torch.autograd.Function):
         wq = BlockFp8(saved[0], saved[1], cfg.weight_block)
         grad = grad.contiguous()
         q = hadamard_for(cfg, grad.device)
-        sr = cfg.stochastic_rounding
-        gq = quantize(grad, cfg.act_block, stochastic=sr, kernel=kernel,
-                      scale_col_major=cfg.block == 128)
+        gq = grad_quantize(grad, cfg, kernel)
         dx = dw = db = None
         if ctx.needs_input_grad[0]:
-            dx = fp8_matmul(gq, _k_contiguous(wq), grad.dtype, kernel)
-            if q is not None:
-                dx = apply_hadamard(dx, q.t())
+            dx = input_grad(gq, wq, q, grad.dtype, kernel)
         if ctx.needs_input_grad[1]:
-            if cfg.wgrad == "fp8" and cfg.block == 32:
-                xq = BlockFp8(saved[2], saved[3], cfg.act_block)
-                gt = gq.t()
-                gt = BlockFp8(gt.data.contiguous(), gt.scale, gt.block)
-                dw = fp8_matmul(gt, _k_contiguous(xq), torch.float32, kernel)
-                if q is not None:
-                    dw = apply_hadamard(dw, q.t())
-            elif cfg.wgrad == "fp8" and grad.shape[0] % 128 == 0:
-                # 1x128 blocks along the token dimension for both operands (unrotated: the
-                # reduction here is over tokens), quantized from transposed views
-                x = saved[2]
-                gt = quantize(grad.t(), (1, 128), stochastic=sr, kernel=kernel,
-                              scale_col_major=True)
-                xt = quantize(x.t(), (1, 128), kernel=kernel, scale_col_major=True)
-                dw = fp8_matmul(gt, xt.t(), torch.float32, kernel)
-            else:
-                x = saved[2]
-                dw = grad.t().to(x.dtype) @ x
-            dw = dw.to(ctx.w_dtype)
+            xq = BlockFp8(saved[2], saved[3], cfg.act_block) if ctx.fp8_act else None
+            x = None if ctx.fp8_act else saved[2]
+            dw = weight_grad(grad, gq, x, xq, cfg, kernel, q).to(ctx.w_dtype)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = grad.sum(0)
         return dx, dw, db, None, None

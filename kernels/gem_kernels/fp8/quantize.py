@@ -17,32 +17,34 @@ import triton
 import triton.language as tl
 
 from gem_kernels.dispatch import Kernel, resolve_kernel
-from gem_kernels.fp8.reference import FP8_DTYPE, BlockFp8, quantize_reference, scale_shape
+from gem_kernels.fp8.reference import (
+    FP8_DTYPE,
+    BlockFp8,
+    quantize_reference,
+    rmsnorm_quantize_reference,
+    scale_shape,
+)
 
 
 @triton.jit
-def _quantize_kernel(x_ptr, q_ptr, s_ptr, h_ptr, R, C, stride_xr, stride_xc, stride_sr,
-                     stride_sc, seed, inv_sqrt_n, BR: tl.constexpr, BC: tl.constexpr,
-                     TR: tl.constexpr, TC: tl.constexpr,
-                     HB: tl.constexpr, HAD_FP32: tl.constexpr, STOCHASTIC: tl.constexpr):
-    pid_r = tl.program_id(0)
-    pid_c = tl.program_id(1)
-    rows = pid_r * TR + tl.arange(0, TR)
-    cols = pid_c * TC + tl.arange(0, TC)
-    mask = (rows[:, None] < R) & (cols[None, :] < C)
-    x = tl.load(x_ptr + rows[:, None].to(tl.int64) * stride_xr + cols[None, :] * stride_xc,
-                mask=mask, other=0.0)
-    if HB > 0:
-        hr = tl.arange(0, HB)
-        h = tl.load(h_ptr + hr[:, None] * HB + hr[None, :])
-        xs = tl.reshape(x, (TR * TC // HB, HB))
-        if HAD_FP32:
-            y = tl.dot(xs.to(tl.float32), h.to(tl.float32), input_precision="ieee")
-        else:
-            y = tl.dot(xs.to(tl.bfloat16), h.to(tl.bfloat16))
-        xf = tl.reshape(y, (TR, TC)) * inv_sqrt_n
+def _rotate(x, h_ptr, inv_sqrt_n, TR: tl.constexpr, TC: tl.constexpr, HB: tl.constexpr,
+            HAD_FP32: tl.constexpr):
+    """x (TR x TC) @ blockdiag(H) along columns, H = the exact +-1 matrix, then 1/sqrt(n)."""
+    hr = tl.arange(0, HB)
+    h = tl.load(h_ptr + hr[:, None] * HB + hr[None, :])
+    xs = tl.reshape(x, (TR * TC // HB, HB))
+    if HAD_FP32:
+        y = tl.dot(xs.to(tl.float32), h.to(tl.float32), input_precision="ieee")
     else:
-        xf = x.to(tl.float32)
+        y = tl.dot(xs.to(tl.bfloat16), h.to(tl.bfloat16))
+    return tl.reshape(y, (TR, TC)) * inv_sqrt_n
+
+
+@triton.jit
+def _quantize_store(xf, rows, cols, pid_r, pid_c, q_ptr, s_ptr, R, C, stride_sr, stride_sc,
+                    seed, BR: tl.constexpr, BC: tl.constexpr, TR: tl.constexpr,
+                    TC: tl.constexpr, STOCHASTIC: tl.constexpr):
+    """Quantize an fp32 (TR x TC) tile at (rows, cols) and store its bytes and block scales."""
     x4 = tl.reshape(xf, (TR // BR, BR, TC // BC, BC))
     amax = tl.max(tl.max(tl.abs(x4), axis=3), axis=1)  # (TR/BR, TC/BC)
     bits = amax.to(tl.int32, bitcast=True)
@@ -69,6 +71,7 @@ def _quantize_kernel(x_ptr, q_ptr, s_ptr, h_ptr, R, C, stride_xr, stride_xc, str
     else:
         t = (t + 12582912.0) - 12582912.0  # round half to even (|t| < 16)
     v = t * ulp + 0.0  # + 0.0 turns -0.0 into +0.0: one byte pattern for zero everywhere
+    mask = (rows[:, None] < R) & (cols[None, :] < C)
     tl.store(q_ptr + rows[:, None].to(tl.int64) * C + cols[None, :], v.to(q_ptr.dtype.element_ty),
              mask=mask)
     srows = pid_r * (TR // BR) + tl.arange(0, TR // BR)
@@ -77,6 +80,59 @@ def _quantize_kernel(x_ptr, q_ptr, s_ptr, h_ptr, R, C, stride_xr, stride_xc, str
     n_sc = (C + BC - 1) // BC
     smask = (srows[:, None] < n_sr) & (scols[None, :] < n_sc)
     tl.store(s_ptr + srows[:, None] * stride_sr + scols[None, :] * stride_sc, scale, mask=smask)
+
+
+@triton.jit
+def _quantize_kernel(x_ptr, q_ptr, s_ptr, h_ptr, R, C, stride_xr, stride_xc, stride_sr,
+                     stride_sc, seed, inv_sqrt_n, BR: tl.constexpr, BC: tl.constexpr,
+                     TR: tl.constexpr, TC: tl.constexpr,
+                     HB: tl.constexpr, HAD_FP32: tl.constexpr, STOCHASTIC: tl.constexpr):
+    pid_r = tl.program_id(0)
+    pid_c = tl.program_id(1)
+    rows = pid_r * TR + tl.arange(0, TR)
+    cols = pid_c * TC + tl.arange(0, TC)
+    mask = (rows[:, None] < R) & (cols[None, :] < C)
+    x = tl.load(x_ptr + rows[:, None].to(tl.int64) * stride_xr + cols[None, :] * stride_xc,
+                mask=mask, other=0.0)
+    if HB > 0:
+        xf = _rotate(x, h_ptr, inv_sqrt_n, TR, TC, HB, HAD_FP32)
+    else:
+        xf = x.to(tl.float32)
+    _quantize_store(xf, rows, cols, pid_r, pid_c, q_ptr, s_ptr, R, C, stride_sr, stride_sc,
+                    seed, BR, BC, TR, TC, STOCHASTIC)
+
+
+@triton.jit
+def _rmsnorm_quantize_kernel(x_ptr, w_ptr, q_ptr, s_ptr, rstd_ptr, h_ptr, R, C, stride_xr,
+                             stride_sr, stride_sc, eps, inv_sqrt_n, BR: tl.constexpr,
+                             BC: tl.constexpr, TR: tl.constexpr, TC: tl.constexpr,
+                             HB: tl.constexpr, HAD_FP32: tl.constexpr):
+    """RMSNorm fused with quantization: one program owns TR whole rows. Pass 1 sums squares,
+    pass 2 re-reads the rows (from L2), normalizes, scales by the norm weight, rotates and
+    quantizes. HBM: read x once, write fp8 once; the bf16 normalized tensor never exists."""
+    pid_r = tl.program_id(0)
+    rows = pid_r * TR + tl.arange(0, TR)
+    row_ok = rows < R
+    ssq = tl.zeros((TR,), dtype=tl.float32)
+    for c0 in range(0, C, TC):
+        cols = c0 + tl.arange(0, TC)
+        m = row_ok[:, None] & (cols[None, :] < C)
+        x = tl.load(x_ptr + rows[:, None].to(tl.int64) * stride_xr + cols[None, :], mask=m,
+                    other=0.0).to(tl.float32)
+        ssq += tl.sum(x * x, axis=1)
+    rstd = 1.0 / tl.sqrt(ssq / C + eps)
+    tl.store(rstd_ptr + rows, rstd, mask=row_ok)
+    for c0 in range(0, C, TC):
+        cols = c0 + tl.arange(0, TC)
+        m = row_ok[:, None] & (cols[None, :] < C)
+        x = tl.load(x_ptr + rows[:, None].to(tl.int64) * stride_xr + cols[None, :], mask=m,
+                    other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + cols, mask=cols < C, other=0.0).to(tl.float32)
+        xf = x * rstd[:, None] * w[None, :]
+        if HB > 0:
+            xf = _rotate(xf, h_ptr, inv_sqrt_n, TR, TC, HB, HAD_FP32)
+        _quantize_store(xf, rows, cols, pid_r, c0 // TC, q_ptr, s_ptr, R, C, stride_sr,
+                        stride_sc, 0, BR, BC, TR, TC, False)
 
 
 def _prune(configs, named_args, **kwargs):
@@ -152,3 +208,38 @@ def quantize(x: torch.Tensor, block: tuple[int, int] = (32, 32), *,
         return quantize_reference(x, block, hadamard=hadamard, stochastic=stochastic, generator=g)
     return quantize_triton(x, block, hadamard=hadamard, stochastic=stochastic, seed=seed or 0,
                            scale_col_major=scale_col_major)
+
+
+def rmsnorm_quantize(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
+                     block: tuple[int, int] = (1, 128), *, hadamard: torch.Tensor | None = None,
+                     kernel: Kernel | str | None = None, scale_col_major: bool = False
+                     ) -> tuple[BlockFp8, torch.Tensor]:
+    """RMSNorm(x) * weight, quantized in the same pass (the producer-fused activation
+    quantization): returns (BlockFp8 of the normalized rows, rstd per row, fp32)."""
+    if x.dim() != 2 or weight.shape != (x.shape[1],):
+        raise ValueError("rmsnorm_quantize expects x (rows, cols) and weight (cols,)")
+    which = resolve_kernel(kernel, x, weight)
+    if which is Kernel.PYTORCH:
+        return rmsnorm_quantize_reference(x, weight, eps, block, hadamard=hadamard)
+    x = x if x.stride(1) == 1 else x.contiguous()
+    r, c = x.shape
+    br, bc = block
+    q = torch.empty((r, c), dtype=FP8_DTYPE, device=x.device)
+    sr, sc = scale_shape(r, c, block)
+    s = (torch.empty((sc, sr), dtype=torch.float32, device=x.device).t() if scale_col_major
+         else torch.empty((sr, sc), dtype=torch.float32, device=x.device))
+    rstd = torch.empty((r,), dtype=torch.float32, device=x.device)
+    hb, h, inv_sqrt_n = 0, x, 1.0
+    if hadamard is not None:
+        hb = hadamard.shape[0]
+        if c % hb:
+            raise ValueError(f"columns {c} must be a multiple of the hadamard block {hb}")
+        h = torch.sign(hadamard).to(device=x.device, dtype=torch.float32).contiguous()
+        inv_sqrt_n = 1.0 / math.sqrt(hb)
+    interpret = os.environ.get("TRITON_INTERPRET") == "1"
+    tr, tc = max(br, 32), max(bc, 128, hb)
+    _rmsnorm_quantize_kernel[(triton.cdiv(r, tr),)](
+        x, weight, q, s, rstd, h, r, c, x.stride(0), s.stride(0), s.stride(1), eps, inv_sqrt_n,
+        BR=br, BC=bc, TR=tr, TC=tc, HB=hb, HAD_FP32=interpret or x.dtype != torch.bfloat16,
+        num_warps=4 if tr * tc <= 64 * 128 else 8)
+    return BlockFp8(q, s, block), rstd

@@ -164,3 +164,18 @@ def gemm_reference(a: BlockFp8, b: BlockFp8, out_dtype: torch.dtype = torch.bflo
                    ) -> torch.Tensor:
     """A (M x K) @ B (K x N) on the dequantized operands, accumulated in fp32."""
     return (dequantize_reference(a) @ dequantize_reference(b)).to(out_dtype)
+
+
+def rms_inv(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """1 / sqrt(mean(x^2) + eps) per row, fp32."""
+    xf = x.float()
+    return torch.rsqrt(xf.pow(2).mean(dim=-1) + eps)
+
+
+def rmsnorm_quantize_reference(x: torch.Tensor, weight: torch.Tensor, eps: float,
+                               block: tuple[int, int], *, hadamard: torch.Tensor | None = None
+                               ) -> tuple[BlockFp8, torch.Tensor]:
+    """RMSNorm(x) * weight quantized straight from fp32; returns (BlockFp8, rstd per row)."""
+    rstd = rms_inv(x, eps)
+    normed = x.float() * rstd[:, None] * weight.float()
+    return quantize_reference(normed, block, hadamard=hadamard), rstd

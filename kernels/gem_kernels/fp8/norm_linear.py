@@ -1,0 +1,99 @@
+"""``Fp8RMSNormLinear``: RMSNorm followed by an FP8 linear layer, with the activation
+quantization fused into the norm (one read of x, one FP8 write; the bf16 normalized tensor is
+never written for the forward).
+
+Backward: the output gradient is quantized once; dN = dY W in FP8 (un-rotated if Hadamard);
+the RMSNorm backward runs in fp32 from x and the saved 1/rms. The weight gradient uses the
+normalized activation recomputed in bf16 (or the saved 32x32 FP8 activation when
+``wgrad='fp8'`` with block 32).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from gem_kernels.dispatch import Kernel, resolve_kernel
+from gem_kernels.fp8.linear import (
+    Fp8Config,
+    fp8_matmul,
+    grad_quantize,
+    hadamard_for,
+    input_grad,
+    layer_weight,
+    weight_grad,
+)
+from gem_kernels.fp8.quantize import rmsnorm_quantize
+from gem_kernels.fp8.reference import BlockFp8
+
+
+class _NormLinearFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, norm_w: torch.Tensor, weight: torch.Tensor,
+                bias: torch.Tensor | None, eps: float, cfg: Fp8Config, kernel: Kernel
+                ) -> torch.Tensor:
+        wq = layer_weight(weight, cfg, kernel)
+        q = hadamard_for(cfg, x.device)
+        xq, rstd = rmsnorm_quantize(x, norm_w, eps, cfg.act_block, hadamard=q, kernel=kernel,
+                                    scale_col_major=cfg.block == 128)
+        y = fp8_matmul(xq, wq.t(), x.dtype, kernel)
+        if bias is not None:
+            y = y + bias.to(y.dtype)
+        ctx.cfg, ctx.kernel, ctx.has_bias, ctx.w_dtype = cfg, kernel, bias is not None, weight.dtype
+        ctx.save_for_backward(x, rstd, norm_w, wq.data, wq.scale, xq.data, xq.scale)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        cfg: Fp8Config = ctx.cfg
+        kernel: Kernel = ctx.kernel
+        x, rstd, norm_w, wd, ws, xd, xs = ctx.saved_tensors
+        grad = grad.contiguous()
+        q = hadamard_for(cfg, grad.device)
+        gq = grad_quantize(grad, cfg, kernel)
+        xhat = x.float() * rstd[:, None]
+        dx = dnw = dw = db = None
+        if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
+            dn = input_grad(gq, BlockFp8(wd, ws, cfg.weight_block), q, torch.float32,
+                            kernel).float()
+            dnw = (dn * xhat).sum(0).to(norm_w.dtype)
+            g = dn * norm_w.float()
+            dx = (rstd[:, None] * (g - xhat * (g * xhat).mean(dim=1, keepdim=True)))
+            dx = dx.to(x.dtype)
+        if ctx.needs_input_grad[2]:
+            normed = (xhat * norm_w.float()).to(x.dtype)
+            xq = BlockFp8(xd, xs, cfg.act_block) if cfg.block == 32 else None
+            dw = weight_grad(grad, gq, normed, xq, cfg, kernel, q).to(ctx.w_dtype)
+        if ctx.has_bias and ctx.needs_input_grad[3]:
+            db = grad.sum(0)
+        return dx, dnw, dw, db, None, None, None
+
+
+class Fp8RMSNormLinear(nn.Module):
+    """``linear(rms_norm(x))`` with the FP8 activation quantization fused into the norm.
+
+    Holds the norm's weight and the linear's parameters (shared with the modules it was built
+    from, see :meth:`from_modules`).
+    """
+
+    def __init__(self, norm_weight: nn.Parameter, eps: float | None, weight: nn.Parameter,
+                 bias: nn.Parameter | None, cfg: Fp8Config,
+                 kernel: Kernel | str | None = None):
+        super().__init__()
+        self.norm_weight, self.weight, self.bias = norm_weight, weight, bias
+        self.eps, self.cfg, self.kernel = eps, cfg, kernel
+
+    @classmethod
+    def from_modules(cls, norm: nn.RMSNorm, linear: nn.Linear, cfg: Fp8Config,
+                     kernel: Kernel | str | None = None) -> Fp8RMSNormLinear:
+        if norm.weight is None:
+            raise ValueError("the RMSNorm must have an elementwise weight")
+        return cls(norm.weight, norm.eps, linear.weight, linear.bias, cfg, kernel)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        which = resolve_kernel(self.kernel, x)
+        eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps  # as nn.RMSNorm
+        shp = x.shape
+        y = _NormLinearFn.apply(x.reshape(-1, shp[-1]).contiguous(), self.norm_weight,
+                                self.weight, self.bias, eps, self.cfg, which)
+        return y.reshape(*shp[:-1], y.shape[-1])
