@@ -87,6 +87,8 @@ class DhenLayer(nn.Module):
     def __init__(self, num_tokens: int, dim: int, num_experts: int, hidden: int) -> None:
         super().__init__()
         flat = num_tokens * dim
+        # the ensemble size, also when expert parallelism swaps `experts` for an exchange
+        self.num_experts = num_experts
         self.norm = nn.LayerNorm(dim)
         self.experts = nn.ModuleList(MlpExpert(flat, hidden, flat) for _ in range(num_experts))
         self.dot = DotInteraction(num_tokens, flat)
@@ -98,4 +100,4 @@ class DhenLayer(nn.Module):
         update = self.dot(h)
         for expert in self.experts:
             update = update + expert(flat)
-        return tokens + update.view(b, n, d) / (len(self.experts) + 1)
+        return tokens + update.view(b, n, d) / (self.num_experts + 1)

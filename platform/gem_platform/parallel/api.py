@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
 import torch.distributed as dist
 from torch import nn
 
+from gem_platform.errors import RecipeError
+from gem_platform.parallel.clip import clip_grad_norm
 from gem_platform.parallel.data_parallel import all_reduce_gradients, broadcast_parameters
 from gem_platform.recipe import Recipe
+from gem_platform.topology import GroupKind, ParallelConfig
 
 
 @dataclass
@@ -16,7 +20,13 @@ class Parallelized:
     """A model ready to train on this rank.
 
     ``sync_gradients`` runs after backward and before the optimizer steps: it averages the
-    gradients that the strategy leaves replicated (FSDP-sharded parameters reduce their own).
+    gradients that the strategy leaves replicated (FSDP-sharded parameters reduce their own
+    during backward, so it is a no-op for them).
+
+    ``sparse_optimizer`` is set when TorchRec shards the embedding tables: they then train with
+    its fused optimizer (updated inside backward; ``step``/``zero_grad`` are harmless) and
+    ``sparse_params`` is empty. ``clip_grad_norm_`` clips by the global norm whatever mesh each
+    gradient lives on.
     """
 
     model: nn.Module
@@ -25,19 +35,128 @@ class Parallelized:
     replicated_params: list[nn.Parameter] = field(default_factory=list)
     world_size: int = 1
     strategy: str = "data_parallel"
+    sparse_optimizer: torch.optim.Optimizer | None = None
+    expert_params: list[nn.Parameter] = field(default_factory=list)
+    expert_group: dist.ProcessGroup | None = None
+
+    @property
+    def fused_sparse(self) -> bool:
+        """True when the embedding tables are updated by TorchRec's fused optimizer."""
+        return self.sparse_optimizer is not None
 
     def sync_gradients(self) -> None:
         all_reduce_gradients(self.replicated_params, self.world_size)
 
+    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
+        """Clip dense and expert gradients by their global L2 norm (same on every rank)."""
+        return clip_grad_norm(self.dense_params, self.expert_params, self.expert_group, max_norm)
+
+
+@dataclass(frozen=True)
+class StrategyChoice:
+    """Which strategies the recipe's ``parallel:`` section turns on."""
+
+    hsdp: bool
+    expert_parallel: bool
+    shard_embeddings: bool
+
+    @classmethod
+    def from_config(cls, parallel: ParallelConfig) -> StrategyChoice:
+        """HSDP when a shard group size is given; expert parallelism when its size is above 1;
+        TorchRec sharding when a layout or an embedding group is given."""
+        return cls(
+            hsdp=parallel.hsdp_shard_group is not None,
+            expert_parallel=parallel.expert_parallel > 1,
+            shard_embeddings=(parallel.embedding_sharding != "auto"
+                              or parallel.embedding_group is not None),
+        )
+
+    @property
+    def name(self) -> str:
+        parts = [n for n, on in (("hsdp", self.hsdp), ("expert_parallel", self.expert_parallel),
+                                 ("torchrec_sharding", self.shard_embeddings)) if on]
+        return "+".join(parts) or "data_parallel"
+
+
+def _world() -> int:
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
 
 def parallelize(model: nn.Module, recipe: Recipe) -> Parallelized:
-    """Plain data parallelism: every rank holds the whole model; gradients are all-reduced in
-    one flat bucket after backward, timed apart from compute for Local MFU."""
-    del recipe
-    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    """Spread ``model`` over the ranks as ``recipe.parallel`` asks.
+
+    With no parallel sizes set (or a single process) this is plain data parallelism: every
+    rank holds the whole model; gradients are all-reduced in one flat bucket after backward,
+    timed apart from compute for Local MFU.
+    """
+    world = _world()
+    choice = StrategyChoice.from_config(recipe.parallel)
     broadcast_parameters(model)
+    if world == 1 or choice.name == "data_parallel":
+        return _data_parallel(model, world)
+    return _compose(model, recipe, choice, world)
+
+
+def _data_parallel(model: nn.Module, world: int) -> Parallelized:
     sparse = list(model.embedding_parameters())
     sparse_ids = {id(p) for p in sparse}
     dense = [p for p in model.parameters() if id(p) not in sparse_ids]
     return Parallelized(model=model, dense_params=dense, sparse_params=sparse,
                         replicated_params=[*dense, *sparse], world_size=world)
+
+
+def _compose(model: nn.Module, recipe: Recipe, choice: StrategyChoice,
+             world: int) -> Parallelized:
+    """Embeddings first (the planner sees plain TorchRec modules), then experts on their own
+    meshes, then HSDP over what is left of the dense part."""
+    from gem_platform.parallel.mesh import build_rank_groups
+
+    parallel = recipe.parallel
+    groups = build_rank_groups(parallel)
+    device = next(model.parameters()).device
+    wrapped, inner, sparse_optimizer = model, model, None
+    if choice.shard_embeddings:
+        from gem_platform.parallel.embeddings import EmbeddingShardingSpec, shard_embeddings
+
+        size = len(groups.ranks(GroupKind.EMBEDDING))
+        if size != world:
+            raise RecipeError(
+                f"parallel.embedding_group={size} is smaller than parallel.workers={world}: "
+                "data parallelism across copies of sharded tables is not available yet.",
+                "Leave parallel.embedding_group unset (one copy sharded over all workers).",
+            )
+        spec = EmbeddingShardingSpec(parallel.embedding_sharding, size, recipe.train.sparse_lr,
+                                     device.type)
+        wrapped = shard_embeddings(model, spec, groups.group(GroupKind.EMBEDDING), device)
+        inner = wrapped.module
+        sparse_optimizer = wrapped.fused_optimizer
+
+    expert_params: list[nn.Parameter] = []
+    expert_group = None
+    if choice.expert_parallel:
+        from gem_platform.parallel.experts import apply_expert_parallel
+        from gem_platform.parallel.mesh import expert_device_mesh
+
+        ranks = groups.ranks(GroupKind.EXPERT)
+        expert_group = groups.group(GroupKind.EXPERT)
+        expert_params = apply_expert_parallel(
+            inner, expert_group, ranks.index(groups.rank),
+            expert_device_mesh(groups, device.type), world)
+
+    tables = list(inner.embedding_parameters())
+    if choice.hsdp:
+        from gem_platform.parallel.hsdp import apply_hsdp
+        from gem_platform.parallel.mesh import hsdp_device_mesh
+
+        apply_hsdp(inner, hsdp_device_mesh(groups, device.type), ignored=tables)
+
+    table_ids = {id(p) for p in tables}
+    expert_ids = {id(p) for p in expert_params}
+    dense = [p for p in inner.parameters() if id(p) not in table_ids]
+    plain_dense = [] if choice.hsdp else [p for p in dense if id(p) not in expert_ids]
+    sparse = [] if choice.shard_embeddings else tables
+    return Parallelized(
+        model=wrapped, dense_params=dense, sparse_params=sparse,
+        replicated_params=[*plain_dense, *sparse], world_size=world, strategy=choice.name,
+        sparse_optimizer=sparse_optimizer, expert_params=expert_params,
+        expert_group=expert_group)

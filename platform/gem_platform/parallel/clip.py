@@ -1,0 +1,59 @@
+"""Gradient-norm clipping over parameters that different strategies hold differently.
+
+``torch.nn.utils.clip_grad_norm_`` needs all gradients on one mesh. Here dense gradients may be
+FSDP DTensors on the dense mesh or plain replicas, while expert gradients are DTensors on each
+expert's own mesh and differ between the ranks of an expert group. The global norm is the
+dense norm plus, summed over the expert group, the norm of the experts each rank holds: the
+same number on every rank, so replicas stay equal after clipping.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+
+def _squared_norm(params: Sequence[nn.Parameter]) -> torch.Tensor:
+    """Squared L2 norm of the full (unsharded) gradients of ``params``, all on one mesh or all
+    plain tensors."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return torch.zeros((), dtype=torch.float64)
+    norm = torch.nn.utils.get_total_norm(grads, 2.0)
+    if isinstance(norm, DTensor):
+        norm = norm.full_tensor()
+    return norm.double().cpu() ** 2
+
+
+def _by_mesh(params: Sequence[nn.Parameter]) -> list[list[nn.Parameter]]:
+    """Group parameters by the mesh they are sharded on (plain tensors form one group)."""
+    groups: dict[object, list[nn.Parameter]] = {}
+    for p in params:
+        key = p.device_mesh if isinstance(p, DTensor) else None
+        groups.setdefault(id(key) if key is not None else None, []).append(p)
+    return list(groups.values())
+
+
+def clip_grad_norm(dense: Sequence[nn.Parameter], experts: Sequence[nn.Parameter],
+                   expert_group: dist.ProcessGroup | None, max_norm: float) -> torch.Tensor:
+    """Scale all gradients so that their global L2 norm is at most ``max_norm``; returns the
+    norm before clipping. ``experts`` are the expert parameters this rank holds (its expert
+    group's other ranks hold the rest); they are excluded from ``dense`` if listed there too."""
+    expert_ids = {id(p) for p in experts}
+    dense = [p for p in dense if id(p) not in expert_ids]
+    total = sum((_squared_norm(g) for g in _by_mesh(dense)), torch.zeros((), dtype=torch.float64))
+    expert_sq = sum((_squared_norm(g) for g in _by_mesh(experts)),
+                    torch.zeros((), dtype=torch.float64))
+    if expert_group is not None:
+        dist.all_reduce(expert_sq, group=expert_group)
+    norm = (total + expert_sq).sqrt()
+    coef = min(1.0, max_norm / (float(norm) + 1e-6))
+    if coef < 1.0:
+        for p in [*dense, *experts]:
+            if p.grad is not None:
+                p.grad.mul_(coef)
+    return norm.float()

@@ -1,0 +1,107 @@
+"""Expert parallelism for the DHEN layers.
+
+The ranks of one expert group (GPUs of a host) each hold a different share of every DhenLayer's
+MLP experts. In each layer every rank sends its samples' flattened tokens to all ranks of the
+group (all_to_all), runs its own experts on the samples of the whole group, and sends each rank
+the sum of its experts' outputs for that rank's samples (all_to_all back). Summed over the
+group, that is the sum over all experts, which the layer adds to its residual update exactly
+as before. Both exchanges are differentiable, so gradients flow back to the senders and each
+expert's gradient collects the samples of the whole group.
+
+An expert's parameters live on its holders only: they are FSDP-sharded over the expert shard
+group and their gradients averaged over the expert replicate group (FSDP2 on a 2-D mesh).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.distributed.nn.functional as dist_fn
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import fully_shard
+
+from gem_platform.errors import RecipeError
+from gem_platform.model.interaction import DhenLayer
+
+
+class LocalExperts(nn.Module):
+    """The experts of one DhenLayer held by this rank; returns the sum of their outputs."""
+
+    def __init__(self, experts: list[nn.Module]) -> None:
+        super().__init__()
+        self.experts = nn.ModuleList(experts)
+
+    def forward(self, flat: torch.Tensor) -> torch.Tensor:
+        out = self.experts[0](flat)
+        for expert in self.experts[1:]:
+            out = out + expert(flat)
+        return out
+
+
+class ExpertExchange(nn.Module):
+    """Stands in for a DhenLayer's expert list: (b, F) tokens -> (b, F) sum over all experts of
+    the group, computed where each expert lives."""
+
+    def __init__(self, local: LocalExperts, group: dist.ProcessGroup) -> None:
+        super().__init__()
+        self.local = local
+        self.group = group
+        self.size = dist.get_world_size(group)
+
+    def _batch_sizes(self, b: int, device: torch.device) -> list[int]:
+        sizes = torch.empty(self.size, dtype=torch.int64, device=device)
+        dist.all_gather_into_tensor(sizes, torch.tensor([b], dtype=torch.int64, device=device),
+                                    group=self.group)
+        return sizes.tolist()
+
+    def forward(self, flat: torch.Tensor) -> torch.Tensor:
+        b, width = flat.shape
+        sizes = self._batch_sizes(b, flat.device)
+        mine = [b] * self.size
+        # every rank of the group receives this rank's rows
+        gathered = dist_fn.all_to_all_single(
+            flat.new_empty(sum(sizes), width), flat.repeat(self.size, 1).contiguous(),
+            output_split_sizes=sizes, input_split_sizes=mine, group=self.group)
+        partial = self.local(gathered)
+        # each rank gets back, from every rank, that rank's experts' sum over its own rows
+        returned = dist_fn.all_to_all_single(
+            flat.new_empty(self.size * b, width), partial.contiguous(),
+            output_split_sizes=mine, input_split_sizes=sizes, group=self.group)
+        return returned.view(self.size, b, width).sum(0)
+
+
+def expert_share(num_experts: int, group_size: int, position: int) -> range:
+    """Indices of the experts that position ``position`` of an expert group holds."""
+    if num_experts % group_size != 0:
+        raise RecipeError(
+            f"model.num_experts={num_experts} cannot be split evenly over "
+            f"parallel.expert_parallel={group_size} ranks.",
+            f"Set model.num_experts to a multiple of {group_size}, or expert_parallel to a "
+            f"divisor of {num_experts}.",
+        )
+    per_rank = num_experts // group_size
+    return range(position * per_rank, (position + 1) * per_rank)
+
+
+def apply_expert_parallel(model: nn.Module, group: dist.ProcessGroup, position: int,
+                          mesh: DeviceMesh, world: int) -> list[nn.Parameter]:
+    """Keep this rank's share of every DhenLayer's experts, behind an exchange over ``group``;
+    shard them with FSDP2 over ``mesh`` (expert replicate x expert shard). Returns the expert
+    parameters this rank now holds.
+
+    Each holder's gradient is the sum over the samples of its expert group; summing over all
+    holders (the mesh) and dividing by the world size gives the data-parallel mean.
+    """
+    size = dist.get_world_size(group)
+    params: list[nn.Parameter] = []
+    for layer in model.modules():
+        if not isinstance(layer, DhenLayer):
+            continue
+        share = expert_share(layer.num_experts, size, position)
+        local = LocalExperts([layer.experts[i] for i in share])
+        fully_shard(local, mesh=mesh)
+        local.set_gradient_divide_factor(float(world))
+        layer.experts = nn.ModuleList([ExpertExchange(local, group)])
+        params += list(local.parameters())
+    return params
