@@ -33,10 +33,16 @@ def _when(value: object) -> str:
 
 def submit_remote(recipe: Path, sets: list[str], address: str, *, local: bool = False,
                   command: str = "submit") -> str:
-    """Submit `gemctl <command> RECIPE` as a Ray job and say how to follow it."""
+    """Validate the recipe here (bad input fails before any upload), submit `gemctl <command>
+    RECIPE` as a Ray job, and say how to follow it."""
+    from gem_platform.recipe import load_recipe
     from gem_platform.remote import resolve_jobs_address, submit_recipe
 
+    r = load_recipe(recipe, sets)
     address = resolve_jobs_address(address)
+    render.console.print(f"[bold]gemctl {command}[/] {recipe}: recipe '{r.name}' as a Ray job "
+                         f"({r.parallel.workers if not local else 1} worker(s), attention="
+                         f"{r.model.attention}, precision={r.precision.mode})", highlight=False)
     job_id = submit_recipe(recipe, sets, address, local=local, command=command)
     render.console.print(f"[green]submitted[/] job [bold]{job_id}[/] to {address}", highlight=False)
     suffix = f" --address {address}"
@@ -55,10 +61,13 @@ def status(
     from gem_platform.remote import job_status, list_jobs
 
     if job is None:
+        views = list_jobs(address)
         table = Table(title="Ray jobs", title_justify="left")
-        for col in ("job", "status", "started", "command"):
-            table.add_column(col)
-        for view in list_jobs(address):
+        table.add_column("job", no_wrap=True, min_width=max([len(v.job_id) for v in views] + [3]))
+        table.add_column("status", no_wrap=True)
+        table.add_column("started")
+        table.add_column("command", overflow="fold")
+        for view in views:
             table.add_row(view.job_id, _styled(view.status), _when(view.start_time),
                           view.metadata.get("gem.command", view.entrypoint))
         render.console.print(table)

@@ -101,7 +101,8 @@ def resolve_jobs_address(address: str | None) -> str:
 
 
 def check_jobs_server(address: str, timeout: float = 5.0) -> str:
-    """Fail in seconds when no Ray Jobs server answers at ``address``; return its Ray version."""
+    """Fail in seconds when no Ray Jobs server answers at ``address``; return its
+    authentication mode ("token" or "disabled")."""
     parsed = urllib.parse.urlparse(address)
     port = parsed.port or (443 if parsed.scheme == "https" else 80)
     if not parsed.hostname:
@@ -118,25 +119,65 @@ def check_jobs_server(address: str, timeout: float = 5.0) -> str:
             "(e.g. `kubectl port-forward svc/HEAD-svc 8265:8265`), and the --address.",
         ) from None
     try:
-        with urllib.request.urlopen(f"{address}/api/version", timeout=timeout) as r:
-            return str(json.loads(r.read().decode()).get("ray_version", "?"))
+        # Public endpoint (no token needed); Ray < 2.52 has none and no token auth either.
+        with urllib.request.urlopen(f"{address}/api/authentication_mode",
+                                    timeout=timeout) as r:
+            return str(json.loads(r.read().decode()).get("authentication_mode", "disabled"))
+    except urllib.error.HTTPError as err:
+        if err.code == 404:
+            return "disabled"
+        raise _not_jobs_server(address, err) from None
     except (OSError, ValueError) as err:
-        raise ClusterError(
-            f"{address} accepts connections but is not a Ray Jobs server ({err}).",
-            "Point --address at the Ray dashboard port (8265 by default), not the GCS (6379) "
-            "or Ray Client (10001) port; the head needs Ray installed with its 'default' extra.",
-        ) from None
+        raise _not_jobs_server(address, err) from None
+
+
+def _not_jobs_server(address: str, err: Exception) -> ClusterError:
+    return ClusterError(
+        f"{address} accepts connections but is not a Ray Jobs server ({err}).",
+        "Point --address at the Ray dashboard port (8265 by default), not the GCS (6379) "
+        "or Ray Client (10001) port; the head needs Ray installed with its 'default' extra.",
+    )
+
+
+def auth_token() -> str | None:
+    """The Ray cluster token, looked up where Ray itself looks: RAY_AUTH_TOKEN, the file at
+    RAY_AUTH_TOKEN_PATH, else ~/.ray/auth_token."""
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return os.environ["RAY_AUTH_TOKEN"].strip()
+    path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
+    try:
+        return path.read_text().strip() or None
+    except OSError:
+        return None
 
 
 def _client(address: str) -> Any:
-    """A JobSubmissionClient for a checked address."""
-    check_jobs_server(address)
+    """A JobSubmissionClient for a checked address, carrying the token when the cluster
+    requires one."""
+    mode = check_jobs_server(address)
+    headers = None
+    if mode == "token":
+        token = auth_token()
+        if not token:
+            raise ClusterError(
+                f"The Ray cluster at {address} requires an authentication token and none is "
+                "set here.",
+                "Set RAY_AUTH_TOKEN to the cluster's token (`ray get-auth-token` on the head "
+                "node prints it) or put it in ~/.ray/auth_token.",
+            )
+        headers = {"Authorization": f"Bearer {token}"}
+    from ray.exceptions import AuthenticationError
     from ray.job_submission import JobSubmissionClient
 
     try:
-        return JobSubmissionClient(address)
-    except (ConnectionError, RuntimeError) as err:
-        raise ClusterError(f"Ray Jobs server at {address}: {err}",
+        return JobSubmissionClient(address, headers=headers)
+    except (ConnectionError, RuntimeError, AuthenticationError) as err:
+        first = str(err).splitlines()[0]
+        if isinstance(err, AuthenticationError):
+            raise ClusterError(f"The Ray cluster at {address} rejected the token ({first}).",
+                               "Set RAY_AUTH_TOKEN to the token of that cluster "
+                               "(`ray get-auth-token` on its head node).") from None
+        raise ClusterError(f"Ray Jobs server at {address}: {first}",
                            "Check the address and that the cluster runs Ray >= 2.0.") from None
 
 

@@ -1,0 +1,147 @@
+"""Remote submission against a real Ray head on 127.0.0.1: jobs run gemctl from the uploaded
+project, `gemctl logs/status/stop` follow and control them, bad addresses fail in seconds."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, free_port, run_gemctl
+from tests.remote.conftest import RayHead
+
+pytestmark = pytest.mark.slow
+
+
+def no_traceback(proc) -> None:
+    assert "Traceback" not in proc.stderr + proc.stdout, proc.stderr
+
+
+def submit_via_api(head: RayHead, args: list[str], env_vars: dict[str, str] | None = None
+                   ) -> str:
+    """gem_platform.remote.submit_job, called the way gemctl sweep calls it."""
+    code = ("import json, sys; from gem_platform.remote import submit_job; "
+            "a = json.loads(sys.argv[1]); "
+            "print(submit_job(a['args'], a['url'], working_dir=a['root'], env_vars=a['env']))")
+    payload = json.dumps({"args": args, "url": head.url, "root": str(REPO),
+                          "env": env_vars or {}})
+    proc = subprocess.run([sys.executable, "-c", code, payload], capture_output=True,
+                          text=True, env={**os.environ, **head.env}, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip().splitlines()[-1]
+
+
+def job_status(head: RayHead, job: str) -> str:
+    return head.get(f"/api/jobs/{job}")["status"]
+
+
+def test_validate_job_succeeds_and_is_followed(ray_head: RayHead) -> None:
+    head, env = ray_head, ray_head.env
+    ok = submit_via_api(head, ["validate", "recipes/demo.yaml", "--set", "train.steps=7"],
+                        env_vars={"GEM_TEST_MARK": "1"})
+    bad = submit_via_api(head, ["validate", "recipes/no-such-recipe.yaml"])
+    assert ok.startswith("gem-validate-") and ok != bad
+
+    follow = run_gemctl("logs", ok, "--follow", "--address", head.url, cwd=REPO, env=env,
+                        timeout=180)
+    no_traceback(follow)
+    assert follow.returncode == 0, follow.stdout + follow.stderr
+    assert "recipe 'demo' is valid" in follow.stdout
+    assert "SUCCEEDED" in follow.stdout
+
+    status = run_gemctl("status", ok, "--address", head.url, cwd=REPO, env=env)
+    assert status.returncode == 0 and "SUCCEEDED" in status.stdout
+    assert "python -m gemctl.main validate recipes/demo.yaml" in status.stdout
+
+    plain = run_gemctl("logs", ok, "--address", head.url, cwd=REPO, env=env)
+    assert plain.returncode == 0 and "is valid" in plain.stdout
+
+    # The cluster ran it from the uploaded copy, with the packages as py_modules.
+    runtime_env = head.get(f"/api/jobs/{ok}")["runtime_env"]
+    assert runtime_env["env_vars"]["GEM_TEST_MARK"] == "1"
+    assert runtime_env["working_dir"].startswith("gcs://")
+    assert len(runtime_env["py_modules"]) == 3
+
+    failed = run_gemctl("logs", bad, "--follow", "--address", head.url, cwd=REPO, env=env,
+                        timeout=180)
+    assert failed.returncode == 1
+    assert "no-such-recipe.yaml" in failed.stdout and "FAILED" in failed.stdout
+
+    listing = run_gemctl("status", "--address", head.url, cwd=REPO, env=env)
+    assert listing.returncode == 0
+    assert ok[:20] in listing.stdout
+
+
+def test_cli_submit_then_stop(ray_head: RayHead, tmp_path: Path) -> None:
+    head = ray_head
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    sub = run_gemctl("submit", "recipes/demo.yaml", "--address", head.url,
+                     "--set", "train.steps=100000", "--set", f"data.path={tmp_path / 'data'}",
+                     cwd=REPO, env={"MLFLOW_TRACKING_URI": store, **head.env})
+    no_traceback(sub)
+    assert sub.returncode == 0, sub.stderr
+    assert "submitted" in sub.stdout and "--follow" in sub.stdout
+    job = next(w for w in sub.stdout.split() if w.startswith("gem-demo-"))
+
+    info = head.get(f"/api/jobs/{job}")
+    assert info["runtime_env"]["env_vars"]["MLFLOW_TRACKING_URI"] == store
+    assert info["entrypoint"].endswith("submit recipes/demo.yaml --set train.steps=100000 "
+                                    f"--set data.path={tmp_path / 'data'}")
+
+    deadline = time.monotonic() + 120
+    while job_status(head, job) == "PENDING":
+        assert time.monotonic() < deadline, "job never started"
+        time.sleep(0.5)
+    stop = run_gemctl("stop", job, "--address", head.url, cwd=REPO, env=head.env, timeout=120)
+    no_traceback(stop)
+    assert stop.returncode == 0 and "STOPPED" in stop.stdout, stop.stdout + stop.stderr
+    assert job_status(head, job) == "STOPPED"
+
+
+def test_unknown_job_is_a_clear_error(ray_head: RayHead) -> None:
+    for cmd in (["status", "gem-nope"], ["logs", "gem-nope"], ["stop", "gem-nope"]):
+        proc = run_gemctl(*cmd, "--address", ray_head.url, cwd=REPO, env=ray_head.env)
+        no_traceback(proc)
+        assert proc.returncode == 2
+        assert "No job 'gem-nope'" in proc.stderr
+
+
+def test_unreachable_address_fails_in_seconds() -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    for cmd in (["submit", "recipes/demo.yaml"], ["status", "gem-x"], ["logs", "gem-x"],
+                ["stop", "gem-x"]):
+        start = time.monotonic()
+        proc = run_gemctl(*cmd, "--address", dead, cwd=REPO, timeout=60)
+        no_traceback(proc)
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert "unreachable" in proc.stderr and dead in proc.stderr
+        assert time.monotonic() - start < 30
+
+
+def test_submit_reads_a_jobs_address_from_ray_address() -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    proc = run_gemctl("submit", "recipes/demo.yaml", cwd=REPO, env={"RAY_ADDRESS": dead})
+    no_traceback(proc)
+    assert proc.returncode == 2 and "Ray Jobs server" in proc.stderr
+
+
+def test_missing_or_wrong_token_is_a_clear_error(ray_head: RayHead, tmp_path: Path) -> None:
+    no_token = {"RAY_AUTH_TOKEN": "", "RAY_AUTH_TOKEN_PATH": str(tmp_path / "none")}
+    proc = run_gemctl("status", "--address", ray_head.url, cwd=REPO, env=no_token)
+    no_traceback(proc)
+    assert proc.returncode == 2 and "requires an authentication token" in proc.stderr
+    proc = run_gemctl("status", "--address", ray_head.url, cwd=REPO,
+                      env={"RAY_AUTH_TOKEN": "0" * 64})
+    no_traceback(proc)
+    assert proc.returncode == 2 and "rejected the token" in proc.stderr
+
+
+def test_status_rejects_a_gcs_address() -> None:
+    proc = run_gemctl("status", "--address", "127.0.0.1:6379", cwd=REPO)
+    no_traceback(proc)
+    assert proc.returncode == 2 and "not a Ray Jobs API address" in proc.stderr
