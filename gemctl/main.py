@@ -76,6 +76,14 @@ def submit(
         "stop follow it).")] = None,
 ) -> None:
     """Validate a recipe, train it on Ray Train (or --local) and record it in MLflow."""
+    from gem_platform.remote import jobs_address_for_submit
+
+    jobs_address = jobs_address_for_submit(address, local)
+    if jobs_address:  # http(s)://HEAD:8265: a Ray job there; no local training imports
+        from gemctl.jobs import submit_remote
+
+        submit_remote(recipe, set_ or [], jobs_address, local=local)
+        return
     from gem_platform.launch import submit as submit_run
     from gem_platform.recipe import load_recipe
 
@@ -84,14 +92,6 @@ def submit(
     render.console.print(f"[bold]gemctl submit[/] {recipe}: {workers} worker(s), attention="
                          f"{r.model.attention}, precision={r.precision.mode}, "
                          f"{r.train.steps} steps")
-    from gem_platform.remote import jobs_address_for_submit
-
-    jobs_address = jobs_address_for_submit(address, local)
-    if jobs_address:  # http(s)://HEAD:8265: run it as a Ray job on that cluster
-        from gemctl.jobs import submit_remote
-
-        submit_remote(recipe, set_ or [], jobs_address, local=local)
-        return
     try:
         outcome = submit_run(r, local=local, address=address,
                              echo=lambda line: render.console.print(line, highlight=False))
