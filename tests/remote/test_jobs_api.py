@@ -50,7 +50,8 @@ def test_validate_job_succeeds_and_is_followed(ray_head: RayHead) -> None:
     follow = run_gemctl("logs", ok, "--follow", "--address", head.url, cwd=REPO, env=env,
                         timeout=180)
     no_traceback(follow)
-    assert follow.returncode == 0, follow.stdout + follow.stderr
+    assert follow.returncode == 0, (follow.stdout + follow.stderr
+                                    + json.dumps(head.get(f"/api/jobs/{ok}"), indent=1))
     assert "recipe 'demo' is valid" in follow.stdout
     assert "SUCCEEDED" in follow.stdout
 

@@ -1,0 +1,251 @@
+"""Every manifest in deploy/ parses and carries what its CRD or Kubernetes kind requires; the
+images are pinned; the zone labels the placement code reads are on every GPU worker group; and
+the GPU image pins the same versions as the CPU stack the tests run on."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.conftest import REPO
+
+DEPLOY = REPO / "deploy"
+ZONE_LABEL = "gem.zone"  # gem_platform.topology's default parallel.zone_label
+
+# Fields of the KubeRay v1 CRDs these manifests may use (KubeRay 1.6); a typo in a field name
+# would otherwise be dropped silently by the API server.
+RAYCLUSTER_SPEC = {"headGroupSpec", "workerGroupSpecs", "rayVersion", "enableInTreeAutoscaling",
+                   "autoscalerOptions", "headServiceAnnotations", "suspend", "managedBy",
+                   "gcsFaultToleranceOptions", "authOptions", "upgradeStrategy"}
+HEAD_GROUP = {"serviceType", "headService", "enableIngress", "rayStartParams", "template",
+              "labels", "resources"}
+WORKER_GROUP = {"groupName", "replicas", "minReplicas", "maxReplicas", "idleTimeoutSeconds",
+                "numOfHosts", "rayStartParams", "template", "scaleStrategy", "suspend", "labels",
+                "resources"}
+RAYJOB_SPEC = {"activeDeadlineSeconds", "backoffLimit", "rayClusterSpec", "submitterPodTemplate",
+               "metadata", "clusterSelector", "submitterConfig", "managedBy", "deletionStrategy",
+               "entrypoint", "runtimeEnvYAML", "jobId", "submissionMode", "entrypointResources",
+               "entrypointNumCpus", "entrypointNumGpus", "ttlSecondsAfterFinished",
+               "shutdownAfterJobFinishes", "suspend"}
+RAYCRONJOB_SPEC = {"schedule", "jobTemplate", "suspend"}
+SUBMISSION_MODES = {"K8sJobMode", "HTTPMode", "InteractiveMode", "SidecarMode"}
+CRON_FIELD = re.compile(r"^(\*|\d+(-\d+)?)(/\d+)?(,(\*|\d+(-\d+)?)(/\d+)?)*$")
+CRON_RANGES = [(0, 59), (0, 23), (1, 31), (1, 12), (0, 7)]
+
+
+def documents() -> Iterator[tuple[Path, dict[str, Any]]]:
+    for path in sorted(DEPLOY.rglob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc is not None:
+                yield path, doc
+
+
+DOCS = list(documents())
+
+
+def of_kind(kind: str) -> list[dict[str, Any]]:
+    return [doc for _, doc in DOCS if doc["kind"] == kind]
+
+
+def pod_specs(doc: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Every pod spec inside a manifest, wherever the kind nests it."""
+    if isinstance(doc, dict):
+        if "containers" in doc and isinstance(doc["containers"], list):
+            yield doc
+        for value in doc.values():
+            yield from pod_specs(value)
+    elif isinstance(doc, list):
+        for item in doc:
+            yield from pod_specs(item)
+
+
+def check_cron(schedule: str) -> None:
+    fields = schedule.split()
+    assert len(fields) == 5, f"cron schedule {schedule!r} needs 5 fields"
+    for field, (low, high) in zip(fields, CRON_RANGES, strict=True):
+        assert CRON_FIELD.match(field), f"bad cron field {field!r}"
+        for number in re.findall(r"\d+", field.split("/")[0]):
+            assert low <= int(number) <= high, f"{field!r} outside {low}-{high}"
+
+
+def check_cluster_spec(spec: dict[str, Any]) -> None:
+    assert set(spec) <= RAYCLUSTER_SPEC, set(spec) - RAYCLUSTER_SPEC
+    assert spec["rayVersion"] == pinned("requirements/cpu.txt")["ray"]
+    head = spec["headGroupSpec"]
+    assert set(head) <= HEAD_GROUP, set(head) - HEAD_GROUP
+    assert head["template"]["spec"]["containers"], "head needs a container"
+    assert head["rayStartParams"]["dashboard-host"] == "0.0.0.0"  # in-pod; Service stays internal
+    groups = spec["workerGroupSpecs"]
+    assert groups, "no worker groups"
+    names = [g["groupName"] for g in groups]
+    assert len(set(names)) == len(names), "worker group names must be unique"
+    zones = set()
+    for group in groups:
+        assert set(group) <= WORKER_GROUP, set(group) - WORKER_GROUP
+        assert isinstance(group["replicas"], int)
+        assert group["minReplicas"] <= group["replicas"] <= group["maxReplicas"]
+        assert "rayStartParams" in group
+        containers = group["template"]["spec"]["containers"]
+        assert containers
+        zone = group["labels"][ZONE_LABEL]
+        assert group["template"]["metadata"]["labels"][ZONE_LABEL] == zone
+        zones.add(zone)
+        for c in containers:
+            limits, requests = c["resources"]["limits"], c["resources"]["requests"]
+            assert int(limits["nvidia.com/gpu"]) >= 1, f"{group['groupName']} has no GPUs"
+            assert limits["nvidia.com/gpu"] == requests["nvidia.com/gpu"]
+    assert len(zones) >= 2, f"worker groups span one zone only: {zones}"
+    assert spec["authOptions"]["mode"] == "token"
+
+
+def pinned(path: str) -> dict[str, str]:
+    """name -> version for the `name==version` lines of a requirements file."""
+    pins = {}
+    for line in (REPO / path).read_text().splitlines():
+        m = re.match(r"^([A-Za-z0-9_.-]+)(\[[^\]]*\])?==([^\s;#]+)", line.strip())
+        if m:
+            pins[m.group(1).lower()] = m.group(3)
+    return pins
+
+
+def test_every_manifest_parses_with_identity() -> None:
+    assert len(DOCS) >= 9
+    for path, doc in DOCS:
+        assert doc.get("apiVersion") and doc.get("kind"), path
+        name = doc["metadata"]["name"]
+        assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name) and len(name) <= 63, name
+
+
+@pytest.mark.parametrize("path, doc", DOCS, ids=[f"{p.name}:{d['kind']}" for p, d in DOCS])
+def test_containers_pinned_and_bounded(path: Path, doc: dict[str, Any]) -> None:
+    for spec in pod_specs(doc):
+        for c in spec["containers"]:
+            image = c["image"]
+            tag = image.rsplit("/", 1)[-1]
+            assert ":" in tag and not tag.endswith(":latest"), f"{path}: unpinned {image}"
+            assert c["resources"]["limits"].get("memory"), f"{path}: {c['name']} memory limit"
+            assert c["resources"]["limits"].get("cpu"), f"{path}: {c['name']} cpu limit"
+
+
+def test_raycluster() -> None:
+    (cluster,) = of_kind("RayCluster")
+    assert cluster["apiVersion"] == "ray.io/v1"
+    check_cluster_spec(cluster["spec"])
+    claims = {v["persistentVolumeClaim"]["claimName"]
+              for spec in pod_specs(cluster) for v in spec.get("volumes", [])
+              if "persistentVolumeClaim" in v}
+    declared = {d["metadata"]["name"] for d in of_kind("PersistentVolumeClaim")}
+    assert claims <= declared, claims - declared
+
+
+def test_rayjob_runs_the_attention_sweep() -> None:
+    (job,) = of_kind("RayJob")
+    assert job["apiVersion"] == "ray.io/v1"
+    spec = job["spec"]
+    assert set(spec) <= RAYJOB_SPEC, set(spec) - RAYJOB_SPEC
+    assert spec["entrypoint"] == "gemctl sweep recipes/ablations/attention.yaml"
+    assert spec["submissionMode"] in SUBMISSION_MODES
+    assert spec["shutdownAfterJobFinishes"] is True
+    env = yaml.safe_load(spec["runtimeEnvYAML"])
+    assert env["env_vars"]["MLFLOW_TRACKING_URI"].startswith("http://mlflow.")
+    check_cluster_spec(spec["rayClusterSpec"])
+
+
+def test_raycronjob_runs_the_nightly_ablations_and_gate() -> None:
+    (cron,) = of_kind("RayCronJob")
+    assert cron["apiVersion"] == "ray.io/v1"
+    spec = cron["spec"]
+    assert set(spec) <= RAYCRONJOB_SPEC and {"schedule", "jobTemplate"} <= set(spec)
+    check_cron(spec["schedule"])
+    template = spec["jobTemplate"]
+    assert set(template) <= RAYJOB_SPEC, set(template) - RAYJOB_SPEC
+    steps = [s.strip() for s in template["entrypoint"].split(";") if s.strip()]
+    assert steps[0] == "set -e", "a failed sweep must fail the job"
+    sweeps = [s for s in steps if s.startswith("gemctl sweep ")]
+    assert {Path(s.split()[-1]).stem for s in sweeps} == {"attention", "precision", "loader"}
+    assert steps[-1] == "gemctl compare --max-ne-regression 0.1%"
+    check_cluster_spec(template["rayClusterSpec"])
+
+
+@pytest.mark.parametrize("bad", ["0 2 * *", "61 2 * * *", "0 24 * * *", "x 2 * * *"])
+def test_cron_check_rejects_bad_schedules(bad: str) -> None:
+    with pytest.raises(AssertionError):
+        check_cron(bad)
+
+
+def test_mlflow_server_binds_and_exposes_sanely() -> None:
+    services = {s["metadata"]["name"]: s for s in of_kind("Service")}
+    deployments = {d["metadata"]["name"]: d for d in of_kind("Deployment")}
+    (pg,) = of_kind("StatefulSet")
+    server = deployments["mlflow"]
+    pod = server["spec"]["template"]
+    assert server["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    (container,) = pod["spec"]["containers"]
+    args = dict(a.split("=", 1) for a in container["args"] if a.startswith("--") and "=" in a)
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert int(args["--port"]) == ports["http"]
+    assert args["--backend-store-uri"].startswith("postgresql://")
+    assert "$(DB_HOST)" in args["--backend-store-uri"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["DB_HOST"]["value"] in services  # the PostgreSQL Service by name
+    assert env["DB_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == "gem-mlflow-db"
+    assert "--serve-artifacts" in container["args"]
+    assert args["--artifacts-destination"] == "$(MLFLOW_ARTIFACTS_DESTINATION)"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/health"
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert mounts["artifacts"] == env["MLFLOW_ARTIFACTS_DESTINATION"]["value"]
+    assert "mlflow.*:*" in args["--allowed-hosts"].split(",")  # in-cluster DNS names
+
+    svc = services["mlflow"]
+    assert svc["spec"]["type"] == "ClusterIP", "keep the tracking server internal"
+    assert svc["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    assert svc["spec"]["ports"][0]["targetPort"] in ("http", ports["http"])
+
+    pg_svc = services[env["DB_HOST"]["value"]]
+    assert pg_svc["spec"]["type"] == "ClusterIP"
+    pg_labels = pg["spec"]["template"]["metadata"]["labels"]
+    assert pg_svc["spec"]["selector"].items() <= pg_labels.items()
+    assert pg["spec"]["volumeClaimTemplates"], "the database needs its own volume"
+    for spec in (pod["spec"], pg["spec"]["template"]["spec"]):
+        assert spec["securityContext"]["runAsNonRoot"] is True
+
+    # Jobs reach the server at the Service's in-cluster name and port.
+    uris = {yaml.safe_load(j["spec"]["runtimeEnvYAML"])["env_vars"]["MLFLOW_TRACKING_URI"]
+            for j in of_kind("RayJob")}
+    assert uris == {f"http://mlflow.gem.svc.cluster.local:{svc['spec']['ports'][0]['port']}"}
+
+
+def test_gpu_image_pins_match_the_cpu_stack() -> None:
+    cpu = pinned("requirements/cpu.txt")
+    gpu = pinned("deploy/requirements-cuda.txt")
+    cpu["fbgemm-gpu"] = cpu.pop("fbgemm-gpu-cpu")  # the same release, CUDA build
+    shared = set(cpu) & set(gpu)
+    assert {"torch", "ray", "mlflow", "triton", "fbgemm-gpu"} <= shared
+    assert {name: gpu[name] for name in shared} == {name: cpu[name] for name in shared}
+
+    dockerfile = (DEPLOY / "Dockerfile").read_text()
+    base = re.search(r"^ARG RAY_IMAGE=(\S+)$", dockerfile, re.M).group(1)
+    assert base.startswith(f"rayproject/ray:{cpu['ray']}-"), base
+    assert re.search(rf"^ARG TORCH_VERSION={re.escape(cpu['torch'])}$", dockerfile, re.M)
+    assert re.search(rf"^ARG FBGEMM_VERSION={re.escape(cpu['fbgemm-gpu'])}$", dockerfile, re.M)
+    assert "requirements/no-deps.txt" in dockerfile  # torchrec, --no-deps
+    assert re.search(r"^USER ray$", dockerfile, re.M), "the image must not run as root"
+    assert "pip install --no-deps -e ." in dockerfile
+
+    mlflow_image = (DEPLOY / "mlflow" / "Dockerfile").read_text()
+    assert f'"mlflow=={cpu["mlflow"]}"' in mlflow_image
+    assert re.search(r"^USER (?!root)\w+$", mlflow_image, re.M)
+    (server,) = [d for d in of_kind("Deployment") if d["metadata"]["name"] == "mlflow"]
+    image = server["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert image.endswith(f":{cpu['mlflow']}")
+
+
+def test_readme_covers_every_manifest() -> None:
+    readme = (DEPLOY / "README.md").read_text()
+    for path in [*DEPLOY.rglob("*.yaml"), DEPLOY / "Dockerfile", DEPLOY / "mlflow" / "Dockerfile"]:
+        assert str(path.relative_to(REPO)) in readme, f"README does not mention {path}"
