@@ -47,23 +47,31 @@ def attention_mask(n: int, causal: bool, window: tuple[int, int] | None,
     return mask
 
 
-def _one_sequence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-                  causal: bool, window: tuple[int, int] | None) -> torch.Tensor:
-    """q, k, v: (n, H, D) fp32 -> (n, H, D) fp32."""
-    n = q.shape[0]
-    s = torch.einsum("ihd,jhd->hij", q, k) * scale  # (H, n, n)
-    mask = attention_mask(n, causal, window, q.device)
-    if mask is not None:
-        s = torch.where(mask, s, torch.full_like(s, float("-inf")))
+# Sequences of similar length are padded together, this many at a time: a few batched ops per
+# group instead of a Python loop per sequence, with little padding (lengths are sorted first).
+GROUP_SIZE = 32
+
+
+def _padded_group(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor,
+                  scale: float, causal: bool, window: tuple[int, int] | None) -> torch.Tensor:
+    """q, k, v: (n, L, H, D) zero-padded, lengths (n,) -> (n, L, H, D) in q's dtype."""
+    length = q.shape[1]
+    s = torch.einsum("nihd,njhd->nhij", q, k) * scale  # (n, H, L, L)
+    pos = torch.arange(length, device=q.device)
+    mask = (pos[None, :] < lengths[:, None])[:, None, None, :]  # valid keys
+    seq_mask = attention_mask(length, causal, window, q.device)
+    if seq_mask is not None:
+        mask = mask & seq_mask
+    s = torch.where(mask, s, torch.full_like(s, float("-inf")))
     # Row max as a constant shift (softmax is invariant to it, so detaching keeps gradients
     # exact); rows with no valid key get shift 0 so that every exp below is exp(-inf) = 0.
     m = s.detach().amax(dim=-1, keepdim=True)
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
     p = torch.exp(s - m)
     denom = p.sum(dim=-1, keepdim=True)
-    o = torch.einsum("hij,jhd->ihd", p, v)
+    o = torch.einsum("nhij,njhd->nihd", p, v)
     # Empty rows: p = 0, so o = 0 / tiny = 0 with a finite (zero) gradient.
-    return o / denom.clamp_min(torch.finfo(denom.dtype).tiny).permute(1, 0, 2)
+    return o / denom.clamp_min(torch.finfo(denom.dtype).tiny).permute(0, 2, 1, 3)
 
 
 def jagged_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -77,21 +85,27 @@ def jagged_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     _check_inputs(q, k, v, offsets, window)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
-    offs = [int(x) for x in offsets.tolist()]
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     qf, kf, vf = q.to(acc), k.to(acc), v.to(acc)
-    outs = []
-    for b in range(len(offs) - 1):
-        s, e = offs[b], offs[b + 1]
-        if e <= s:
-            continue
-        outs.append(_one_sequence(qf[s:e], kf[s:e], vf[s:e], scale, causal, window))
-    if not outs:
-        return (q * 0).to(q.dtype) if q.requires_grad else torch.zeros_like(q)
-    out = torch.cat(outs, dim=0)
-    total = q.shape[0]
-    if out.shape[0] != total:  # rows outside [offsets[0], offsets[-1]) are not attended
-        full = q.new_zeros(q.shape, dtype=acc)
-        full = full.index_copy(0, torch.arange(offs[0], offs[-1], device=q.device), out)
-        out = full
+    starts = offsets[:-1].to(torch.int64).cpu()
+    lengths = (offsets[1:] - offsets[:-1]).to(torch.int64).cpu()
+    order = [int(b) for b in torch.argsort(lengths, stable=True) if lengths[b] > 0]
+    out = q.new_zeros(q.shape, dtype=acc)
+    for first in range(0, len(order), GROUP_SIZE):
+        group = torch.tensor(order[first : first + GROUP_SIZE])
+        glen = lengths[group]
+        longest = int(glen.max())
+        # (row in group, position) of every real token of the group, and its global index
+        member = torch.repeat_interleave(torch.arange(len(group)), glen)
+        pos = torch.arange(int(glen.sum())) - torch.repeat_interleave(
+            torch.cumsum(glen, 0) - glen, glen)
+        token = (starts[group][member] + pos).to(q.device)
+        member, pos = member.to(q.device), pos.to(q.device)
+
+        def pad(x: torch.Tensor, member=member, pos=pos, token=token, n=len(group),
+                longest=longest) -> torch.Tensor:
+            return x.new_zeros(n, longest, *x.shape[1:]).index_put((member, pos), x[token])
+
+        o = _padded_group(pad(qf), pad(kf), pad(vf), glen.to(q.device), scale, causal, window)
+        out = out.index_put((token,), o[member, pos])
     return out.to(q.dtype)
