@@ -44,6 +44,10 @@ def test_validate_job_succeeds_and_is_followed(ray_head: RayHead) -> None:
     head, env = ray_head, ray_head.env
     ok = submit_via_api(head, ["validate", "recipes/demo.yaml", "--set", "train.steps=7"],
                         env_vars={"GEM_TEST_MARK": "1"})
+    # The second job reuses the first one's uploaded packages once its environment exists.
+    deadline = time.monotonic() + 120
+    while job_status(head, ok) == "PENDING" and time.monotonic() < deadline:
+        time.sleep(0.5)
     bad = submit_via_api(head, ["validate", "recipes/no-such-recipe.yaml"])
     assert ok.startswith("gem-validate-") and ok != bad
 
