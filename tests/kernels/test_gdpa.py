@@ -156,6 +156,16 @@ def test_snake_schedule_balances_long_tailed_work() -> None:
     assert float(sched.work.max() / sched.work.mean()) <= 1.1
 
 
+@pytest.mark.parametrize("n_samples", [1, 3, 7, 40])
+def test_schedule_never_launches_an_empty_program(n_samples: int) -> None:
+    lengths = torch.tensor(lognormal_lengths(n_samples, 40, 300, seed=n_samples))
+    offs = offsets_from_lengths(lengths)
+    sched = build_schedule(offs, offs, 64, 64, 2, max_programs=12, device="cpu", num_sms=4)
+    counts = sched.prog_ptr[1:] - sched.prog_ptr[:-1]
+    assert sched.num_programs == counts.numel() and (counts > 0).all()
+    assert int(sched.prog_ptr[-1]) == sched.num_items
+
+
 def test_snake_balances_per_sm_with_several_programs_per_sm() -> None:
     lengths = torch.tensor(lognormal_lengths(256, 470, 2048, seed=1))
     short = torch.full_like(lengths, 16)

@@ -111,6 +111,10 @@ def build_schedule(row_offsets: torch.Tensor, col_offsets: torch.Tensor, block_r
     n = items.shape[0]
     p = max(1, min(max_programs, n))
     prog = deal(work, p, snake, num_sms)
+    # Drop programs that got no item (a program must own at least one): renumber densely.
+    used = torch.bincount(prog, minlength=p) > 0
+    prog = (torch.cumsum(used.long(), 0) - 1)[prog]
+    p = int(used.sum())
     # Within a program keep the dealt order (descending work with snake, natural without).
     rank = torch.argsort(torch.argsort(-work.double(), stable=True)) if snake \
         else torch.arange(n)

@@ -71,11 +71,15 @@ def short_q_config(max_q: int, head_dim: int) -> TileConfig:
 @triton.jit
 def _atomic_add_rows(ptr, x, start, length, h, stride_t, stride_h, BLOCK: tl.constexpr,
                      D: tl.constexpr):
-    """Adds a (BLOCK, D) fp32 tile into rows start.. of one head (rows past length skipped)."""
-    rows = tl.arange(0, BLOCK)
-    offs = (start + rows).to(tl.int64)[:, None] * stride_t + h * stride_h \
-        + tl.arange(0, D)[None, :]
-    tl.atomic_add(ptr + offs, x, mask=(rows < length)[:, None], sem="relaxed")
+    """Adds a (BLOCK, D) fp32 tile into rows start.. of one head (rows past length skipped;
+    their addresses are clamped into the sample so that no lane ever points past it)."""
+    if length > 0:
+        rows = tl.arange(0, BLOCK)
+        valid = rows < length
+        rows = tl.where(valid, rows, 0)
+        offs = (start + rows).to(tl.int64)[:, None] * stride_t + h * stride_h \
+            + tl.arange(0, D)[None, :]
+        tl.atomic_add(ptr + offs, x, mask=valid[:, None], sem="relaxed")
 
 
 @triton.jit
