@@ -31,19 +31,35 @@ def _when(value: object) -> str:
     return value.strftime("%Y-%m-%d %H:%M:%S UTC") if value else "-"  # type: ignore[attr-defined]
 
 
-def submit_remote(recipe: Path, sets: list[str], address: str, *, local: bool = False,
-                  command: str = "submit") -> str:
-    """Validate the recipe here (bad input fails before any upload), submit `gemctl <command>
-    RECIPE` as a Ray job, and say how to follow it."""
+def _describe(command: str, path: Path, sets: list[str]) -> str:
+    """Validate a recipe or sweep spec here, so bad input fails before any upload."""
+    if command == "sweep":
+        from gem_platform.sweep.config import load_sweep
+
+        plan = load_sweep(path, sets)
+        return f"sweep '{plan.name}' ({len(plan.arms)} arms x {len(plan.seeds)} seeds)"
     from gem_platform.recipe import load_recipe
+
+    r = load_recipe(path, sets)
+    return (f"recipe '{r.name}' ({r.parallel.workers} worker(s), attention={r.model.attention}, "
+            f"precision={r.precision.mode})")
+
+
+def submit_remote(path: Path, sets: list[str], address: str, *, local: bool = False,
+                  command: str = "submit", extra_args: list[str] | None = None) -> str:
+    """Validate the recipe (or sweep spec) here, submit `gemctl <command> PATH ...` as a Ray
+    job on the cluster at ``address``, and say how to follow it. Returns the job id.
+
+    `gemctl sweep SPEC --address http://...` calls this with ``command="sweep"``.
+    """
     from gem_platform.remote import resolve_jobs_address, submit_recipe
 
-    r = load_recipe(recipe, sets)
+    what = _describe(command, path, sets)
     address = resolve_jobs_address(address)
-    render.console.print(f"[bold]gemctl {command}[/] {recipe}: recipe '{r.name}' as a Ray job "
-                         f"({r.parallel.workers if not local else 1} worker(s), attention="
-                         f"{r.model.attention}, precision={r.precision.mode})", highlight=False)
-    job_id = submit_recipe(recipe, sets, address, local=local, command=command)
+    render.console.print(f"[bold]gemctl {command}[/] {path}: {what} as a Ray job",
+                         highlight=False)
+    job_id = submit_recipe(path, sets, address, local=local, command=command,
+                           extra_args=extra_args or [])
     render.console.print(f"[green]submitted[/] job [bold]{job_id}[/] to {address}", highlight=False)
     suffix = f" --address {address}"
     render.console.print(f"  follow: gemctl logs {job_id} --follow{suffix}\n"

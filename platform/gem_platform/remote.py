@@ -263,8 +263,10 @@ def submit_job(entrypoint_args: list[str], address: str, *, working_dir: str | P
 
 
 def recipe_entrypoint_args(recipe: Path, sets: Sequence[str], root: Path,
-                           command: str = "submit", local: bool = False) -> list[str]:
-    """gemctl arguments that run ``recipe`` from the uploaded copy of ``root``."""
+                           command: str = "submit", local: bool = False,
+                           extra_args: Sequence[str] = ()) -> list[str]:
+    """gemctl arguments that run ``recipe`` (a recipe or sweep spec) from the uploaded copy of
+    ``root``; ``extra_args`` are further options of ``command`` (e.g. ``["--new"]``)."""
     path = recipe.resolve()
     try:
         rel = path.relative_to(root)
@@ -277,15 +279,19 @@ def recipe_entrypoint_args(recipe: Path, sets: Sequence[str], root: Path,
         args += ["--set", item]
     if local:
         args.append("--local")
-    return args
+    return args + list(extra_args)
 
 
 def submit_recipe(recipe: Path, sets: Sequence[str], address: str, *, local: bool = False,
-                  command: str = "submit", root: Path | None = None) -> str:
-    """Submit ``gemctl <command> RECIPE --set ...`` for a recipe file of this project."""
+                  command: str = "submit", extra_args: Sequence[str] = (),
+                  root: Path | None = None) -> str:
+    """Submit ``gemctl <command> RECIPE --set ...`` for a recipe or sweep spec of this project
+    (``command="sweep"`` for ``gemctl sweep --address http://...``). Returns the job id."""
     root = root or find_project_root()
-    args = recipe_entrypoint_args(recipe, sets, root, command=command, local=local)
-    return submit_job(args, address, working_dir=root, label=recipe.stem)
+    args = recipe_entrypoint_args(recipe, sets, root, command=command, local=local,
+                                  extra_args=extra_args)
+    return submit_job(args, address, working_dir=root, label=f"{command}-{recipe.stem}"
+                      if command != "submit" else recipe.stem)
 
 
 def _when(ms: int | None) -> datetime | None:

@@ -52,8 +52,9 @@ def test_recipe_arguments_are_relative_to_the_project() -> None:
                                          local=True)
     assert args == ["submit", "recipes/demo.yaml", "--set", "train.steps=5",
                     "--set", "model.attention=block64", "--local"]
-    sweep = remote.recipe_entrypoint_args(Path("recipes/demo.yaml"), [], REPO, command="sweep")
-    assert sweep == ["sweep", "recipes/demo.yaml"]
+    sweep = remote.recipe_entrypoint_args(Path("recipes/ablations/attention.yaml"), [], REPO,
+                                          command="sweep", extra_args=["--new"])
+    assert sweep == ["sweep", "recipes/ablations/attention.yaml", "--new"]
 
 
 def test_recipe_outside_the_project_is_refused(tmp_path: Path) -> None:
