@@ -5,6 +5,8 @@ the GPU image pins the same versions as the CPU stack the tests run on."""
 from __future__ import annotations
 
 import re
+import shlex
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -164,12 +166,31 @@ def test_raycronjob_runs_the_nightly_ablations_and_gate() -> None:
     check_cron(spec["schedule"])
     template = spec["jobTemplate"]
     assert set(template) <= RAYJOB_SPEC, set(template) - RAYJOB_SPEC
-    steps = [s.strip() for s in template["entrypoint"].split(";") if s.strip()]
-    assert steps[0] == "set -e", "a failed sweep must fail the job"
-    sweeps = [s for s in steps if s.startswith("gemctl sweep ")]
-    assert {Path(s.split()[-1]).stem for s in sweeps} == {"attention", "precision", "loader"}
-    assert steps[-1] == "gemctl compare --max-ne-regression 0.1%"
+    words = shlex.split(template["entrypoint"])
+    assert words[:3] == ["MAX_NE_REGRESSION=0.1%", "bash", "deploy/scripts/nightly-ablations.sh"]
+    specs = words[3:]
+    assert {Path(s).stem for s in specs} == {"attention", "precision", "loader"}
+    assert all((REPO / s).is_file() for s in specs)
+    script = (REPO / words[2]).read_text()
+    assert 'gemctl sweep --new "${spec}"' in script
+    assert 'gemctl compare "${id}" --max-ne-regression "${MAX_NE_REGRESSION}"' in script
+    assert "COPY --chown=ray:users deploy/scripts" in (DEPLOY / "Dockerfile").read_text()
     check_cluster_spec(template["rayClusterSpec"])
+
+
+def test_nightly_script_finds_the_sweep_id(tmp_path: Path) -> None:
+    """The id is read from the closing line `gemctl sweep` prints (gemctl/sweep.py)."""
+    log = tmp_path / "sweep.log"
+    log.write_text("sweep attention-20260101-020000: 4 arms x 2 seeds, parent run abc\n"
+                   "trial padded seed 0 done\n"
+                   "sweep attention-20260101-020000 FINISHED: 8/8 trials recorded; parent run "
+                   "abc\n")
+    script = DEPLOY / "scripts" / "nightly-ablations.sh"
+    out = subprocess.run(["bash", "-c", f'source "{script}"; sweep_id_from_log "{log}"'],
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "attention-20260101-020000"
+    usage = subprocess.run(["bash", str(script)], capture_output=True, text=True)
+    assert usage.returncode == 2 and "usage" in usage.stderr
 
 
 @pytest.mark.parametrize("bad", ["0 2 * *", "61 2 * * *", "0 24 * * *", "x 2 * * *"])
@@ -247,5 +268,6 @@ def test_gpu_image_pins_match_the_cpu_stack() -> None:
 
 def test_readme_covers_every_manifest() -> None:
     readme = (DEPLOY / "README.md").read_text()
-    for path in [*DEPLOY.rglob("*.yaml"), DEPLOY / "Dockerfile", DEPLOY / "mlflow" / "Dockerfile"]:
+    for path in [*DEPLOY.rglob("*.yaml"), *DEPLOY.rglob("*.sh"), DEPLOY / "Dockerfile",
+                 DEPLOY / "mlflow" / "Dockerfile"]:
         assert str(path.relative_to(REPO)) in readme, f"README does not mention {path}"
