@@ -39,9 +39,9 @@ EXCLUDES = [".venv", "gem_data", "gem_runs", "mlruns", "*.parquet", ".git",
             ".hypothesis", "ray_results", "bench_results", "*.egg-info"]
 # Source roots inside the project; each package travels as a py_module.
 PACKAGES = ("gemctl", "platform/gem_platform", "kernels/gem_kernels")
-# Environment a remote job inherits from the submitting shell when set there.
-PASSED_ENV = ("MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD",
-              "MLFLOW_EXPERIMENT_NAME")
+# Environment a remote job inherits from the submitting shell when set there. Never secrets:
+# a job's runtime_env is readable by everyone who can reach the dashboard.
+PASSED_ENV = ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME")
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 
 
