@@ -23,7 +23,7 @@ from gem_kernels.gdpa.activations import (  # noqa: E402
     gelu_tanh_exact,
     gelu_tanh_poly,
 )
-from gem_kernels.gdpa.autograd import GDPAFunction, backward_mode  # noqa: E402
+from gem_kernels.gdpa.op import GDPAFunction, backward_mode  # noqa: E402
 from gem_kernels.gdpa.schedule import build_items, build_schedule, deal, imbalance  # noqa: E402
 from gem_kernels.testing import lognormal_lengths, offsets_from_lengths  # noqa: E402
 

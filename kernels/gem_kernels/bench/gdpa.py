@@ -227,7 +227,7 @@ def run_case(c: Case, phase: str, quick: bool, rows: list[BenchRow], meta: dict,
     schedule-order, prefetch and tile-shape variants."""
     from gem_kernels.gdpa import gdpa
     from gem_kernels.gdpa.activations import ACT_CODE
-    from gem_kernels.gdpa.autograd import GDPAFunction, backward_mode, num_sms, schedule_for
+    from gem_kernels.gdpa.op import GDPAFunction, backward_mode, num_sms, schedule_for
     from gem_kernels.gdpa.reference import gdpa_padded
     from gem_kernels.gdpa.schedule import build_schedule
     from gem_kernels.gdpa.triton_bwd import (

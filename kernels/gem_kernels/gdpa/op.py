@@ -1,15 +1,113 @@
-"""Public GDPA op: Triton kernels on CUDA, PyTorch reference elsewhere."""
+"""Public GDPA op: Triton kernels on CUDA (through an autograd Function that owns the
+persistent schedules), PyTorch reference elsewhere."""
 
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 
 from gem_kernels.dispatch import Kernel, resolve_kernel
+from gem_kernels.gdpa.activations import ACT_CODE
 from gem_kernels.gdpa.reference import check_inputs, gdpa_reference
+from gem_kernels.gdpa.schedule import Schedule, ScheduleCache, build_schedule
+from gem_kernels.gdpa.triton_bwd import (
+    dkdv_config,
+    dq_config,
+    launch_bwd,
+    launch_bwd_short_kv,
+    launch_bwd_short_q,
+    short_kv_config,
+    short_q_config,
+)
+from gem_kernels.gdpa.triton_fwd import TileConfig, fwd_config, launch_fwd
 
 _NORM_CODE = {"none": 0, "kv_len": 1, "max_len": 2}
+
+
+_CACHE = ScheduleCache()
+
+
+def num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return int(os.environ.get("GEM_GDPA_INTERPRET_PROGRAMS", "3"))
+
+
+def schedule_for(rows_offsets: torch.Tensor, cols_offsets: torch.Tensor, heads: int,
+                 cfg: TileConfig, device: torch.device) -> Schedule:
+    """Persistent schedule of (sample, row block, head) items, cached per offsets pair."""
+    key = (cfg.block_rows, cfg.block_cols, cfg.ctas_per_sm, heads, str(device))
+
+    def build() -> Schedule:
+        sms = num_sms(device)
+        return build_schedule(rows_offsets, cols_offsets, cfg.block_rows, cfg.block_cols,
+                              heads, sms * cfg.ctas_per_sm, device, num_sms=sms)
+
+    return _CACHE.get(key, rows_offsets, cols_offsets, build)
+
+
+SHORT_SIDE = 64  # a side this short fits one tile: the backward runs as one fused kernel
+
+
+def backward_mode(max_q: int, max_kv: int) -> str:
+    """'short_kv' (cross attention), 'short_q' (pooled) or 'two_kernel' (self attention)."""
+    if max_kv <= SHORT_SIDE:
+        return "short_kv"
+    if max_q <= SHORT_SIDE:
+        return "short_q"
+    return "two_kernel"
+
+
+class GDPAFunction(torch.autograd.Function):
+    """Configs and bwd_mode default to the heuristics; the benchmark overrides them. In
+    'short_kv' mode dq_cfg configures the fused kernel, in 'short_q' mode dkdv_cfg does."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, q_offsets, kv_offsets, max_q, max_kv, activation, scale,
+                norm_code, fwd_cfg=None, dkdv_cfg=None, dq_cfg=None, bwd_mode=None):
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        q_offsets = q_offsets.to(q.device, torch.int64)
+        kv_offsets = kv_offsets.to(q.device, torch.int64)
+        d, heads = q.shape[-1], q.shape[1]
+        cfg = fwd_cfg or fwd_config(max_q, max_kv, d)
+        sched = schedule_for(q_offsets, kv_offsets, heads, cfg, q.device)
+        out = launch_fwd(q, k, v, sched, cfg, ACT_CODE[activation],
+                         norm_code, scale, max_kv)
+        ctx.save_for_backward(q, k, v, q_offsets, kv_offsets)
+        ctx.meta = (max_q, max_kv, activation, scale, norm_code, dkdv_cfg, dq_cfg,
+                    bwd_mode or backward_mode(max_q, max_kv))
+        return out
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, q_offsets, kv_offsets = ctx.saved_tensors
+        max_q, max_kv, activation, scale, norm_code, dkdv_cfg, dq_cfg, mode = ctx.meta
+        d, heads = q.shape[-1], q.shape[1]
+        act, do = ACT_CODE[activation], do.contiguous()
+        if mode == "short_kv":
+            cfg = dq_cfg or short_kv_config(max_kv, d)
+            if max_kv > cfg.block_cols:
+                raise ValueError(f"short_kv backward needs max_kv <= {cfg.block_cols}")
+            sched = schedule_for(q_offsets, kv_offsets, heads, cfg, q.device)
+            dq, dk, dv = launch_bwd_short_kv(q, k, v, do, sched, cfg, act, norm_code, scale,
+                                             max_kv)
+        elif mode == "short_q":
+            cfg = dkdv_cfg or short_q_config(max_q, d)
+            if max_q > cfg.block_cols:
+                raise ValueError(f"short_q backward needs max_q <= {cfg.block_cols}")
+            sched = schedule_for(kv_offsets, q_offsets, heads, cfg, q.device)
+            dq, dk, dv = launch_bwd_short_q(q, k, v, do, sched, cfg, act, norm_code, scale,
+                                            max_kv)
+        else:
+            cfg_kv = dkdv_cfg or dkdv_config(max_q, max_kv, d)
+            cfg_q = dq_cfg or dq_config(max_q, max_kv, d)
+            sched_kv = schedule_for(kv_offsets, q_offsets, heads, cfg_kv, q.device)
+            sched_q = schedule_for(q_offsets, kv_offsets, heads, cfg_q, q.device)
+            dq, dk, dv = launch_bwd(q, k, v, do, sched_kv, cfg_kv, sched_q, cfg_q, act,
+                                    norm_code, scale, max_kv)
+        return (dq, dk, dv) + (None,) * 11
 
 
 def triton_supported(q: torch.Tensor) -> bool:
@@ -45,7 +143,5 @@ def gdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: torch.Ten
     if which is Kernel.PYTORCH:
         return gdpa_reference(q, k, v, q_offsets, kv_offsets, max_q, max_kv,
                               activation=activation, scale=scale, norm=norm)
-    from gem_kernels.gdpa.autograd import GDPAFunction
-
     return GDPAFunction.apply(q, k, v, q_offsets, kv_offsets, int(max_q), int(max_kv),
                               activation, float(scale), _NORM_CODE[norm])
