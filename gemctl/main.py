@@ -74,6 +74,8 @@ def submit(
         "--address", help="Existing Ray cluster (ray://HEAD:10001); default RAY_ADDRESS or an "
         "embedded local Ray. http://HEAD:8265 submits a Ray job there (gemctl logs/status/"
         "stop follow it).")] = None,
+    resume: Annotated[str | None, typer.Option(
+        "--resume", help="MLflow run id to continue from its latest checkpoint.")] = None,
 ) -> None:
     """Validate a recipe, train it on Ray Train (or --local) and record it in MLflow."""
     from gem_platform.remote import jobs_address_for_submit
@@ -93,7 +95,7 @@ def submit(
                          f"{r.model.attention}, precision={r.precision.mode}, "
                          f"{r.train.steps} steps")
     try:
-        outcome = submit_run(r, local=local, address=address,
+        outcome = submit_run(r, local=local, address=address, resume=resume,
                              echo=lambda line: render.console.print(line, highlight=False))
     except RuntimeError as err:
         render.error(str(err).splitlines()[0],

@@ -8,6 +8,7 @@ tracking), opens the MLflow run, launches Ray Train (V2) workers that each call
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import urllib.parse
 from collections.abc import Callable
@@ -19,6 +20,8 @@ from gem_platform.data.meta import DatasetMeta
 from gem_platform.errors import ClusterError, GemError, RecipeError
 from gem_platform.recipe import Recipe
 from gem_platform.tracking import RunTracker, resolve_tracking_uri
+from gem_platform.train.checkpoint import LOCAL_ROOT, LocalStore, latest_checkpoint
+from gem_platform.train.loop import TrainingDiverged
 
 RAY_STORAGE = "gem_runs/ray"
 
@@ -108,7 +111,8 @@ def _ray_worker_loop(config: dict[str, Any]) -> None:
     """Body of each Ray Train worker: train, with rank 0 streaming progress to the driver."""
     import torch
 
-    from gem_platform.train.loop import RankInfo, train
+    from gem_platform.train.checkpoint import RayStore
+    from gem_platform.train.loop import RankInfo, TrainingDiverged, train
 
     recipe = Recipe.model_validate(config["recipe"])
     torch.set_num_threads(recipe.parallel.cpus_per_worker)
@@ -119,16 +123,30 @@ def _ray_worker_loop(config: dict[str, Any]) -> None:
     def echo(line: str) -> None:
         progress.put(("line", line))
 
-    summary = train(recipe, sink=tracker.log_metrics if tracker else None, echo=echo)
+    store = RayStore(recipe.train.checkpoint_every) if recipe.train.checkpoint_every else None
+    try:
+        summary = train(recipe, sink=tracker.log_metrics if tracker else None, echo=echo,
+                        checkpoints=store)
+    except TrainingDiverged as err:
+        # Every rank stops at the same step; ending normally keeps Ray from retrying a run
+        # that would diverge again from the same checkpoint.
+        if info.is_chief:
+            progress.put(("failed", str(err)))
+        return
     if info.is_chief:
         progress.put(("summary", summary))
 
 
+def ray_run_dir(recipe: Recipe, run_id: str) -> Path:
+    """Where Ray Train keeps this MLflow run's checkpoints (stable across resumes)."""
+    return Path(RAY_STORAGE).resolve() / f"{recipe.name}-{run_id[:8]}"
+
+
 def _run_on_ray(recipe: Recipe, tracker: RunTracker, address: str | None,
-                echo: Callable[[str], None]) -> dict[str, Any]:
+                echo: Callable[[str], None], resume: bool) -> dict[str, Any]:
     import threading
 
-    from ray.train import RunConfig, ScalingConfig
+    from ray.train import Checkpoint, CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
     from ray.util.queue import Empty, Queue
 
@@ -137,6 +155,7 @@ def _run_on_ray(recipe: Recipe, tracker: RunTracker, address: str | None,
     if backend == "auto":
         backend = "nccl" if recipe.parallel.use_gpu else "gloo"
     progress = Queue(actor_options={"num_cpus": 0})
+    start = _resume_point(latest_checkpoint(ray_run_dir(recipe, tracker.run_id)), resume, echo)
     trainer = TorchTrainer(
         train_loop_per_worker=_ray_worker_loop,
         train_loop_config={"recipe": recipe.model_dump(mode="json"), "run_id": tracker.run_id,
@@ -146,8 +165,13 @@ def _run_on_ray(recipe: Recipe, tracker: RunTracker, address: str | None,
             num_workers=recipe.parallel.workers, use_gpu=recipe.parallel.use_gpu,
             resources_per_worker={"CPU": recipe.parallel.cpus_per_worker},
         ),
-        run_config=RunConfig(name=f"{recipe.name}-{tracker.run_id[:8]}",
-                             storage_path=str(Path(RAY_STORAGE).resolve())),
+        run_config=RunConfig(
+            name=ray_run_dir(recipe, tracker.run_id).name,
+            storage_path=str(Path(RAY_STORAGE).resolve()),
+            failure_config=FailureConfig(max_failures=recipe.train.max_failures),
+            checkpoint_config=CheckpointConfig(num_to_keep=recipe.train.keep_checkpoints),
+        ),
+        resume_from_checkpoint=Checkpoint.from_directory(str(start)) if start else None,
     )
     outcome: dict[str, Any] = {}
 
@@ -160,6 +184,7 @@ def _run_on_ray(recipe: Recipe, tracker: RunTracker, address: str | None,
     thread = threading.Thread(target=fit, name="ray-train-fit", daemon=True)
     thread.start()
     summary: dict[str, Any] = {}
+    failure: list[str] = []
 
     def drain(block: bool) -> None:
         while True:
@@ -169,6 +194,8 @@ def _run_on_ray(recipe: Recipe, tracker: RunTracker, address: str | None,
                 return
             if kind == "line":
                 echo(payload)
+            elif kind == "failed":
+                failure.append(payload)
             else:
                 summary.update(payload)
 
@@ -180,24 +207,43 @@ def _run_on_ray(recipe: Recipe, tracker: RunTracker, address: str | None,
     result = outcome["result"]
     if result.error is not None:
         raise result.error
+    if failure:
+        raise TrainingDiverged(failure[0])
     if not summary:
         raise RuntimeError("training finished without reporting its summary")
     return summary
 
 
-def _run_local(recipe: Recipe, tracker: RunTracker, echo: Callable[[str], None]
-               ) -> dict[str, Any]:
+def _resume_point(latest: Path | None, resume: bool, echo: Callable[[str], None]
+                  ) -> Path | None:
+    if not resume:
+        return None
+    if latest is None:
+        echo("no checkpoint of this run was found: it restarts from step 0")
+    return latest
+
+
+def _run_local(recipe: Recipe, tracker: RunTracker, echo: Callable[[str], None],
+               resume: bool) -> dict[str, Any]:
     from gem_platform.train.loop import train
 
-    return train(recipe, sink=tracker.log_metrics, echo=echo)
+    root = LOCAL_ROOT.resolve() / tracker.run_id
+    if not resume and root.exists():
+        shutil.rmtree(root)
+    store = None
+    if recipe.train.checkpoint_every or resume:
+        _resume_point(latest_checkpoint(root), resume, echo)
+        store = LocalStore(root, recipe.train.checkpoint_every, recipe.train.keep_checkpoints)
+    return train(recipe, sink=tracker.log_metrics, echo=echo, checkpoints=store)
 
 
 def submit(recipe: Recipe, *, local: bool = False, address: str | None = None,
-           echo: Callable[[str], None] = print) -> RunOutcome:
+           echo: Callable[[str], None] = print, resume: str | None = None) -> RunOutcome:
     """Validate, open the MLflow run, train, record the summary, close the run.
 
     GemError (bad input) raised before the run is opened leaves nothing behind; any failure
-    after it marks the run FAILED with the reason, and is re-raised.
+    after it marks the run FAILED with the reason, and is re-raised. ``resume`` (an MLflow run
+    id) continues that run from its latest checkpoint, logging into the same run.
     """
     address = address or os.environ.get("RAY_ADDRESS") or None
     if address and not local:
@@ -211,17 +257,21 @@ def submit(recipe: Recipe, *, local: bool = False, address: str | None = None,
     uri = resolve_tracking_uri(recipe.tracking.uri)
     tags = {"gem.mode": "local" if local else "ray", "gem.recipe": recipe.name,
             "gem.data_source": meta.source, **recipe.tracking.tags}
-    tracker = RunTracker.start(uri, recipe.tracking.experiment, recipe.tracking.run_name,
-                               recipe.flat(), tags)
+    if resume:
+        tracker = RunTracker.reopen(uri, resume, recipe.flat())
+    else:
+        tracker = RunTracker.start(uri, recipe.tracking.experiment, recipe.tracking.run_name,
+                                   recipe.flat(), tags)
     try:
-        tracker.log_text(recipe.to_yaml(), "recipe.yaml")
-        tracker.log_json({"mode": tags["gem.mode"], "workers": world,
-                          "address": address or "embedded", "dataset": meta.source},
-                         "placement.json")
+        if not resume:
+            tracker.log_text(recipe.to_yaml(), "recipe.yaml")
+            tracker.log_json({"mode": tags["gem.mode"], "workers": world,
+                              "address": address or "embedded", "dataset": meta.source},
+                             "placement.json")
         if local:
-            summary = _run_local(recipe, tracker, echo)
+            summary = _run_local(recipe, tracker, echo, resume=bool(resume))
         else:
-            summary = _run_on_ray(recipe, tracker, address, echo)
+            summary = _run_on_ray(recipe, tracker, address, echo, resume=bool(resume))
         tracker.log_json(summary, "summary.json")
         tracker.finish(ok=True)
         return RunOutcome(tracker.run_id, uri, True, summary)

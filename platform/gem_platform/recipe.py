@@ -76,6 +76,10 @@ class TrainConfig(_Strict):
     eval_every: int = Field(0, ge=0, description="0 = evaluate only at the end")
     eval_max_samples: int | None = Field(None, ge=1)
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    checkpoint_every: int = Field(0, ge=0, description="save a checkpoint every N steps; 0 = off")
+    keep_checkpoints: int = Field(2, ge=1, description="checkpoints kept (the newest)")
+    max_failures: int = Field(
+        1, ge=0, description="worker-group restarts from the last checkpoint after a failure")
     peak_tflops: float | None = Field(
         None, gt=0, description="peak for MFU; default: table by GPU and dtype, measured on CPU"
     )
@@ -83,9 +87,11 @@ class TrainConfig(_Strict):
 
 class PrecisionConfig(_Strict):
     mode: Literal["fp32", "bf16", "fp8_block"] = "fp32"
-    block: Literal[32, 128] = 32
+    block: Literal[32, 128] = Field(
+        128, description="128: cuBLAS blockwise scaled_mm (the faster route on H200); "
+        "32: square 32x32 blocks, Triton GEMM")
     hadamard: bool = False
-    hadamard_block: int = Field(32, ge=32, le=128)
+    hadamard_block: int = Field(128, ge=32, le=128)
     stochastic_rounding: bool = False
     wgrad: Literal["bf16", "fp8"] = "bf16"
     keep_last_bf16: int = Field(1, ge=0, description="last N linear layers stay in bf16")
@@ -129,6 +135,8 @@ class Recipe(_Strict):
             raise ValueError("model.rope applies to model.attention=block64 only")
         if self.train.device == "cpu" and self.parallel.use_gpu:
             raise ValueError("train.device=cpu contradicts parallel.use_gpu=true")
+        # Raises RecipeError itself (naming the fields and the valid sizes).
+        self.parallel.validate_against_world()
         return self
 
     def flat(self) -> dict[str, Any]:

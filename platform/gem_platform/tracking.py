@@ -91,6 +91,33 @@ class RunTracker:
         tracker.log_params(params)
         return tracker
 
+    @classmethod
+    def reopen(cls, uri: str, run_id: str, params: dict[str, Any]) -> RunTracker:
+        """Continue an existing run (resume): same recipe required, status back to RUNNING."""
+        from gem_platform.errors import RecipeError
+
+        check_reachable(uri)
+        client = _client(uri)
+        try:
+            run = client.get_run(run_id)
+        except Exception:
+            raise TrackingError(
+                f"There is no MLflow run {run_id!r} in {uri}.",
+                "Pass the run id that gemctl submit printed (see the MLflow UI), and the same "
+                "tracking store (tracking.uri / MLFLOW_TRACKING_URI).",
+            ) from None
+        recorded = run.data.params
+        differ = sorted(k for k, v in params.items()
+                        if k in recorded and recorded[k] != str(v)[:PARAM_VALUE_LIMIT])
+        if differ:
+            shown = ", ".join(f"{k} (run: {recorded[k]}, now: {params[k]})" for k in differ[:5])
+            raise RecipeError(
+                f"Run {run_id} was trained with a different recipe: {shown}.",
+                "Resume with the recipe and --set overrides the run started with.",
+            )
+        client.update_run(run_id, status="RUNNING")
+        return cls(uri, run_id)
+
     def log_params(self, params: dict[str, Any]) -> None:
         from mlflow.entities import Param
 

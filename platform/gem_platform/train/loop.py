@@ -12,6 +12,8 @@ import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -19,6 +21,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from gem_platform.balance import Batcher, make_batcher
 from gem_platform.balance.cost import batch_work
 from gem_platform.balance.stats import BalanceTracker, measure_step
 from gem_platform.data.batch import TASKS, JaggedBatch
@@ -28,8 +31,9 @@ from gem_platform.model import GemModel
 from gem_platform.model.flops import FlopMeter
 from gem_platform.parallel import parallelize
 from gem_platform.recipe import Recipe
+from gem_platform.train.checkpoint import Stateful
 from gem_platform.train.metrics import TaskEvaluator
-from gem_platform.train.mfu import Peak, mfu, resolve_peak
+from gem_platform.train.mfu import mfu, resolve_peak
 
 MetricSink = Callable[[dict[str, float], int], None]
 
@@ -83,12 +87,9 @@ def _common_steps_per_epoch(local_samples: int, batch_size: int, info: RankInfo)
     return int(steps.item())
 
 
-def _batches(table: SampleTable, recipe: Recipe, steps_per_epoch: int,
-             device: torch.device) -> Iterator[tuple[JaggedBatch, np.ndarray]]:
-    from gem_platform.balance import make_batcher
-
-    batcher = make_batcher(recipe.loader, table.seq_lengths, steps_per_epoch=steps_per_epoch)
-    epoch = 0
+def _batches(table: SampleTable, batcher: Batcher, start_epoch: int, device: torch.device
+             ) -> Iterator[tuple[JaggedBatch, np.ndarray]]:
+    epoch = start_epoch
     while True:
         for indices in batcher.epoch(epoch):
             yield table.collate(indices).to(device), indices
@@ -176,12 +177,60 @@ class RunningNE:
         return value
 
 
+class TrainingDiverged(RuntimeError):
+    """The loss or a gradient became NaN/inf: the run stops, keeping its last good checkpoint."""
+
+
+def _divergence_report(step: int, loss: torch.Tensor, logits: torch.Tensor,
+                       model: nn.Module) -> str:
+    if not torch.isfinite(logits).all():
+        culprit = "the model's logits"
+    elif not torch.isfinite(loss):
+        culprit = "the loss"
+    else:
+        bad = [n for n, p in model.named_parameters()
+               if p.grad is not None and not torch.isfinite(p.grad).all()]
+        culprit = f"the gradient of {bad[0]}" if bad else "the gradient norm"
+    return (f"training diverged at step {step}: {culprit} became NaN/inf (loss "
+            f"{float(loss.detach()):.4g}); the last good checkpoint is kept")
+
+
+class CheckpointStore(Protocol):
+    """Where a run's checkpoints go: Ray Train's storage, or local folders."""
+
+    every: int
+
+    def latest(self) -> Path | None: ...
+
+    def folder(self, step: int) -> Path: ...
+
+    def commit(self, folder: Path, step: int, metrics: dict[str, float]) -> None: ...
+
+
+@dataclass
+class _Totals:
+    flops: float = 0.0
+    compute_s: float = 0.0
+    step_s: float = 0.0
+    samples: float = 0.0
+
+    def add(self, flops: float, compute_s: float, step_s: float, samples: float) -> None:
+        self.flops += flops
+        self.compute_s += compute_s
+        self.step_s += step_s
+        self.samples += samples
+
+
 def train(recipe: Recipe, sink: MetricSink | None = None,
-          echo: Callable[[str], None] = print) -> dict[str, float]:
+          echo: Callable[[str], None] = print,
+          checkpoints: CheckpointStore | None = None) -> dict[str, float]:
     """Train per the recipe on this rank; returns the run summary (same on every rank).
 
     ``sink(metrics, step)`` receives step and eval metrics on rank 0 (MLflow logging);
-    ``echo`` prints the progress lines on rank 0.
+    ``echo`` prints the progress lines on rank 0. With ``checkpoints``, the run resumes from
+    the latest checkpoint, saves one every ``checkpoints.every`` steps, and publishes step
+    metrics only once the checkpoint covering them is saved: a run restarted after a failure
+    repeats no metric and leaves no gap.
     """
     info = RankInfo.current()
     device = pick_device(recipe)
@@ -194,8 +243,8 @@ def train(recipe: Recipe, sink: MetricSink | None = None,
     dense_opt = torch.optim.AdamW(dense_params, lr=recipe.train.lr,
                                   weight_decay=recipe.train.weight_decay)
     sparse_opt = torch.optim.Adagrad(sparse_params, lr=recipe.train.sparse_lr)
-    schedules = [torch.optim.lr_scheduler.LambdaLR(o, _lr_lambda(recipe))
-                 for o in (dense_opt, sparse_opt)]
+    optimizers = [dense_opt, sparse_opt]
+    schedules = [torch.optim.lr_scheduler.LambdaLR(o, _lr_lambda(recipe)) for o in optimizers]
 
     steps_per_epoch = _common_steps_per_epoch(len(train_table), recipe.loader.local_batch_size,
                                               info)
@@ -204,59 +253,82 @@ def train(recipe: Recipe, sink: MetricSink | None = None,
             f"rank {info.rank} holds {len(train_table)} training samples, fewer than one local "
             f"batch of loader.local_batch_size={recipe.loader.local_batch_size}"
         )
-    batches = _batches(train_table, recipe, steps_per_epoch, device)
+    loader_cfg = recipe.loader.model_copy(update={"model_dim": recipe.model.d_model})
+    batcher = make_batcher(loader_cfg, train_table.seq_lengths, steps_per_epoch, rank=info.rank)
     peak = resolve_peak(device, recipe.precision.mode, recipe.train.peak_tflops)
     balance = BalanceTracker()
     running = RunningNE()
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-
-    totals = {"flops": 0.0, "compute_s": 0.0, "step_s": 0.0, "samples": 0.0}
-    window = {"flops": 0.0, "compute_s": 0.0, "step_s": 0.0, "samples": 0.0}
-    meter = FlopMeter(model)
+    totals, window = _Totals(), _Totals()
     last_loss = float("nan")
-    for step in range(1, recipe.train.steps + 1):
+    start_step, start_epoch = 0, 0
+    pending: list[tuple[dict[str, float], int]] = []
+    state = Stateful(model, optimizers)
+
+    resume_from = checkpoints.latest() if checkpoints else None
+    if resume_from is not None:
+        extras = state.load(resume_from, info.rank)
+        batcher.load_state_dict(extras["loader"])
+        for sched, sd in zip(schedules, extras["schedulers"], strict=True):
+            sched.load_state_dict(sd)
+        totals, window = extras["totals"], extras["window"]
+        balance, running = extras["balance"], extras["running"]
+        last_loss, start_step = extras["last_loss"], extras["step"]
+        start_epoch = extras["loader"]["epoch"]
+        if info.is_chief:
+            echo(f"resumed from step {start_step} ({resume_from})")
+
+    def publish(metrics: dict[str, float], step: int) -> None:
+        if not (info.is_chief and sink):
+            return
+        if checkpoints is None:
+            sink(metrics, step)
+        else:
+            pending.append((metrics, step))
+
+    def flush() -> None:
+        while pending:
+            sink(*pending.pop(0))  # type: ignore[misc]
+
+    batches = _batches(train_table, batcher, start_epoch, device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    meter = FlopMeter(model)
+    for step in range(start_step + 1, recipe.train.steps + 1):
         batch, indices = next(batches)
         sync()
         t0 = time.perf_counter()
         with meter, _autocast(recipe, device):
             logits = model(batch)
         loss, task_losses = compute_loss(logits, batch)
-        dense_opt.zero_grad(set_to_none=True)
-        sparse_opt.zero_grad(set_to_none=True)
+        for opt in optimizers:
+            opt.zero_grad(set_to_none=True)
         loss.backward()
         sync()
         t_compute = time.perf_counter() - t0
-        t1 = time.perf_counter()
         par.sync_gradients()
         sync()
-        t_comm = time.perf_counter() - t1
         t2 = time.perf_counter()
-        if recipe.train.grad_clip:
-            torch.nn.utils.clip_grad_norm_(dense_params, recipe.train.grad_clip)
-        dense_opt.step()
-        sparse_opt.step()
+        # The norm is taken after the gradient sync, so every rank sees the same value and a
+        # NaN anywhere stops all ranks at the same step.
+        grad_norm = torch.nn.utils.clip_grad_norm_(
+            dense_params, recipe.train.grad_clip or float("inf"))
+        if not (torch.isfinite(loss) and torch.isfinite(grad_norm)):
+            raise TrainingDiverged(_divergence_report(step, loss, logits, model))
+        for opt in optimizers:
+            opt.step()
         for s in schedules:
             s.step()
         sync()
         t_compute += time.perf_counter() - t2
         step_s = time.perf_counter() - t0
 
-        if not torch.isfinite(loss):
-            raise FloatingPointError(f"loss became {loss.item()} at step {step}")
-        last_loss = float(loss)
+        last_loss = float(loss.detach())
         running.update(float(task_losses[0]), batch.labels)
         flops = meter.train_flops
         meter.reset()
-        work = batch_work(train_table.seq_lengths, indices, recipe.loader.cost,
-                          recipe.model.d_model)
-        step_balance = balance.record(
-            measure_step(train_table.seq_lengths[indices], work))
+        work = batch_work(train_table.seq_lengths, indices, loader_cfg.cost, loader_cfg.model_dim)
+        step_balance = balance.record(measure_step(train_table.seq_lengths[indices], work))
         for acc in (totals, window):
-            acc["flops"] += flops
-            acc["compute_s"] += t_compute
-            acc["step_s"] += step_s
-            acc["samples"] += batch.num_samples * info.world_size
-        del t_comm
+            acc.add(flops, t_compute, step_s, batch.num_samples * info.world_size)
 
         if step % recipe.train.log_every == 0 or step == recipe.train.steps:
             metrics = {
@@ -264,38 +336,47 @@ def train(recipe: Recipe, sink: MetricSink | None = None,
                 "train/loss_ctr": float(task_losses[0]),
                 "train/loss_cvr": float(task_losses[1]),
                 "train/ne_ctr": running.pop(),
-                "perf/samples_per_s": window["samples"] / window["step_s"],
-                "perf/mfu_e2e": mfu(window["flops"], window["step_s"], peak),
-                "perf/mfu_local": mfu(window["flops"], window["compute_s"], peak),
+                "train/grad_norm": float(grad_norm),
+                "perf/samples_per_s": window.samples / window.step_s,
+                "perf/mfu_e2e": mfu(window.flops, window.step_s, peak),
+                "perf/mfu_local": mfu(window.flops, window.compute_s, peak),
                 "train/lr": schedules[0].get_last_lr()[0],
                 **step_balance,
             }
-            for acc_key in window:
-                window[acc_key] = 0.0
+            window = _Totals()
             if info.is_chief:
-                echo(f"step {step:>5}/{recipe.train.steps}  loss {metrics['train/loss']:.4f}  "
+                echo(f"step {step:>5}/{recipe.train.steps}  loss {last_loss:.4f}  "
                      f"ne_ctr {metrics['train/ne_ctr']:.4f}  "
                      f"samples/s {metrics['perf/samples_per_s']:.0f}  "
                      f"straggler {step_balance['balance/straggler_overhead']:.1%}")
-                if sink:
-                    sink(metrics, step)
+            publish(metrics, step)
         if (recipe.train.eval_every and step % recipe.train.eval_every == 0
                 and step < recipe.train.steps):
-            ev = evaluate(model, eval_table, recipe, device, info)
+            publish(evaluate(model, eval_table, recipe, device, info), step)
+        if checkpoints and checkpoints.every and step % checkpoints.every == 0 \
+                and step < recipe.train.steps:
+            folder = checkpoints.folder(step)
+            state.save(folder, step, info.rank, {
+                "loader": batcher.state_dict(),
+                "schedulers": [s.state_dict() for s in schedules],
+                "totals": totals, "window": window, "balance": balance, "running": running,
+                "last_loss": last_loss, "step": step,
+            })
+            checkpoints.commit(folder, step, {"train/loss": last_loss, "step": float(step)})
             if info.is_chief and sink:
-                sink(ev, step)
+                flush()
 
     ev = evaluate(model, eval_table, recipe, device, info)
-    e2e = mfu(totals["flops"], totals["step_s"], peak)
-    local = mfu(totals["flops"], totals["compute_s"], peak)
+    e2e = mfu(totals.flops, totals.step_s, peak)
+    local = mfu(totals.flops, totals.compute_s, peak)
     summary = {
         **ev,
         **balance.summary(),
-        "perf/qps": totals["samples"] / totals["step_s"],
+        "perf/qps": totals.samples / totals.step_s if totals.step_s else float("nan"),
         "perf/mfu_e2e": e2e,
         "perf/mfu_local": local,
         "perf/scaling_ratio": e2e / local if local > 0 else float("nan"),
-        "perf/train_flops_per_step": totals["flops"] / recipe.train.steps,
+        "perf/train_flops_per_step": totals.flops / recipe.train.steps,
         "perf/peak_tflops": peak.tflops,
         "perf/world_size": float(info.world_size),
         "train/final_loss": last_loss,
@@ -304,10 +385,12 @@ def train(recipe: Recipe, sink: MetricSink | None = None,
     if meta.planted_auc:
         for task, value in meta.planted_auc.items():
             summary[f"planted/auc_{task}"] = float(value)
+    publish(summary, recipe.train.steps)
     if info.is_chief and sink:
-        sink(summary, recipe.train.steps)
+        flush()
     summary["peak_source"] = peak.source  # type: ignore[assignment]
     return summary
 
 
-__all__ = ["Peak", "RankInfo", "train", "evaluate", "build_model", "compute_loss"]
+__all__ = ["CheckpointStore", "RankInfo", "TrainingDiverged", "build_model", "compute_loss",
+           "evaluate", "train"]

@@ -1,0 +1,147 @@
+"""Checkpoints of a training run: model and optimizer state through
+torch.distributed.checkpoint (each rank writes its own shards; replicated tensors once), plus
+one small file per rank with what is rank-specific (loader position, RNG states, schedulers,
+running totals, step metrics not yet published).
+
+On Ray the folder is handed to Ray Train (``ray.train.report(checkpoint=...)``), which merges
+every rank's files into one checkpoint in the run's storage and gives it back after a restart
+(``ray.train.get_checkpoint()``). In-process runs keep the last K folders under
+``gem_runs/local/<run id>/``.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+STEP_FILE = "gem_step.json"
+LOCAL_ROOT = Path("gem_runs/local")
+
+
+def rng_state() -> dict[str, Any]:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(),
+             "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+@dataclass
+class Stateful:
+    """Everything a resumed run needs to continue exactly where the saved one stood."""
+
+    model: nn.Module
+    optimizers: list[torch.optim.Optimizer]
+
+    def save(self, directory: Path, step: int, rank: int, extras: dict[str, Any]) -> None:
+        """Collective over all ranks: write model + optimizer shards and this rank's extras."""
+        directory.mkdir(parents=True, exist_ok=True)
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizers)
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(directory))
+        torch.save({**extras, "rng": rng_state()}, directory / f"rank{rank}.pt")
+        if rank == 0:
+            (directory / STEP_FILE).write_text(json.dumps({"step": step}))
+
+    def load(self, directory: Path, rank: int) -> dict[str, Any]:
+        """Collective: restore model + optimizers, RNG states; return this rank's extras."""
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizers)
+        state = {"model": model_sd, "optim": optim_sd}
+        dcp.load(state, checkpoint_id=str(directory))
+        set_state_dict(self.model, self.optimizers, model_state_dict=state["model"],
+                       optim_state_dict=state["optim"])
+        path = directory / f"rank{rank}.pt"
+        if not path.exists():
+            raise RuntimeError(f"checkpoint {directory} has no state for rank {rank}: it was "
+                               "saved with a different number of workers")
+        extras = torch.load(path, weights_only=False)
+        set_rng_state(extras.pop("rng"))
+        return extras
+
+
+def checkpoint_step(directory: Path) -> int:
+    return int(json.loads((directory / STEP_FILE).read_text())["step"])
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    """The complete checkpoint with the highest step under root (searched recursively)."""
+    found = [p.parent for p in root.rglob(STEP_FILE)] if root.exists() else []
+    return max(found, key=checkpoint_step, default=None)
+
+
+class LocalCheckpoints:
+    """step_<N> folders of an in-process run, keeping the newest ``keep``."""
+
+    def __init__(self, root: Path, keep: int) -> None:
+        self.root, self.keep = root, keep
+
+    def folder(self, step: int) -> Path:
+        return self.root / f"step_{step:08d}"
+
+    def prune(self) -> None:
+        done = sorted((p for p in self.root.glob("step_*") if (p / STEP_FILE).exists()),
+                      key=lambda p: int(re.sub(r"\D", "", p.name)))
+        for old in done[: -self.keep]:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+class LocalStore:
+    """Checkpoint store of an in-process run: step folders under ``root``, newest K kept."""
+
+    def __init__(self, root: Path, every: int, keep: int) -> None:
+        self.every = every
+        self.local = LocalCheckpoints(root, keep)
+
+    def latest(self) -> Path | None:
+        return latest_checkpoint(self.local.root)
+
+    def folder(self, step: int) -> Path:
+        return self.local.folder(step)
+
+    def commit(self, folder: Path, step: int, metrics: dict[str, float]) -> None:
+        del folder, step, metrics
+        self.local.prune()
+
+
+class RayStore:
+    """Checkpoint store of a Ray Train worker: each rank writes into a scratch folder that Ray
+    Train merges into the run's checkpoint (keeping the newest per its CheckpointConfig)."""
+
+    def __init__(self, every: int) -> None:
+        self.every = every
+
+    def latest(self) -> Path | None:
+        import ray.train
+
+        ckpt = ray.train.get_checkpoint()
+        return Path(ckpt.to_directory()) if ckpt is not None else None
+
+    def folder(self, step: int) -> Path:
+        import tempfile
+
+        return Path(tempfile.mkdtemp(prefix=f"gem-ckpt-{step:08d}-"))
+
+    def commit(self, folder: Path, step: int, metrics: dict[str, float]) -> None:
+        import ray.train
+        from ray.train import Checkpoint
+
+        ray.train.report(metrics, checkpoint=Checkpoint.from_directory(str(folder)))
+        shutil.rmtree(folder, ignore_errors=True)

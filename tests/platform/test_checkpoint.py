@@ -1,0 +1,192 @@
+"""Checkpoints, resume and failure recovery: an interrupted and resumed run equals an
+uninterrupted one, its step metrics have no gap or repeat, a killed Ray worker is replaced
+from the last checkpoint, and a diverging run stops with the step and the tensor."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+
+from gem_platform.recipe import recipe_from_dict
+from gem_platform.train.checkpoint import LocalStore, latest_checkpoint
+from gem_platform.train.loop import train
+from tests.platform.test_cli import TINY
+
+
+@pytest.fixture(scope="module")
+def tiny_recipe(tmp_path_factory):
+    d = tmp_path_factory.mktemp("ckpt")
+    tree = yaml.safe_load(TINY.format(data=d / "data"))
+    tree["train"].update(steps=6, log_every=1, checkpoint_every=2, keep_checkpoints=2)
+    tree["parallel"]["workers"] = 1
+    return d, tree
+
+
+class Crash(Exception):
+    pass
+
+
+def test_resumed_run_equals_uninterrupted(tiny_recipe, monkeypatch):
+    d, tree = tiny_recipe
+    monkeypatch.chdir(d)
+    recipe = recipe_from_dict(tree)
+
+    full: list[tuple[int, float]] = []
+    train(recipe, sink=lambda m, s: full.append((s, m["train/loss"])) if "train/loss" in m
+          else None, echo=lambda _: None)
+
+    logged: list[tuple[int, float]] = []
+
+    def crashing_sink(metrics, step):
+        if "train/loss" in metrics:
+            logged.append((step, metrics["train/loss"]))
+            if step == 4:
+                raise Crash
+
+    store = LocalStore(d / "ckpts", every=2, keep=2)
+    with pytest.raises(Crash):
+        train(recipe, sink=crashing_sink, echo=lambda _: None, checkpoints=store)
+    assert latest_checkpoint(d / "ckpts").name == "step_00000004"
+    summary = train(recipe, sink=lambda m, s: logged.append((s, m["train/loss"]))
+                    if "train/loss" in m else None, echo=lambda _: None, checkpoints=store)
+    assert [s for s, _ in logged] == [1, 2, 3, 4, 5, 6]
+    assert [s for s, _ in full] == [1, 2, 3, 4, 5, 6]
+    for (_, a), (_, b) in zip(logged, full, strict=True):
+        assert a == pytest.approx(b, rel=1e-5, abs=1e-6)
+    assert summary["train/final_loss"] == pytest.approx(full[-1][1], rel=1e-5)
+    # only the newest two checkpoints are kept
+    assert sorted(p.name for p in (d / "ckpts").glob("step_*")) == ["step_00000002",
+                                                                    "step_00000004"]
+
+
+def test_divergence_stops_with_step_and_tensor(tiny_recipe, monkeypatch):
+    d, tree = tiny_recipe
+    monkeypatch.chdir(d)
+    tree = {**tree, "train": {**tree["train"], "lr": 1e12, "grad_clip": None, "steps": 30}}
+    from gem_platform.train.loop import TrainingDiverged
+
+    with pytest.raises(TrainingDiverged, match=r"diverged at step \d+: the (model's logits|loss"
+                                               r"|gradient of .+) became NaN/inf"):
+        train(recipe_from_dict(tree), echo=lambda _: None)
+
+
+def _history_steps(uri: str, run_id: str) -> list[int]:
+    return [m.step for m in MlflowClient(uri).get_metric_history(run_id, "train/loss")]
+
+
+def _wait_for_step(uri: str, experiment: str, step: int, proc, timeout: float = 300):
+    client = MlflowClient(uri)
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        exp = client.get_experiment_by_name(experiment)
+        if exp:
+            runs = client.search_runs([exp.experiment_id])
+            if runs and any(s >= step for s in _history_steps(uri, runs[0].info.run_id)):
+                return runs[0]
+        time.sleep(1)
+    return None
+
+
+def _start(args, cwd, uri):
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, "-m", "gemctl.main", *args], cwd=cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _write_recipe(d: Path, tree: dict, **train) -> Path:
+    t = {**tree, "train": {**tree["train"], **train}}
+    p = d / "ckpt.yaml"
+    p.write_text(yaml.safe_dump(t))
+    return p
+
+
+@pytest.mark.slow
+def test_resume_continues_the_same_mlflow_run(tiny_recipe, mlflow_server):
+    d, tree = tiny_recipe
+    _write_recipe(d, tree, steps=14, log_every=1, checkpoint_every=2)
+    exp = "ckpt-resume"
+    args = ["submit", "ckpt.yaml", "--local", "--set", f"tracking.experiment={exp}"]
+    proc = _start(args, d, mlflow_server)
+    run = _wait_for_step(mlflow_server, exp, 4, proc)
+    if run is None or proc.poll() is not None:
+        proc.kill()
+        pytest.skip("the run finished before it could be interrupted")
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode != 0 and "Traceback" not in out
+    client = MlflowClient(mlflow_server)
+    assert client.get_run(run.info.run_id).info.status == "FAILED"
+
+    resumed = subprocess.run([sys.executable, "-m", "gemctl.main", *args, "--resume",
+                              run.info.run_id], cwd=d, capture_output=True, text=True,
+                             env={**os.environ, "MLFLOW_TRACKING_URI": mlflow_server},
+                             timeout=600)
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
+    assert "resumed from step" in resumed.stdout
+    final = client.get_run(run.info.run_id)
+    assert final.info.status == "FINISHED"
+    assert _history_steps(mlflow_server, run.info.run_id) == list(range(1, 15))
+    exp_id = client.get_experiment_by_name(exp).experiment_id
+    assert len(client.search_runs([exp_id])) == 1  # no duplicate run
+
+
+def test_resume_with_another_recipe_is_refused(tiny_recipe, mlflow_server):
+    d, tree = tiny_recipe
+    _write_recipe(d, tree)
+    client = MlflowClient(mlflow_server)
+    exp = client.get_experiment_by_name("ckpt-refuse") or client.create_experiment("ckpt-refuse")
+    exp_id = exp if isinstance(exp, str) else exp.experiment_id
+    run = client.create_run(exp_id)
+    client.log_param(run.info.run_id, "train.steps", "999")
+    proc = subprocess.run([sys.executable, "-m", "gemctl.main", "submit", "ckpt.yaml", "--local",
+                           "--resume", run.info.run_id], cwd=d, capture_output=True, text=True,
+                          env={**os.environ, "MLFLOW_TRACKING_URI": mlflow_server}, timeout=300)
+    assert proc.returncode == 2
+    assert "different recipe" in proc.stderr and "train.steps" in proc.stderr
+
+
+def _kill_one_train_worker() -> bool:
+    for p in psutil.process_iter(["cmdline", "name"]):
+        cmd = " ".join(p.info.get("cmdline") or [])
+        if "RayTrainWorker" in cmd or (p.info.get("name") or "").startswith("ray::RayTrainW"):
+            p.kill()
+            return True
+    return False
+
+
+@pytest.mark.slow
+def test_killed_worker_recovers_with_same_final_metrics(tiny_recipe, mlflow_server):
+    d, tree = tiny_recipe
+    tree = {**tree, "parallel": {**tree["parallel"], "workers": 2}}
+    _write_recipe(d, tree, steps=10, log_every=1, checkpoint_every=2, max_failures=2)
+    base = subprocess.run([sys.executable, "-m", "gemctl.main", "submit", "ckpt.yaml", "--set",
+                           "tracking.experiment=ckpt-base"], cwd=d, capture_output=True,
+                          text=True, env={**os.environ, "MLFLOW_TRACKING_URI": mlflow_server},
+                          timeout=600)
+    assert base.returncode == 0, base.stdout[-2000:]
+
+    proc = _start(["submit", "ckpt.yaml", "--set", "tracking.experiment=ckpt-kill"], d,
+                  mlflow_server)
+    run = _wait_for_step(mlflow_server, "ckpt-kill", 4, proc)
+    if run is None:
+        proc.kill()
+        pytest.skip("the run finished before a worker could be killed")
+    assert _kill_one_train_worker()
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out[-3000:]
+    client = MlflowClient(mlflow_server)
+    killed = client.get_run(run.info.run_id)
+    assert killed.info.status == "FINISHED"
+    assert _history_steps(mlflow_server, run.info.run_id) == list(range(1, 11))
+    (b,) = client.search_runs([client.get_experiment_by_name("ckpt-base").experiment_id])
+    for key in ("eval/auc_ctr", "eval/ne_ctr", "train/final_loss"):
+        assert killed.data.metrics[key] == pytest.approx(b.data.metrics[key], rel=1e-4), key
