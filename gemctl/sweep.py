@@ -141,8 +141,13 @@ def sweep(
     console.print(
         f"[bold]gemctl sweep[/] {spec}: {len(plan.arms)} arms ({arms}) x seeds {plan.seeds}, "
         f"{plan.max_concurrent} at a time, baseline '{plan.baseline}'", highlight=False)
-    outcome = run_sweep(plan, new=new, address=address,
-                        echo=lambda line: console.print(line, highlight=False))
+    try:
+        outcome = run_sweep(plan, new=new, address=address,
+                            echo=lambda line: console.print(line, highlight=False))
+    except KeyboardInterrupt:
+        render.error("Sweep interrupted.", "Run the same command again to resume it: finished "
+                     "trials are kept, unfinished ones rerun.")
+        raise typer.Exit(130) from None
     if outcome.child_run_ids:
         cmp = compare_runs(outcome.tracking_uri, [outcome.sweep_id], plan.baseline)
         _render_comparison(cmp, outcome.tracking_uri, _default_plot([outcome.sweep_id]), False)

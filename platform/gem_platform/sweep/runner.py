@@ -10,11 +10,15 @@ finished is reported, not rerun (``new=True`` starts a fresh one).
 from __future__ import annotations
 
 import os
+import shutil
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from ray.tune import Callback
 
 from gem_platform.errors import GemError
 from gem_platform.launch import check_address, check_world_size
@@ -67,17 +71,29 @@ def _init_ray(plan: SweepPlan, address: str | None) -> bool:
 
     if ray.is_initialized():
         return False
+    # ray.init replaces the SIGTERM handler with one that exits at once; keep ours, so a
+    # terminated sweep closes its parent run and can be resumed.
+    on_sigterm = signal.getsignal(signal.SIGTERM)
+    try:
+        _start_ray(plan, address)
+    finally:
+        signal.signal(signal.SIGTERM, on_sigterm)
+    return True
+
+
+def _start_ray(plan: SweepPlan, address: str | None) -> None:
+    import ray
+
     if address:
         check_address(address)
         ray.init(address=address, logging_level="WARNING")
-        return True
+        return
     per_trial = max(_trial_cpus(plan), max(
         a.recipe.parallel.workers * a.recipe.parallel.cpus_per_worker
         if a.recipe.parallel.workers > 1 else 0 for a in plan.arms))
     need = int(per_trial * plan.max_concurrent) + 1
     ray.init(num_cpus=max(os.cpu_count() or 1, need), include_dashboard=False,
              logging_level="WARNING")
-    return True
 
 
 def _open_parent(plan: SweepPlan, uri: str, new: bool, echo: Callable[[str], None]
@@ -126,28 +142,34 @@ def _finished_children(uri: str, parent_run_id: str) -> dict[tuple[str, int], st
     return out
 
 
-def _progress_callback(echo: Callable[[str], None]) -> Any:
-    from ray import tune
+class Progress(Callback):
+    """One line per finished or failed trial (the per-step lines come from the trial).
 
-    class Progress(tune.Callback):
-        """One line per finished or failed trial (the per-step lines come from the trial)."""
+    Tune pickles callbacks with its experiment state; the echo function (a console) is not
+    picklable and not worth restoring, so a restored copy prints plainly.
+    """
 
-        def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any
-                              ) -> None:
-            r, c = trial.last_result or {}, trial.config["trial"]
-            if "run_id" not in r:
-                return
-            what = "already recorded" if r.get("reused") else "finished"
-            echo(f"trial {c['arm']} seed {c['seed']} {what}: NE ctr "
-                 f"{r.get('eval/ne_ctr', float('nan')):.4f}, AUC ctr "
-                 f"{r.get('eval/auc_ctr', float('nan')):.4f} (run {r['run_id']})")
+    def __init__(self, echo: Callable[[str], None]) -> None:
+        self.echo = echo
 
-        def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any
-                           ) -> None:
-            c = trial.config["trial"]
-            echo(f"trial {c['arm']} seed {c['seed']} FAILED")
+    def __getstate__(self) -> dict[str, Any]:
+        return {}
 
-    return Progress()
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.echo = print
+
+    def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        r, c = trial.last_result or {}, trial.config["trial"]
+        if "run_id" not in r:
+            return
+        what = "already recorded" if r.get("reused") else "finished"
+        self.echo(f"trial {c['arm']} seed {c['seed']} {what}: NE ctr "
+                  f"{r.get('eval/ne_ctr', float('nan')):.4f}, AUC ctr "
+                  f"{r.get('eval/auc_ctr', float('nan')):.4f} (run {r['run_id']})")
+
+    def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        c = trial.config["trial"]
+        self.echo(f"trial {c['arm']} seed {c['seed']} FAILED")
 
 
 def _tuner(plan: SweepPlan, sweep_id: str, parent_run_id: str, todo: list[tuple[str, int]],
@@ -161,10 +183,17 @@ def _tuner(plan: SweepPlan, sweep_id: str, parent_run_id: str, todo: list[tuple[
     storage = Path(TUNE_STORAGE).resolve()
     path = storage / sweep_id
     if tune.Tuner.can_restore(path):
-        echo(f"restoring Ray Tune state from {path}")
-        return tune.Tuner.restore(str(path), trainable, resume_unfinished=True,
-                                  restart_errored=True)
+        try:
+            tuner = tune.Tuner.restore(str(path), trainable, resume_unfinished=True,
+                                       restart_errored=True)
+            echo(f"restored Ray Tune state from {path}")
+            return tuner
+        except Exception as err:  # a state cut short by a hard kill: MLflow still knows
+            echo(f"Ray Tune state in {path} is unreadable ({type(err).__name__}); running "
+                 "the unrecorded trials afresh")
     trials = [{"arm": arm, "seed": seed} for arm, seed in todo]
+    if path.exists():
+        shutil.rmtree(path)
     return tune.Tuner(
         trainable,
         param_space={"trial": tune.grid_search(trials)},
@@ -172,7 +201,7 @@ def _tuner(plan: SweepPlan, sweep_id: str, parent_run_id: str, todo: list[tuple[
                                     reuse_actors=True),
         run_config=tune.RunConfig(name=sweep_id, storage_path=str(storage), verbose=0,
                                   failure_config=tune.FailureConfig(max_failures=0),
-                                  callbacks=[_progress_callback(echo)]),
+                                  callbacks=[Progress(echo)]),
     )
 
 
@@ -223,13 +252,17 @@ def run_sweep(plan: SweepPlan, *, new: bool = False, address: str | None = None,
         results = _tuner(plan, sweep_id, tracker.run_id, todo, echo).fit()
         outcome.errors = _trial_errors(results)
     except BaseException as err:
-        reason = "interrupted" if isinstance(err, KeyboardInterrupt) else f"{err}"
-        _close(tracker, "KILLED", f"{reason}; run the same command again to resume")
+        interrupted = isinstance(err, KeyboardInterrupt | SystemExit)
+        reason = "interrupted" if interrupted else f"{type(err).__name__}: {err}"
+        _close(tracker, "KILLED" if interrupted else "FAILED",
+               f"{reason}; run the same command again to resume")
         if started:
             ray.shutdown()
-        if isinstance(err, GemError | KeyboardInterrupt):
+        if interrupted:
+            raise KeyboardInterrupt(reason) from None
+        if isinstance(err, GemError):
             raise
-        raise SweepError(f"Sweep {sweep_id} stopped: {type(err).__name__}: {err}",
+        raise SweepError(f"Sweep {sweep_id} stopped: {reason}.",
                          "Run the same command again to resume it.") from err
     if started:
         ray.shutdown()
