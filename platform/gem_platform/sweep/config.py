@@ -207,14 +207,16 @@ def load_sweep(path: str | Path, overrides: list[str] | None = None,
     except yaml.YAMLError:
         raise SweepError(f"Base recipe {base_path} is not valid YAML.",
                          "Check it with `gemctl validate`.") from None
-    base_tree = apply_overrides(base_tree, [*spec.set, *(overrides or [])])
+    try:
+        base_tree = apply_overrides(base_tree, [*spec.set, *(overrides or [])])
+    except RecipeError as err:
+        raise SweepError(f"Sweep spec {path}, 'set' or --set: {err.problem}", err.fix) from None
     cwd = Path.cwd()
     arms = []
     experiment = None
     for name, arm_overrides in spec.arm_overrides().items():
-        tree = apply_overrides(base_tree, arm_overrides)
-        tree = _absolute_paths(tree, cwd)
         try:
+            tree = _absolute_paths(apply_overrides(base_tree, arm_overrides), cwd)
             recipe = recipe_from_dict(tree, f"{base_path.name} + arm '{name}'")
         except RecipeError as err:
             raise SweepError(f"Sweep spec {path}, arm '{name}': {err.problem}",

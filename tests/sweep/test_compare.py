@@ -1,0 +1,92 @@
+"""Comparison arithmetic: mean +- std over seeds, the Welch interval of the delta to the
+baseline (checked against hand-computed values), NE in percent of the baseline, and gates."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from gem_platform.sweep.compare import (
+    Gates,
+    TrialRun,
+    check_gates,
+    compare_trials,
+    parse_percent,
+)
+from gem_platform.sweep.config import SweepError
+from gem_platform.sweep.stats import relative, summarize, t_quantile, welch_delta
+
+
+def test_welch_interval_matches_hand_computation():
+    # a = [1.0, 1.1, 1.2], b = [0.9, 1.0, 1.05]: means 1.1 and 0.98333, variances 0.01 and
+    # 0.005833; se^2 = 0.005278; Welch df = 3.741; t(0.975, 3.741) = 2.854 (between the
+    # table's 3.182 at df 3 and 2.776 at df 4); scipy's ttest_ind gives low = -0.090668.
+    d = welch_delta([1.0, 1.1, 1.2], [0.9, 1.0, 1.05])
+    assert d.value == pytest.approx(0.116667, abs=1e-6)
+    half = (d.high - d.low) / 2
+    assert half == pytest.approx(2.854 * math.sqrt(0.0052778), rel=1e-3)
+    assert d.low == pytest.approx(-0.090668, abs=1e-5)
+
+
+def test_t_quantiles_against_tables():
+    for df, expected in ((1, 12.706), (2, 4.303), (5, 2.571), (30, 2.042)):
+        assert t_quantile(0.975, df) == pytest.approx(expected, rel=1e-3)
+
+
+def test_single_seed_has_no_interval():
+    s = summarize([1.0])
+    assert s.n == 1 and math.isnan(s.std)
+    d = welch_delta([1.0], [0.5, 0.6])
+    assert d.value == pytest.approx(0.45) and math.isnan(d.low) and math.isnan(d.high)
+    assert relative(d, 0.55).value == pytest.approx(0.45 / 0.55 * 100)
+
+
+def run(arm: str, seed: int, ne: float, auc: float, qps: float) -> TrialRun:
+    metrics = {"eval/ne_ctr": ne, "eval/auc_ctr": auc, "eval/ne_cvr": ne, "eval/auc_cvr": auc,
+               "perf/qps": qps, "perf/mfu_e2e": 0.1, "balance/padding_waste_mean": 0.2,
+               "balance/straggler_overhead_mean": 0.05}
+    return TrialRun(f"{arm}{seed}", arm, str(seed), metrics)
+
+
+@pytest.fixture
+def cmp():
+    trials = [run("base", 0, 0.800, 0.750, 1000), run("base", 1, 0.802, 0.752, 1010),
+              run("worse", 0, 0.810, 0.740, 900), run("worse", 1, 0.812, 0.742, 910),
+              run("same", 0, 0.8005, 0.751, 1004), run("same", 1, 0.8015, 0.751, 1006)]
+    return compare_trials(trials, "base")
+
+
+def test_deltas_per_arm(cmp):
+    assert [a.arm for a in cmp.arms] == ["base", "worse", "same"] and cmp.tasks == ["ctr", "cvr"]
+    worse = cmp.arms[1]
+    ne = worse.deltas["eval/ne_ctr"]
+    assert ne.value == pytest.approx((0.811 - 0.801) / 0.801 * 100)  # percent of baseline
+    assert ne.low > 0  # a regression the interval excludes zero for
+    assert worse.deltas["eval/auc_ctr"].value == pytest.approx(-0.010)
+    assert worse.deltas["perf/qps"].value == pytest.approx((905 - 1005) / 1005 * 100)
+    assert worse.metrics["eval/ne_ctr"].std == pytest.approx(math.sqrt(2e-6))
+    assert cmp.arms[0].deltas == {}
+
+
+def test_gates(cmp):
+    fails = check_gates(cmp, Gates(max_ne_regression_pct=0.1))
+    assert {(f.arm, f.metric) for f in fails} == {("worse", "eval/ne_ctr"),
+                                                 ("worse", "eval/ne_cvr")}
+    assert "arm 'worse': NE ctr +1.248% vs 'base' exceeds --max-ne-regression 0.1%" in \
+        fails[0].message
+    assert check_gates(cmp, Gates(max_ne_regression_pct=2.0)) == []
+    fails = check_gates(cmp, Gates(max_auc_drop=0.005, max_qps_drop_pct=5))
+    assert {f.metric for f in fails} == {"eval/auc_ctr", "eval/auc_cvr", "perf/qps"}
+    assert check_gates(cmp, Gates(max_auc_drop=0.02, max_qps_drop_pct=15)) == []
+
+
+def test_bad_inputs():
+    assert parse_percent("0.1%") == parse_percent("0.1") == 0.1
+    for bad in ("abc", "-1%", "nan"):
+        with pytest.raises(SweepError):
+            parse_percent(bad)
+    with pytest.raises(SweepError, match="Baseline arm 'x'"):
+        compare_trials([run("a", 0, 1, 1, 1)], "x")
+    with pytest.raises(SweepError, match="No finished runs"):
+        compare_trials([], None)

@@ -1,0 +1,116 @@
+"""Sweep specs: the shipped ablations resolve into valid per-arm recipes; every malformed spec
+fails before anything runs, naming the field (or the arm) and exiting 2 without a traceback."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gem_platform.sweep.config import SweepError, load_sweep
+from tests.conftest import REPO, run_gemctl
+
+BASE = """
+name: tiny
+model: {d_model: 32, num_heads: 2, pooled_queries: 2, dhen_layers: 1, expert_hidden: 32,
+        head_hidden: 32}
+data: {source: synthetic, path: data, synthetic: {num_samples: 600, num_users: 50,
+       num_items: 50}}
+train: {steps: 2}
+parallel: {workers: 1}
+tracking: {experiment: spec-test}
+"""
+
+
+@pytest.fixture
+def spec_dir(tmp_path: Path) -> Path:
+    (tmp_path / "base.yaml").write_text(BASE)
+    return tmp_path
+
+
+def write(spec_dir: Path, text: str) -> Path:
+    path = spec_dir / "sweep.yaml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("name, arms, baseline", [
+    ("attention", ["padded", "full", "sliding", "block64"], "padded"),
+    ("precision", ["bf16", "fp8_block"], "bf16"),
+    ("loader", ["no_balancing", "bbs"], "no_balancing"),
+])
+def test_shipped_ablations_resolve(name, arms, baseline, monkeypatch):
+    monkeypatch.chdir(REPO)
+    plan = load_sweep(REPO / "recipes" / "ablations" / f"{name}.yaml")
+    assert [a.name for a in plan.arms] == arms
+    assert plan.baseline == baseline and plan.seeds == [0, 1]
+    recipes = {a.name: a.recipe for a in plan.arms}
+    if name == "attention":
+        assert {r.model.attention for r in recipes.values()} == {"padded", "full", "sliding",
+                                                                 "block64"}
+    if name == "precision":
+        assert recipes["fp8_block"].precision.mode == "fp8_block"
+    if name == "loader":
+        assert recipes["no_balancing"].loader.batching == "sequential"
+    # Arms differ only where their overrides say; seeds vary the model, never the data.
+    data = {r.data.model_dump_json() for r in recipes.values()}
+    assert len(data) == 1 and Path(plan.arms[0].recipe.data.path).is_absolute()
+    assert plan.trial_recipe(arms[0], 1).train.seed == 1
+
+
+def test_grid_expands_to_product(spec_dir):
+    plan = load_sweep(write(spec_dir, """
+name: g
+base: base.yaml
+seeds: [3]
+grid: {model.attention: [padded, full], precision.mode: [fp32, bf16]}
+"""))
+    assert [a.name for a in plan.arms] == ["attention=padded,mode=fp32",
+                                           "attention=padded,mode=bf16",
+                                           "attention=full,mode=fp32",
+                                           "attention=full,mode=bf16"]
+    assert plan.arms[3].recipe.precision.mode == "bf16"
+    assert plan.baseline == "attention=padded,mode=fp32"
+    assert plan.trials()[0] == ("attention=padded,mode=fp32", 3)
+
+
+def test_fingerprint_tracks_what_changes_results(spec_dir):
+    text = "name: f\nbase: base.yaml\nseeds: [0, 1]\narms: {a: [train.lr=0.01], b: []}\n"
+    one = load_sweep(write(spec_dir, text)).fingerprint()
+    assert load_sweep(write(spec_dir, text)).fingerprint() == one
+    assert load_sweep(write(spec_dir, text.replace("[0, 1]", "[0, 2]"))).fingerprint() != one
+    assert load_sweep(write(spec_dir, text), ["train.steps=3"]).fingerprint() != one
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("name: x\nbase: base.yaml\narms: {a: []}\nsedes: [1]\n", "sedes: unknown field"),
+    ("name: x\nbase: base.yaml\n", "exactly one of 'arms'"),
+    ("name: x\nbase: base.yaml\narms: {a: []}\ngrid: {train.lr: [1]}\n", "exactly one of"),
+    ("name: x\nbase: base.yaml\narms: {a: []}\nbaseline: b\n", "baseline 'b' is not an arm"),
+    ("name: x\nbase: base.yaml\nseeds: [1, 1]\narms: {a: []}\n", "seeds: seeds [1, 1] repeat"),
+    ("name: x\nbase: base.yaml\nseeds: []\narms: {a: []}\n", "seeds:"),
+    ("name: x\nbase: base.yaml\nmax_concurrent: 0\narms: {a: []}\n", "max_concurrent:"),
+    ("name: x y\nbase: base.yaml\narms: {a: []}\n", "name:"),
+    ("name: x\nbase: nope.yaml\narms: {a: []}\n", "base recipe nope.yaml"),
+    ("name: x\nbase: base.yaml\narms: {a: [], b: [model.attention=sparse]}\n",
+     "arm 'b': Recipe base.yaml + arm 'b' is invalid: model.attention"),
+    ("name: x\nbase: base.yaml\narms: {a: [train.steps]}\n", "arm 'a': Override"),
+    ("name: x\nbase: base.yaml\narms: {a: []\n", "not valid YAML"),
+    ("- a\n- b\n", "must be a YAML mapping"),
+])
+def test_bad_specs_name_the_field(spec_dir, text, needle):
+    with pytest.raises(SweepError) as info:
+        load_sweep(write(spec_dir, text))
+    assert needle in info.value.problem, info.value.problem
+    assert info.value.fix
+
+
+def test_cli_bad_spec_exits_2_without_traceback(spec_dir):
+    write(spec_dir, "name: x\nbase: base.yaml\narms: {a: []}\nbaseline: b\n")
+    proc = run_gemctl("sweep", "sweep.yaml", cwd=spec_dir)
+    assert proc.returncode == 2, proc.stderr
+    assert "baseline 'b' is not an arm" in proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert not (spec_dir / "mlflow.db").exists()
+    proc = run_gemctl("sweep", "missing.yaml", cwd=spec_dir)
+    assert proc.returncode == 2 and "does not exist" in proc.stderr
