@@ -349,7 +349,10 @@ def follow_logs(job_id: str, address: str | None = None) -> Iterator[str]:
                                    f"Rerun `gemctl logs {job_id} --follow`.") from None
             yield chunk
     finally:
-        loop.run_until_complete(agen.aclose())
+        try:  # after Ctrl-C the stream may already be torn down; the job itself keeps running
+            loop.run_until_complete(agen.aclose())
+        except (RuntimeError, OSError):
+            pass
         loop.close()
 
 

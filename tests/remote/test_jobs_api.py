@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -40,8 +41,38 @@ def job_status(head: RayHead, job: str) -> str:
     return head.get(f"/api/jobs/{job}")["status"]
 
 
-def test_validate_job_succeeds_and_is_followed(ray_head: RayHead) -> None:
-    head, env = ray_head, ray_head.env
+TINY = ["train.steps=2", "train.log_every=1", "train.warmup_steps=1",
+        "loader.local_batch_size=64", "data.synthetic.num_samples=1200",
+        "data.synthetic.num_users=200", "data.synthetic.num_items=200"]
+
+
+@dataclass(frozen=True)
+class TrainingJob:
+    job: str
+    store: str
+    sets: list[str]
+    submit: subprocess.CompletedProcess[str]
+
+
+@pytest.fixture(scope="module")
+def training_job(ray_head: RayHead, tmp_path_factory: pytest.TempPathFactory) -> TrainingJob:
+    """A tiny training run submitted with the CLI; it trains on the cluster while the other
+    tests run, and the last test checks what it did."""
+    tmp = tmp_path_factory.mktemp("remote-train")
+    store = f"sqlite:///{tmp / 'mlflow.db'}"
+    sets = [*TINY, f"data.path={tmp / 'data'}"]
+    sub = run_gemctl("submit", "recipes/demo.yaml", "--local", "--address", ray_head.url,
+                     *[a for s in sets for a in ("--set", s)], cwd=REPO,
+                     env={"MLFLOW_TRACKING_URI": store, **ray_head.env})
+    no_traceback(sub)
+    assert sub.returncode == 0, sub.stderr
+    job = next(w for w in sub.stdout.split() if w.startswith("gem-demo-"))
+    return TrainingJob(job, store, sets, sub)
+
+
+def test_validate_job_succeeds_and_is_followed(ray_head: RayHead,
+                                               training_job: TrainingJob) -> None:
+    head, env = ray_head, ray_head.env  # training_job: started first, checked last
     ok = submit_via_api(head, ["validate", "recipes/demo.yaml", "--set", "train.steps=7"],
                         env_vars={"GEM_TEST_MARK": "1"})
     # The second job reuses the first one's uploaded packages once its environment exists.
@@ -82,22 +113,9 @@ def test_validate_job_succeeds_and_is_followed(ray_head: RayHead) -> None:
     assert ok[:20] in listing.stdout
 
 
-def test_cli_submit_then_stop(ray_head: RayHead, tmp_path: Path) -> None:
+def test_stop_a_running_job(ray_head: RayHead) -> None:
     head = ray_head
-    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    sub = run_gemctl("submit", "recipes/demo.yaml", "--address", head.url,
-                     "--set", "train.steps=100000", "--set", f"data.path={tmp_path / 'data'}",
-                     cwd=REPO, env={"MLFLOW_TRACKING_URI": store, **head.env})
-    no_traceback(sub)
-    assert sub.returncode == 0, sub.stderr
-    assert "submitted" in sub.stdout and "--follow" in sub.stdout
-    job = next(w for w in sub.stdout.split() if w.startswith("gem-demo-"))
-
-    info = head.get(f"/api/jobs/{job}")
-    assert info["runtime_env"]["env_vars"]["MLFLOW_TRACKING_URI"] == store
-    assert info["entrypoint"].endswith("submit recipes/demo.yaml --set train.steps=100000 "
-                                    f"--set data.path={tmp_path / 'data'}")
-
+    job = submit_via_api(head, ["ui", "--port", str(free_port())])  # runs until stopped
     deadline = time.monotonic() + 120
     while job_status(head, job) == "PENDING":
         assert time.monotonic() < deadline, "job never started"
@@ -150,3 +168,30 @@ def test_status_rejects_a_gcs_address() -> None:
     proc = run_gemctl("status", "--address", "127.0.0.1:6379", cwd=REPO)
     no_traceback(proc)
     assert proc.returncode == 2 and "not a Ray Jobs API address" in proc.stderr
+
+
+def test_cli_submit_trains_on_the_cluster(ray_head: RayHead, training_job: TrainingJob
+                                          ) -> None:
+    head, job, sets = ray_head, training_job.job, training_job.sets
+    assert "submitted" in training_job.submit.stdout
+    assert f"gemctl logs {job} --follow" in training_job.submit.stdout
+
+    info = head.get(f"/api/jobs/{job}")
+    assert info["runtime_env"]["env_vars"]["MLFLOW_TRACKING_URI"] == training_job.store
+    assert info["entrypoint"] == ("python -m gemctl.main submit recipes/demo.yaml "
+                                  + " ".join(f"--set {s}" for s in sets) + " --local")
+
+    follow = run_gemctl("logs", job, "--follow", "--address", head.url, cwd=REPO,
+                        env=head.env, timeout=300)
+    no_traceback(follow)
+    assert follow.returncode == 0, follow.stdout[-3000:] + follow.stderr
+    assert "step     2/2" in follow.stdout and "SUCCEEDED" in follow.stdout
+
+    # The job recorded its run in the tracking store it was given.
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(training_job.store)
+    (run,) = client.search_runs([client.get_experiment_by_name("gem-demo").experiment_id])
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["gem.mode"] == "local"
+    assert "eval/ne_ctr" in run.data.metrics
