@@ -18,6 +18,7 @@ from tests.conftest import REPO
 
 DEPLOY = REPO / "deploy"
 ZONE_LABEL = "gem.zone"  # gem_platform.topology's default parallel.zone_label
+IMAGE_PROJECT = "/home/ray/gem"  # WORKDIR of deploy/Dockerfile
 
 # Fields of the KubeRay v1 CRDs these manifests may use (KubeRay 1.6); a typo in a field name
 # would otherwise be dropped silently by the API server.
@@ -150,7 +151,9 @@ def test_rayjob_runs_the_attention_sweep() -> None:
     assert job["apiVersion"] == "ray.io/v1"
     spec = job["spec"]
     assert set(spec) <= RAYJOB_SPEC, set(spec) - RAYJOB_SPEC
-    assert spec["entrypoint"] == "gemctl sweep recipes/ablations/attention.yaml"
+    cd, command = spec["entrypoint"].split(" && ")
+    assert cd == f"cd {IMAGE_PROJECT}"
+    assert command == "gemctl sweep recipes/ablations/attention.yaml"
     assert spec["submissionMode"] in SUBMISSION_MODES
     assert spec["shutdownAfterJobFinishes"] is True
     env = yaml.safe_load(spec["runtimeEnvYAML"])
@@ -166,7 +169,9 @@ def test_raycronjob_runs_the_nightly_ablations_and_gate() -> None:
     check_cron(spec["schedule"])
     template = spec["jobTemplate"]
     assert set(template) <= RAYJOB_SPEC, set(template) - RAYJOB_SPEC
-    words = shlex.split(template["entrypoint"])
+    cd, command = template["entrypoint"].split(" && ")
+    assert cd == f"cd {IMAGE_PROJECT}"
+    words = shlex.split(command)
     assert words[:3] == ["MAX_NE_REGRESSION=0.1%", "bash", "deploy/scripts/nightly-ablations.sh"]
     specs = words[3:]
     assert {Path(s).stem for s in specs} == {"attention", "precision", "loader"}
@@ -256,6 +261,7 @@ def test_gpu_image_pins_match_the_cpu_stack() -> None:
     assert re.search(rf"^ARG FBGEMM_VERSION={re.escape(cpu['fbgemm-gpu'])}$", dockerfile, re.M)
     assert "requirements/no-deps.txt" in dockerfile  # torchrec, --no-deps
     assert re.search(r"^USER ray$", dockerfile, re.M), "the image must not run as root"
+    assert re.search(rf"^WORKDIR {IMAGE_PROJECT}$", dockerfile, re.M)
     assert "pip install --no-deps -e ." in dockerfile
 
     mlflow_image = (DEPLOY / "mlflow" / "Dockerfile").read_text()
