@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from gemctl import render
@@ -56,15 +57,18 @@ def submit_remote(path: Path, sets: list[str], address: str, *, local: bool = Fa
 
     what = _describe(command, path, sets)
     address = resolve_jobs_address(address)
-    render.console.print(f"[bold]gemctl {command}[/] {path}: {what} as a Ray job",
-                         highlight=False)
+    render.console.print(f"[bold]gemctl {command}[/] {escape(str(path))}: {escape(what)} "
+                         "as a Ray job", highlight=False, soft_wrap=True)
     job_id = submit_recipe(path, sets, address, local=local, command=command,
                            extra_args=extra_args or [])
-    render.console.print(f"[green]submitted[/] job [bold]{job_id}[/] to {address}", highlight=False)
+    # soft_wrap: the commands stay on one line each, ready to copy.
+    render.console.print(f"[green]submitted[/] job [bold]{job_id}[/] to {address}",
+                         highlight=False, soft_wrap=True)
     suffix = f" --address {address}"
     render.console.print(f"  follow: gemctl logs {job_id} --follow{suffix}\n"
                          f"  status: gemctl status {job_id}{suffix}\n"
-                         f"  stop:   gemctl stop {job_id}{suffix}", highlight=False)
+                         f"  stop:   gemctl stop {job_id}{suffix}", highlight=False,
+                         soft_wrap=True)
     return job_id
 
 
@@ -85,15 +89,17 @@ def status(
         table.add_column("command", overflow="fold")
         for view in views:
             table.add_row(view.job_id, _styled(view.status), _when(view.start_time),
-                          view.metadata.get("gem.command", view.entrypoint))
+                          escape(view.metadata.get("gem.command", view.entrypoint)))
         render.console.print(table)
         return
     view = job_status(job, address)
     render.console.print(f"{view.job_id}: {_styled(view.status)}", highlight=False)
-    render.console.print(f"  command: {view.entrypoint}\n  started: {_when(view.start_time)}\n"
-                         f"  ended:   {_when(view.end_time)}", highlight=False)
+    render.console.print(f"  command: {escape(view.entrypoint)}\n"
+                         f"  started: {_when(view.start_time)}\n"
+                         f"  ended:   {_when(view.end_time)}", highlight=False, soft_wrap=True)
     if view.message:
-        render.console.print(f"  message: {view.message}", highlight=False)
+        render.console.print(f"  message: {escape(view.message)}", highlight=False,
+                             soft_wrap=True)
 
 
 def logs(

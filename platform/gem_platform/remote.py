@@ -13,7 +13,9 @@ in seconds and turns failures into :class:`ClusterError` (problem + fix, no trac
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import logging
 import os
 import re
 import secrets
@@ -223,6 +225,19 @@ def runtime_env(working_dir: Path, env_vars: dict[str, str] | None = None) -> di
             "env_vars": env}
 
 
+@contextlib.contextmanager
+def _quiet_ray_logs() -> Iterator[None]:
+    """Ray logs every packaging step (and each default exclude) at INFO/WARNING; the CLI
+    prints its own summary, so only errors get through while the project is uploaded."""
+    ray_logger = logging.getLogger("ray")
+    level = ray_logger.level
+    ray_logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        ray_logger.setLevel(level)
+
+
 def new_job_id(label: str) -> str:
     """Readable, unique submission id: gem-<label>-<utc time>-<random>."""
     slug = re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-")[:40] or "job"
@@ -254,8 +269,10 @@ def submit_job(entrypoint_args: list[str], address: str, *, working_dir: str | P
     job_id = job_id or new_job_id(label or entrypoint_args[0])
     meta = {"gem.command": " ".join(entrypoint_args[:2])[:200], **(metadata or {})}
     try:
-        return client.submit_job(entrypoint=entrypoint(entrypoint_args), submission_id=job_id,
-                                 runtime_env=runtime_env(root, env_vars), metadata=meta)
+        with _quiet_ray_logs():
+            return client.submit_job(entrypoint=entrypoint(entrypoint_args),
+                                     submission_id=job_id,
+                                     runtime_env=runtime_env(root, env_vars), metadata=meta)
     except (RuntimeError, ValueError) as err:
         raise ClusterError(f"Ray Jobs server at {address} refused the job: {err}",
                            "Check the message; a too-large working_dir means files to add "
@@ -335,25 +352,28 @@ def follow_logs(job_id: str, address: str | None = None) -> Iterator[str]:
     client = _client(address)
     _job_call(address, job_id, lambda: client.get_job_status(job_id))
 
+    from aiohttp import ClientError  # the Jobs SDK streams logs over an aiohttp websocket
+
     # tail_job_logs is an async generator; drive it one chunk at a time from sync code.
     loop = asyncio.new_event_loop()
     agen = client.tail_job_logs(job_id)
-    try:
-        while True:
-            try:
-                chunk = loop.run_until_complete(agen.__anext__())
-            except StopAsyncIteration:
-                return
-            except RuntimeError as err:
-                raise ClusterError(f"Following job {job_id} at {address} broke off: {err}",
-                                   f"Rerun `gemctl logs {job_id} --follow`.") from None
-            yield chunk
-    finally:
-        try:  # after Ctrl-C the stream may already be torn down; the job itself keeps running
-            loop.run_until_complete(agen.aclose())
-        except (RuntimeError, OSError):
-            pass
-        loop.close()
+    with _quiet_ray_logs():
+        try:
+            while True:
+                try:
+                    chunk = loop.run_until_complete(agen.__anext__())
+                except StopAsyncIteration:
+                    return
+                except (RuntimeError, OSError, ClientError) as err:
+                    raise ClusterError(f"Following job {job_id} at {address} broke off: {err}",
+                                       f"Rerun `gemctl logs {job_id} --follow`.") from None
+                yield chunk
+        finally:
+            try:  # after Ctrl-C the stream may already be torn down; the job keeps running
+                loop.run_until_complete(agen.aclose())
+            except (RuntimeError, OSError, ClientError):
+                pass
+            loop.close()
 
 
 def stop_job(job_id: str, address: str | None = None, wait_s: float = 30.0) -> JobView:
