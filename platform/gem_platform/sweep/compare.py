@@ -191,7 +191,8 @@ def compare_trials(trials: list[TrialRun], baseline: str | None = None) -> Compa
 
     results = []
     for arm, runs in arms.items():
-        runs = sorted(runs, key=lambda r: r.seed)
+        runs = sorted(runs, key=lambda r: (not r.seed.isdigit(), int(r.seed)
+                                           if r.seed.isdigit() else 0, r.seed))
         res = ArmResult(arm, [r.run_id for r in runs], [r.seed for r in runs])
         for name in names:
             res.metrics[name] = summarize(values(runs, name))
