@@ -128,11 +128,15 @@ def stop(
     job: Annotated[str, typer.Argument(help="Job id to stop.")],
     address: AddressOpt = None,
 ) -> None:
-    """Stop a running job (SIGTERM first, so the MLflow run is closed as FAILED)."""
+    """Stop a running job: SIGTERM first (a training run then closes its MLflow run with the
+    reason), SIGKILL after Ray's grace period."""
     from gem_platform.remote import stop_job
 
     view = stop_job(job, address)
     render.console.print(f"{view.job_id}: {_styled(view.status)}", highlight=False)
+    if not view.terminal:
+        render.console.print(f"  still stopping; check with `gemctl status {job}`",
+                             highlight=False, soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:
