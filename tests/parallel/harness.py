@@ -4,6 +4,10 @@ a training loop that uses ``Parallelized`` the way the product's loop does.
 Each rank trains on its shard of one global batch; the mean of the ranks' losses then equals
 the loss of a single process on the whole global batch when the shards are equal-sized and
 hold the same number of clicks (the CVR loss averages over clicked samples).
+
+Every recipe trains twice: with AdamW, as the product's loop does, and with plain SGD. Adam's
+update barely changes when a gradient is scaled by a constant, so only the SGD run catches a
+gradient averaged over the wrong number of ranks or a wrong global norm for clipping.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import socket
 import tempfile
 from collections.abc import Callable
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -26,6 +31,8 @@ from gem_platform.recipe import Recipe
 from tests.platform.conftest import make_batch
 
 STEPS = 3
+OPTIMIZERS = ("adamw", "sgd")
+SGD_LR = 0.2
 SHARD_LENGTHS = [[3, 5, 2, 4], [6, 1, 2, 3], [2, 2, 7, 1], [4, 3, 3, 5]]
 
 
@@ -90,15 +97,20 @@ class RankRun:
     num_sparse_params: int
 
 
-def train_steps(recipe: Recipe, batches: list[JaggedBatch]) -> RankRun:
-    """Train a fresh model for ``len(batches)`` steps as the product's loop does."""
+def train_steps(recipe: Recipe, batches: list[JaggedBatch], optimizer: str = "adamw"
+                ) -> RankRun:
+    """Train a fresh model for ``len(batches)`` steps as the product's loop does (dense
+    optimizer ``optimizer``)."""
     from gem_platform.parallel import parallelize
     from gem_platform.train.loop import build_model, compute_loss
 
     meta = tiny_meta()
     par = parallelize(build_model(recipe, meta, torch.device("cpu")), recipe)
-    dense_opt = torch.optim.AdamW(par.dense_params, lr=recipe.train.lr,
-                                  weight_decay=recipe.train.weight_decay)
+    if optimizer == "sgd":
+        dense_opt = torch.optim.SGD(par.dense_params, lr=SGD_LR)
+    else:
+        dense_opt = torch.optim.AdamW(par.dense_params, lr=recipe.train.lr,
+                                      weight_decay=recipe.train.weight_decay)
     sparse_opt = par.sparse_optimizer or torch.optim.Adagrad(par.sparse_params,
                                                              lr=recipe.train.sparse_lr)
     losses = []
@@ -116,7 +128,8 @@ def train_steps(recipe: Recipe, batches: list[JaggedBatch]) -> RankRun:
     return RankRun(losses, par.strategy, meshes, len(par.sparse_params))
 
 
-def reference_losses(recipe: Recipe, world: int, steps: int = STEPS) -> list[float]:
+def reference_losses(recipe: Recipe, world: int, optimizer: str = "adamw",
+                     steps: int = STEPS) -> list[float]:
     """One process on the global batches (all ranks' shards concatenated), default strategy."""
     meta = tiny_meta()
     single = recipe.model_copy(update={"parallel": recipe.parallel.model_copy(
@@ -124,11 +137,11 @@ def reference_losses(recipe: Recipe, world: int, steps: int = STEPS) -> list[flo
                 "embedding_sharding": "auto", "gpus_per_host": None})})
     batches = [concat_batches([shard_batch(meta, r, s) for r in range(world)])
                for s in range(steps)]
-    return train_steps(single, batches).losses
+    return train_steps(single, batches, optimizer).losses
 
 
 def _worker(rank: int, world: int, port: int, out_dir: str,
-            job: Callable[[int, int], dict[str, RankRun]]) -> None:
+            job: Callable[[int, int], dict[tuple[str, str], RankRun]]) -> None:
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -138,7 +151,7 @@ def _worker(rank: int, world: int, port: int, out_dir: str,
         dist.destroy_process_group()
 
 
-def spawn(job: Callable[[int, int], dict[str, RankRun]], world: int
+def spawn(job: Callable[[int, int], dict[tuple[str, str], RankRun]], world: int
           ) -> list[dict[str, list[float]]]:
     """Run ``job(rank, world)`` in ``world`` gloo processes; returns each rank's result."""
     with socket.socket() as s:
@@ -150,15 +163,33 @@ def spawn(job: Callable[[int, int], dict[str, RankRun]], world: int
                 for r in range(world)]
 
 
-def run_recipes(recipes: dict[str, Recipe], rank: int, world: int) -> dict[str, RankRun]:
-    """Train every recipe on this rank's shards; the losses returned are the mean over ranks
-    per step."""
+def run_recipes(recipes: dict[str, Recipe], rank: int, world: int
+                ) -> dict[tuple[str, str], RankRun]:
+    """Train every recipe with every optimizer on this rank's shards; the losses returned are
+    the mean over ranks per step."""
     meta = tiny_meta()
     out = {}
     for name, recipe in recipes.items():
-        run = train_steps(recipe, [shard_batch(meta, rank, s) for s in range(STEPS)])
-        losses = torch.tensor(run.losses, dtype=torch.float64)
-        dist.all_reduce(losses)
-        run.losses = (losses / world).tolist()
-        out[name] = run
+        for optimizer in OPTIMIZERS:
+            run = train_steps(recipe, [shard_batch(meta, rank, s) for s in range(STEPS)],
+                              optimizer)
+            losses = torch.tensor(run.losses, dtype=torch.float64)
+            dist.all_reduce(losses)
+            run.losses = (losses / world).tolist()
+            out[name, optimizer] = run
     return out
+
+
+def assert_match_reference(results: list[dict[tuple[str, str], RankRun]],
+                           recipes: dict[str, Recipe], world: int,
+                           rel: float = 1e-5) -> None:
+    """Every recipe's mean losses, with every optimizer, equal the single-process losses on the
+    global batch (the model and data do not depend on the parallel section)."""
+    any_recipe = next(iter(recipes.values()))
+    for optimizer in OPTIMIZERS:
+        expected = reference_losses(any_recipe, world, optimizer)
+        assert len(set(expected)) == len(expected)  # training moved the loss
+        for name in recipes:
+            for r in results:
+                got = r[name, optimizer].losses
+                assert got == pytest.approx(expected, rel=rel, abs=1e-6), (name, optimizer)

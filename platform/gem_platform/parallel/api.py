@@ -112,6 +112,12 @@ def _compose(model: nn.Module, recipe: Recipe, choice: StrategyChoice,
     from gem_platform.parallel.mesh import build_rank_groups
 
     parallel = recipe.parallel
+    if parallel.embedding_host_split:
+        raise RecipeError(
+            "parallel.embedding_host_split is planned (gemctl plan) but not trained yet: "
+            "TorchRec's 2-D sparse sharding (DMPCollection) runs on CUDA only.",
+            "Remove parallel.embedding_host_split from the recipe.",
+        )
     groups = build_rank_groups(parallel)
     device = next(model.parameters()).device
     wrapped, inner, sparse_optimizer = model, model, None

@@ -102,6 +102,10 @@ def apply_expert_parallel(model: nn.Module, group: dist.ProcessGroup, position: 
         local = LocalExperts([layer.experts[i] for i in share])
         fully_shard(local, mesh=mesh)
         local.set_gradient_divide_factor(float(world))
+        if mesh["shard"].size() > 1:
+            # a custom factor reduce-scatters with PREMUL_SUM, which gloo lacks: SUM, then
+            # divide. (Not on a 1-rank shard group: FSDP2 already divides there, once.)
+            local.set_force_sum_reduction_for_comms(True)
         layer.experts = nn.ModuleList([ExpertExchange(local, group)])
         params += list(local.parameters())
     return params
