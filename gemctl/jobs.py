@@ -115,9 +115,14 @@ def logs(
         sys.stdout.write(job_logs(job, address))
         sys.stdout.flush()
         return
-    for chunk in follow_logs(job, address):
-        sys.stdout.write(chunk)
-        sys.stdout.flush()
+    try:
+        for chunk in follow_logs(job, address):
+            sys.stdout.write(chunk)
+            sys.stdout.flush()
+    except KeyboardInterrupt:
+        render.console.print(f"\nstopped following; job {job} keeps running "
+                             f"(`gemctl stop {job}` ends it)", highlight=False, soft_wrap=True)
+        raise typer.Exit(130) from None
     view = job_status(job, address)
     render.console.print(f"job {view.job_id}: {_styled(view.status)}", highlight=False)
     if view.status != "SUCCEEDED":

@@ -227,15 +227,14 @@ def runtime_env(working_dir: Path, env_vars: dict[str, str] | None = None) -> di
 
 @contextlib.contextmanager
 def _quiet_ray_logs() -> Iterator[None]:
-    """Ray logs every packaging step (and each default exclude) at INFO/WARNING; the CLI
-    prints its own summary, so only errors get through while the project is uploaded."""
-    ray_logger = logging.getLogger("ray")
-    level = ray_logger.level
-    ray_logger.setLevel(logging.ERROR)
+    """Ray logs every packaging step, each default exclude and the log stream's websocket at
+    INFO/WARNING; the CLI prints its own summary, so only errors get through meanwhile."""
+    previous = logging.root.manager.disable
+    logging.disable(logging.WARNING)  # Ray's loggers carry their own levels and handlers
     try:
         yield
     finally:
-        ray_logger.setLevel(level)
+        logging.disable(previous)
 
 
 def new_job_id(label: str) -> str:
@@ -355,24 +354,34 @@ def follow_logs(job_id: str, address: str | None = None) -> Iterator[str]:
     from aiohttp import ClientError  # the Jobs SDK streams logs over an aiohttp websocket
 
     # tail_job_logs is an async generator; drive it one chunk at a time from sync code.
+    stream = client.tail_job_logs(job_id)
+
+    async def next_chunk() -> str:
+        return await stream.__anext__()
+
     loop = asyncio.new_event_loop()
-    agen = client.tail_job_logs(job_id)
     with _quiet_ray_logs():
         try:
             while True:
+                task = loop.create_task(next_chunk())
                 try:
-                    chunk = loop.run_until_complete(agen.__anext__())
+                    chunk = loop.run_until_complete(task)
                 except StopAsyncIteration:
                     return
                 except (RuntimeError, OSError, ClientError) as err:
                     raise ClusterError(f"Following job {job_id} at {address} broke off: {err}",
                                        f"Rerun `gemctl logs {job_id} --follow`.") from None
+                except BaseException:
+                    # Ctrl-C / SIGTERM: cancel the pending read so the stream closes its
+                    # websocket cleanly; the job itself keeps running.
+                    task.cancel()
+                    with contextlib.suppress(BaseException):
+                        loop.run_until_complete(task)
+                    raise
                 yield chunk
         finally:
-            try:  # after Ctrl-C the stream may already be torn down; the job keeps running
-                loop.run_until_complete(agen.aclose())
-            except (RuntimeError, OSError, ClientError):
-                pass
+            with contextlib.suppress(BaseException):
+                loop.run_until_complete(stream.aclose())
             loop.close()
 
 
