@@ -84,7 +84,8 @@ def submit(
     if jobs_address:  # http(s)://HEAD:8265: a Ray job there; no local training imports
         from gemctl.jobs import submit_remote
 
-        submit_remote(recipe, set_ or [], jobs_address, local=local)
+        submit_remote(recipe, set_ or [], jobs_address, local=local,
+                      extra_args=["--resume", resume] if resume else None)
         return
     from gem_platform.launch import submit as submit_run
     from gem_platform.recipe import load_recipe
