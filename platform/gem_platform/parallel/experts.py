@@ -16,13 +16,41 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-import torch.distributed.nn.functional as dist_fn
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 
 from gem_platform.errors import RecipeError
 from gem_platform.model.interaction import DhenLayer
+
+
+def _exchange(rows: torch.Tensor, out_splits: list[int], in_splits: list[int],
+              group: dist.ProcessGroup) -> torch.Tensor:
+    out = rows.new_empty(sum(out_splits), *rows.shape[1:])
+    dist.all_to_all_single(out, rows.contiguous(), output_split_sizes=out_splits,
+                           input_split_sizes=in_splits, group=group)
+    return out
+
+
+class _AllToAll(torch.autograd.Function):
+    """all_to_all of rows whose backward sends the row gradients back the way they came."""
+
+    @staticmethod
+    def forward(ctx, rows: torch.Tensor, out_splits: list[int], in_splits: list[int],
+                group: dist.ProcessGroup) -> torch.Tensor:
+        ctx.out_splits, ctx.in_splits, ctx.group = out_splits, in_splits, group
+        return _exchange(rows, out_splits, in_splits, group)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return _exchange(grad, ctx.in_splits, ctx.out_splits, ctx.group), None, None, None
+
+
+def all_to_all_rows(rows: torch.Tensor, out_splits: list[int], in_splits: list[int],
+                    group: dist.ProcessGroup) -> torch.Tensor:
+    """Differentiable all_to_all: ``in_splits[j]`` rows go to rank j of ``group``,
+    ``out_splits[j]`` rows come from it."""
+    return _AllToAll.apply(rows, out_splits, in_splits, group)
 
 
 class LocalExperts(nn.Module):
@@ -60,14 +88,10 @@ class ExpertExchange(nn.Module):
         sizes = self._batch_sizes(b, flat.device)
         mine = [b] * self.size
         # every rank of the group receives this rank's rows
-        gathered = dist_fn.all_to_all_single(
-            flat.new_empty(sum(sizes), width), flat.repeat(self.size, 1).contiguous(),
-            output_split_sizes=sizes, input_split_sizes=mine, group=self.group)
+        gathered = all_to_all_rows(flat.repeat(self.size, 1), sizes, mine, self.group)
         partial = self.local(gathered)
         # each rank gets back, from every rank, that rank's experts' sum over its own rows
-        returned = dist_fn.all_to_all_single(
-            flat.new_empty(self.size * b, width), partial.contiguous(),
-            output_split_sizes=mine, input_split_sizes=sizes, group=self.group)
+        returned = all_to_all_rows(partial, mine, sizes, self.group)
         return returned.view(self.size, b, width).sum(0)
 
 
