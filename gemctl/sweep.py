@@ -148,6 +148,10 @@ def sweep(
         render.error("Sweep interrupted.", "Run the same command again to resume it: finished "
                      "trials are kept, unfinished ones rerun.")
         raise typer.Exit(130) from None
+    except RuntimeError as err:
+        render.error(str(err).splitlines()[0], "The parent run is marked FAILED with the "
+                     "reason; run the same command again to resume once it is fixed.")
+        raise typer.Exit(1) from None
     if outcome.child_run_ids:
         cmp = compare_runs(outcome.tracking_uri, [outcome.sweep_id], plan.baseline)
         _render_comparison(cmp, outcome.tracking_uri, _default_plot([outcome.sweep_id]), False)

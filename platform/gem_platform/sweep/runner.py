@@ -23,11 +23,12 @@ from ray.tune import Callback
 from gem_platform.errors import GemError
 from gem_platform.launch import check_address, check_world_size
 from gem_platform.sweep import store
-from gem_platform.sweep.config import SweepError, SweepPlan
+from gem_platform.sweep.config import SweepPlan
 from gem_platform.sweep.trial import run_trial
 from gem_platform.tracking import RunTracker, check_reachable
 
 TUNE_STORAGE = "gem_runs/sweeps"
+DRIVER_CPUS = 0.1  # a trial that drives a TorchTrainer (Tune refuses an empty request)
 
 
 @dataclass
@@ -62,7 +63,7 @@ def _trial_cpus(plan: SweepPlan) -> float:
     """CPUs a trial reserves: an in-process trial trains on its own CPUs; a trial that drives
     a TorchTrainer only waits, its workers reserve theirs."""
     return max(float(a.recipe.parallel.cpus_per_worker) if a.recipe.parallel.workers == 1
-               else 0.0 for a in plan.arms)
+               else DRIVER_CPUS for a in plan.arms)
 
 
 def _init_ray(plan: SweepPlan, address: str | None) -> bool:
@@ -262,8 +263,7 @@ def run_sweep(plan: SweepPlan, *, new: bool = False, address: str | None = None,
             raise KeyboardInterrupt(reason) from None
         if isinstance(err, GemError):
             raise
-        raise SweepError(f"Sweep {sweep_id} stopped: {reason}.",
-                         "Run the same command again to resume it.") from err
+        raise RuntimeError(f"sweep {sweep_id} stopped: {reason}") from err
     if started:
         ray.shutdown()
     outcome.child_run_ids = _finished_children(uri, tracker.run_id)
