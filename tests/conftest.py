@@ -46,7 +46,7 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         stdout=log, stderr=subprocess.STDOUT, cwd=root,
     )
     uri = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 90
+    deadline = time.time() + 300  # ~8 s on an idle machine; far more under load
     while True:
         try:
             with urllib.request.urlopen(f"{uri}/health", timeout=2) as r:

@@ -12,7 +12,7 @@ import shutil
 import socket
 import urllib.parse
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +111,7 @@ def _ray_worker_loop(config: dict[str, Any]) -> None:
     """Body of each Ray Train worker: train, with rank 0 streaming progress to the driver."""
     import torch
 
+    from gem_platform.topology import worker_location
     from gem_platform.train.checkpoint import RayStore
     from gem_platform.train.loop import RankInfo, TrainingDiverged, train
 
@@ -123,10 +124,12 @@ def _ray_worker_loop(config: dict[str, Any]) -> None:
     def echo(line: str) -> None:
         progress.put(("line", line))
 
+    progress.put(("location", worker_location(info.rank, recipe.parallel.zone_label)))
     store = RayStore(recipe.train.checkpoint_every) if recipe.train.checkpoint_every else None
     try:
         summary = train(recipe, sink=tracker.log_metrics if tracker else None, echo=echo,
-                        checkpoints=store)
+                        checkpoints=store,
+                        published_through=tracker.last_step() if tracker else 0)
     except TrainingDiverged as err:
         # Every rank stops at the same step; ending normally keeps Ray from retrying a run
         # that would diverge again from the same checkpoint.
@@ -144,16 +147,22 @@ def ray_run_dir(recipe: Recipe, run_id: str) -> Path:
 
 def _run_on_ray(recipe: Recipe, tracker: RunTracker, address: str | None,
                 echo: Callable[[str], None], resume: bool) -> dict[str, Any]:
+    """Place ranks by topology (each host's ranks contiguous, each zone's hosts contiguous),
+    pin every worker to its planned node, train, and check that Ray put them there."""
     import threading
 
     from ray.train import Checkpoint, CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
     from ray.util.queue import Empty, Queue
 
+    from gem_platform.topology import label_selectors, place_on_ray, verify_placement
+
     _init_ray(recipe, address)
     backend = recipe.parallel.backend
     if backend == "auto":
         backend = "nccl" if recipe.parallel.use_gpu else "gloo"
+    placement = place_on_ray(recipe.parallel)
+    tracker.log_json({"planned": [asdict(slot) for slot in placement.slots]}, "placement.json")
     progress = Queue(actor_options={"num_cpus": 0})
     start = _resume_point(latest_checkpoint(ray_run_dir(recipe, tracker.run_id)), resume, echo)
     trainer = TorchTrainer(
@@ -164,6 +173,7 @@ def _run_on_ray(recipe: Recipe, tracker: RunTracker, address: str | None,
         scaling_config=ScalingConfig(
             num_workers=recipe.parallel.workers, use_gpu=recipe.parallel.use_gpu,
             resources_per_worker={"CPU": recipe.parallel.cpus_per_worker},
+            label_selector=label_selectors(placement),
         ),
         run_config=RunConfig(
             name=ray_run_dir(recipe, tracker.run_id).name,
@@ -185,6 +195,7 @@ def _run_on_ray(recipe: Recipe, tracker: RunTracker, address: str | None,
     thread.start()
     summary: dict[str, Any] = {}
     failure: list[str] = []
+    locations: dict[int, Any] = {}
 
     def drain(block: bool) -> None:
         while True:
@@ -196,6 +207,8 @@ def _run_on_ray(recipe: Recipe, tracker: RunTracker, address: str | None,
                 echo(payload)
             elif kind == "failed":
                 failure.append(payload)
+            elif kind == "location":
+                locations[payload.rank] = payload
             else:
                 summary.update(payload)
 
@@ -209,6 +222,10 @@ def _run_on_ray(recipe: Recipe, tracker: RunTracker, address: str | None,
         raise result.error
     if failure:
         raise TrainingDiverged(failure[0])
+    # A restarted worker group reports again; the last report of each rank is where it ran.
+    verify_placement(placement, list(locations.values()))
+    tracker.log_json({"planned": [asdict(slot) for slot in placement.slots],
+                      "actual": [asdict(loc) for loc in locations.values()]}, "placement.json")
     if not summary:
         raise RuntimeError("training finished without reporting its summary")
     return summary
@@ -234,7 +251,8 @@ def _run_local(recipe: Recipe, tracker: RunTracker, echo: Callable[[str], None],
     if recipe.train.checkpoint_every or resume:
         _resume_point(latest_checkpoint(root), resume, echo)
         store = LocalStore(root, recipe.train.checkpoint_every, recipe.train.keep_checkpoints)
-    return train(recipe, sink=tracker.log_metrics, echo=echo, checkpoints=store)
+    return train(recipe, sink=tracker.log_metrics, echo=echo, checkpoints=store,
+                 published_through=tracker.last_step() if resume else 0)
 
 
 def submit(recipe: Recipe, *, local: bool = False, address: str | None = None,
@@ -265,9 +283,8 @@ def submit(recipe: Recipe, *, local: bool = False, address: str | None = None,
     try:
         if not resume:
             tracker.log_text(recipe.to_yaml(), "recipe.yaml")
-            tracker.log_json({"mode": tags["gem.mode"], "workers": world,
-                              "address": address or "embedded", "dataset": meta.source},
-                             "placement.json")
+            if local:
+                tracker.log_json({"mode": "local", "workers": 1}, "placement.json")
         if local:
             summary = _run_local(recipe, tracker, echo, resume=bool(resume))
         else:

@@ -133,6 +133,12 @@ class RunTracker:
         for i in range(0, len(items), 500):
             self._client.log_batch(self.run_id, metrics=items[i : i + 500])
 
+    def last_step(self, key: str = "train/loss") -> int:
+        """The highest step recorded for ``key`` (0 if none): where a resumed run's record
+        stands."""
+        history = self._client.get_metric_history(self.run_id, key)
+        return max((m.step for m in history), default=0)
+
     def log_text(self, text: str, artifact_file: str) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / Path(artifact_file).name

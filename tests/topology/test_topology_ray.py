@@ -111,7 +111,7 @@ def test_ray_train_workers_follow_label_selectors(ray_cluster, tmp_path: Path) -
     from ray.train import RunConfig, ScalingConfig, get_context
     from ray.train.torch import TorchTrainer
 
-    cfg = ParallelConfig(workers=2)
+    cfg = ParallelConfig(workers=2, gpus_per_host=1)  # one rank per host
     cluster = discover_cluster(cfg)
     one_per_zone = Cluster(zones=tuple(Zone(z.name, z.hosts[:1]) for z in cluster.zones))
     placement = one_per_zone.place(2)

@@ -32,6 +32,13 @@ from gem_platform.recipe import ModelConfig
 ITEM_FEATURES = ("hist_item", "ad_item")
 
 
+def unit_norm_init(dim: int) -> dict[str, float]:
+    """Uniform init whose rows have norm ~1 (TorchRec's default scales rows by 1/sqrt(rows),
+    which for large tables starts item signals orders of magnitude below the other inputs)."""
+    bound = (3.0 / dim) ** 0.5
+    return {"weight_init_min": -bound, "weight_init_max": bound}
+
+
 class GemModel(nn.Module):
     def __init__(self, cfg: ModelConfig, meta: DatasetMeta) -> None:
         super().__init__()
@@ -40,7 +47,8 @@ class GemModel(nn.Module):
         self.item_embeddings = EmbeddingCollection(
             tables=[EmbeddingConfig(name="item", embedding_dim=d,
                                     num_embeddings=meta.num_items + 1,
-                                    feature_names=list(ITEM_FEATURES))],
+                                    feature_names=list(ITEM_FEATURES),
+                                    **unit_norm_init(d))],
             device=torch.device("cpu"),
         )
         self.sparse_embeddings = EmbeddingBagCollection(
@@ -49,6 +57,7 @@ class GemModel(nn.Module):
                     name=f"t_{f.name}", embedding_dim=cfg.sparse_dim,
                     num_embeddings=f.vocab_size, feature_names=[f.name],
                     pooling=PoolingType.MEAN if f.multi_hot else PoolingType.SUM,
+                    **unit_norm_init(cfg.sparse_dim),
                 )
                 for f in meta.sparse_features
             ],
@@ -56,6 +65,7 @@ class GemModel(nn.Module):
         )
         self.sparse_names = [f.name for f in meta.sparse_features]
         self.action_embedding = nn.Embedding(meta.num_action_types + 1, d)
+        nn.init.normal_(self.action_embedding.weight, std=d**-0.5)
         self.age_proj = nn.Linear(1, d)
         self.sparse_proj = nn.Linear(cfg.sparse_dim, d)
         self.dense_proj = nn.Linear(max(meta.dense_dim, 1), d)

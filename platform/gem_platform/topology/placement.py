@@ -66,12 +66,10 @@ def nodes_from_ray_state(raw_nodes: Sequence[Mapping[str, Any]], zone_label: str
 
 def slots_on(node: NodeInfo, parallel: ParallelConfig) -> int:
     """Worker slots a node offers: its GPUs (GPU runs) or CPUs / cpus_per_worker (CPU runs),
-    capped at the configured ranks per host (CPU workers: 1 per host unless set)."""
+    capped at ``parallel.gpus_per_host`` when that is set."""
     by_cpu = int(node.cpus // parallel.cpus_per_worker)
-    if parallel.use_gpu:
-        capacity = min(int(node.gpus), by_cpu)
-        return capacity if parallel.gpus_per_host is None else min(capacity, parallel.gpus_per_host)
-    return min(by_cpu, parallel.ranks_per_host() or 1)
+    capacity = min(int(node.gpus), by_cpu) if parallel.use_gpu else by_cpu
+    return capacity if parallel.gpus_per_host is None else min(capacity, parallel.gpus_per_host)
 
 
 def cluster_from_nodes(nodes: Sequence[NodeInfo], parallel: ParallelConfig) -> Cluster:

@@ -223,14 +223,16 @@ class _Totals:
 
 def train(recipe: Recipe, sink: MetricSink | None = None,
           echo: Callable[[str], None] = print,
-          checkpoints: CheckpointStore | None = None) -> dict[str, float]:
+          checkpoints: CheckpointStore | None = None,
+          published_through: int = 0) -> dict[str, float]:
     """Train per the recipe on this rank; returns the run summary (same on every rank).
 
     ``sink(metrics, step)`` receives step and eval metrics on rank 0 (MLflow logging);
     ``echo`` prints the progress lines on rank 0. With ``checkpoints``, the run resumes from
-    the latest checkpoint, saves one every ``checkpoints.every`` steps, and publishes step
-    metrics only once the checkpoint covering them is saved: a run restarted after a failure
-    repeats no metric and leaves no gap.
+    the latest checkpoint and saves one every ``checkpoints.every`` steps. A resumed run
+    replays the steps after its checkpoint; ``published_through`` (the last step the run's
+    record already holds) keeps those from being published twice, so the record has no gap
+    and no repeat.
     """
     info = RankInfo.current()
     device = pick_device(recipe)
@@ -261,7 +263,6 @@ def train(recipe: Recipe, sink: MetricSink | None = None,
     totals, window = _Totals(), _Totals()
     last_loss = float("nan")
     start_step, start_epoch = 0, 0
-    pending: list[tuple[dict[str, float], int]] = []
     state = Stateful(model, optimizers)
 
     resume_from = checkpoints.latest() if checkpoints else None
@@ -278,16 +279,8 @@ def train(recipe: Recipe, sink: MetricSink | None = None,
             echo(f"resumed from step {start_step} ({resume_from})")
 
     def publish(metrics: dict[str, float], step: int) -> None:
-        if not (info.is_chief and sink):
-            return
-        if checkpoints is None:
+        if info.is_chief and sink and step > published_through:
             sink(metrics, step)
-        else:
-            pending.append((metrics, step))
-
-    def flush() -> None:
-        while pending:
-            sink(*pending.pop(0))  # type: ignore[misc]
 
     batches = _batches(train_table, batcher, start_epoch, device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -363,8 +356,6 @@ def train(recipe: Recipe, sink: MetricSink | None = None,
                 "last_loss": last_loss, "step": step,
             })
             checkpoints.commit(folder, step, {"train/loss": last_loss, "step": float(step)})
-            if info.is_chief and sink:
-                flush()
 
     ev = evaluate(model, eval_table, recipe, device, info)
     e2e = mfu(totals.flops, totals.step_s, peak)
@@ -386,8 +377,6 @@ def train(recipe: Recipe, sink: MetricSink | None = None,
         for task, value in meta.planted_auc.items():
             summary[f"planted/auc_{task}"] = float(value)
     publish(summary, recipe.train.steps)
-    if info.is_chief and sink:
-        flush()
     summary["peak_source"] = peak.source  # type: ignore[assignment]
     return summary
 
