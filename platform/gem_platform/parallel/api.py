@@ -120,7 +120,7 @@ def _compose(model: nn.Module, recipe: Recipe, choice: StrategyChoice,
         )
     groups = build_rank_groups(parallel)
     device = next(model.parameters()).device
-    wrapped, inner, sparse_optimizer = model, model, None
+    inner, sparse_optimizer = model, None
     if choice.shard_embeddings:
         from gem_platform.parallel.embeddings import EmbeddingShardingSpec, shard_embeddings
 
@@ -133,9 +133,11 @@ def _compose(model: nn.Module, recipe: Recipe, choice: StrategyChoice,
             )
         spec = EmbeddingShardingSpec(parallel.embedding_sharding, size, recipe.train.sparse_lr,
                                      device.type)
-        wrapped = shard_embeddings(model, spec, groups.group(GroupKind.EMBEDDING), device)
-        inner = wrapped.module
-        sparse_optimizer = wrapped.fused_optimizer
+        dmp = shard_embeddings(model, spec, groups.group(GroupKind.EMBEDDING), device)
+        # Train DMP's inner module: DMP's forward only calls it, and its parameter names are
+        # the unsharded model's, which torch.distributed.checkpoint resolves against.
+        inner = dmp.module
+        sparse_optimizer = dmp.fused_optimizer
 
     expert_params: list[nn.Parameter] = []
     expert_group = None
@@ -162,7 +164,7 @@ def _compose(model: nn.Module, recipe: Recipe, choice: StrategyChoice,
     plain_dense = [] if choice.hsdp else [p for p in dense if id(p) not in expert_ids]
     sparse = [] if choice.shard_embeddings else tables
     return Parallelized(
-        model=wrapped, dense_params=dense, sparse_params=sparse,
+        model=inner, dense_params=dense, sparse_params=sparse,
         replicated_params=[*plain_dense, *sparse], world_size=world, strategy=choice.name,
         sparse_optimizer=sparse_optimizer, expert_params=expert_params,
         expert_group=expert_group)
