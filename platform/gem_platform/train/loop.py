@@ -244,7 +244,9 @@ def train(recipe: Recipe, sink: MetricSink | None = None,
     model, dense_params, sparse_params = par.model, par.dense_params, par.sparse_params
     dense_opt = torch.optim.AdamW(dense_params, lr=recipe.train.lr,
                                   weight_decay=recipe.train.weight_decay)
-    sparse_opt = torch.optim.Adagrad(sparse_params, lr=recipe.train.sparse_lr)
+    # Sharded tables (TorchRec) train with their fused optimizer; replicated ones with Adagrad.
+    sparse_opt = par.sparse_optimizer or torch.optim.Adagrad(sparse_params,
+                                                             lr=recipe.train.sparse_lr)
     optimizers = [dense_opt, sparse_opt]
     schedules = [torch.optim.lr_scheduler.LambdaLR(o, _lr_lambda(recipe)) for o in optimizers]
 
@@ -302,8 +304,7 @@ def train(recipe: Recipe, sink: MetricSink | None = None,
         t2 = time.perf_counter()
         # The norm is taken after the gradient sync, so every rank sees the same value and a
         # NaN anywhere stops all ranks at the same step.
-        grad_norm = torch.nn.utils.clip_grad_norm_(
-            dense_params, recipe.train.grad_clip or float("inf"))
+        grad_norm = par.clip_grad_norm_(recipe.train.grad_clip or float("inf"))
         if not (torch.isfinite(loss) and torch.isfinite(grad_norm)):
             raise TrainingDiverged(_divergence_report(step, loss, logits, model))
         for opt in optimizers:
