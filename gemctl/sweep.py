@@ -127,11 +127,21 @@ def sweep(
         "--new", help="Start a fresh sweep even if this spec already ran.")] = False,
     address: Annotated[str | None, typer.Option(
         "--address", help="Existing Ray cluster (ray://HEAD:10001); default RAY_ADDRESS or an "
-        "embedded local Ray.")] = None,
+        "embedded local Ray. http://HEAD:8265 submits the sweep as a Ray job there.")] = None,
     tracking_uri: TrackingOpt = None,
 ) -> None:
     """Run an ablation sweep (arms x seeds) on Ray Tune; one MLflow parent run, one child run
     per trial. Running the same spec again resumes an interrupted sweep."""
+    from gem_platform.remote import jobs_address_for_submit
+
+    jobs_address = jobs_address_for_submit(address, local=False)
+    if jobs_address:  # http(s)://HEAD:8265: the whole sweep runs as a Ray job there
+        from gemctl.jobs import submit_remote
+
+        submit_remote(spec, set_ or [], jobs_address, command="sweep",
+                      extra_args=["--new"] if new else None)
+        return
+
     from gem_platform.sweep.compare import compare as compare_runs
     from gem_platform.sweep.config import load_sweep
     from gem_platform.sweep.runner import run_sweep
