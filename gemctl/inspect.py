@@ -30,8 +30,14 @@ def plan(
     from gem_platform.topology import COLUMNS, GROUP_COLUMNS, ClusterShape, build_plan
     from gem_platform.topology.plan import human_bytes
 
-    r = load_recipe(recipe, set_ or [])
-    world = world or r.parallel.workers
+    cluster_sets = []
+    if world is not None:  # the recipe is checked against the planned cluster, not its own
+        cluster_sets = [f"parallel.workers={world}",
+                        f"parallel.gpus_per_host={min(gpus_per_host, world)}"]
+        if hosts_per_zone is not None:
+            cluster_sets.append(f"parallel.hosts_per_zone={hosts_per_zone}")
+    r = load_recipe(recipe, [*(set_ or []), *cluster_sets])
+    world = r.parallel.workers
     gph = min(gpus_per_host, world)
     sizes = model_sizes(GemModel(r.model, planning_meta(r)), r)
     p = build_plan(r.parallel, ClusterShape(world, gph, hosts_per_zone), sizes)

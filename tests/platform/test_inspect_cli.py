@@ -1,0 +1,61 @@
+"""gemctl plan and gemctl profile-data through the real CLI, without training."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_gemctl
+from tests.platform.test_cli import TINY
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("inspect")
+    (d / "tiny.yaml").write_text(TINY.format(data=d / "data"))
+    return d
+
+
+def test_plan_4096_gpus_json(workdir):
+    proc = run_gemctl(
+        "plan", str(REPO / "recipes/demo.yaml"), "--world", "4096", "--gpus-per-host", "8",
+        "--hosts-per-zone", "32", "--set", "parallel.hsdp_shard_group=128",
+        "--set", "parallel.expert_parallel=2", "--set", "parallel.expert_shard_hosts=16",
+        "--set", "parallel.embedding_group=256", "--json", "plan.json", cwd=workdir)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    plan = json.loads((workdir / "plan.json").read_text())
+    groups = plan["groups"]
+    assert (groups["hsdp_shard"]["count"], groups["hsdp_shard"]["size"]) == (32, 128)
+    assert groups["hsdp_shard"]["tier"] == "zone"
+    assert groups["hsdp_replicate"]["tier"] == "cross_zone"
+    assert (groups["expert"]["size"], groups["expert"]["tier"]) == (2, "nvlink")
+    assert (groups["embedding"]["count"], groups["embedding"]["size"]) == (16, 256)
+    grouped = plan["bytes_per_rank_by_tier"]["cross_zone"]
+    flat = plan["baseline_bytes_per_rank_by_tier"]["cross_zone"]
+    assert 0 < grouped < flat  # HSDP + grouped embeddings move less across zones
+    assert "hsdp_shard" in proc.stdout and "cross_zone" in proc.stdout
+
+
+def test_plan_rejects_sizes_that_do_not_divide(workdir):
+    proc = run_gemctl("plan", str(REPO / "recipes/demo.yaml"), "--world", "4096",
+                      "--set", "parallel.hsdp_shard_group=3", cwd=workdir)
+    assert proc.returncode == 2
+    assert "hsdp_shard_group=3" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_profile_data_reports_three_methods(workdir):
+    proc = run_gemctl("profile-data", "tiny.yaml", "--world", "4", "--local-batch", "128",
+                      "--out", "prof", cwd=workdir)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads((workdir / "prof/profile.json").read_text())
+    rows = {r["method"]: r for r in report["rows"]}
+    assert set(rows) == {"none", "bbs", "global"}
+    none, bbs, best = (rows[m]["straggler_mean"] for m in ("none", "bbs", "global"))
+    assert best <= bbs <= none
+    assert 0.0 < rows["none"]["padding_waste"] < 1.0
+    png = workdir / "prof/rank_work.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
