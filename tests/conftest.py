@@ -4,6 +4,12 @@ per test session, and GPU-marker skipping."""
 from __future__ import annotations
 
 import os
+
+# Without a GPU, Triton kernels run under the interpreter. This must hold before anything
+# imports triton (torchrec/fbgemm do, at import), or kernels and their @jit helpers end up in
+# different modes depending on which test module was collected first.
+if not os.path.exists("/dev/nvidiactl"):
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 import socket
 import subprocess
 import sys
