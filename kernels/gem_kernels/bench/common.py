@@ -92,9 +92,9 @@ def print_table(rows: list[BenchRow], title: str) -> None:
     widths = [max(len(c), *(len(d[i]) for d in data)) if data else len(c)
               for i, c in enumerate(cols)]
     print(f"\n{title}")
-    print("  ".join(c.ljust(w) for c, w in zip(cols, widths)))
+    print("  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True)))
     for d in data:
-        print("  ".join(x.ljust(w) for x, w in zip(d, widths)))
+        print("  ".join(x.ljust(w) for x, w in zip(d, widths, strict=True)))
 
 
 def write_json(rows: list[BenchRow], path: str | Path, meta: dict | None = None) -> Path:
