@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -18,6 +17,7 @@ from typing import Any
 
 from gem_platform.data.meta import DatasetMeta
 from gem_platform.errors import ClusterError, GemError, RecipeError
+from gem_platform.net import connect_error
 from gem_platform.recipe import Recipe
 from gem_platform.tracking import RunTracker, resolve_tracking_uri
 from gem_platform.train.checkpoint import LOCAL_ROOT, LocalStore, latest_checkpoint
@@ -66,15 +66,13 @@ def check_address(address: str, timeout: float = 3.0) -> None:
     if not host or not port:
         raise ClusterError(f"Ray address {address!r} has no host:port.",
                            "Use ray://HEAD:10001, HEAD:6379 or 'auto'.")
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            pass
-    except OSError as err:
+    err = connect_error(host, port, timeout)
+    if err is not None:
         raise ClusterError(
             f"Ray cluster at {address} is unreachable ({err}).",
             "Check that the head node is running (`ray status` on it) and the address/port, or "
             "drop --address / RAY_ADDRESS to run on an embedded local Ray.",
-        ) from None
+        )
 
 
 def _init_ray(recipe: Recipe, address: str | None) -> None:

@@ -20,7 +20,6 @@ import os
 import re
 import secrets
 import shlex
-import socket
 import time
 import urllib.error
 import urllib.parse
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from gem_platform.errors import ClusterError, RecipeError
+from gem_platform.net import connect_error
 
 DEFAULT_JOBS_ADDRESS = "http://127.0.0.1:8265"
 JOBS_SCHEMES = ("http", "https")
@@ -110,16 +110,14 @@ def check_jobs_server(address: str, timeout: float = 5.0) -> str:
     if not parsed.hostname:
         raise ClusterError(f"Ray Jobs address {address!r} has no host.",
                            "Use http://HEAD:8265.")
-    try:
-        with socket.create_connection((parsed.hostname, port), timeout=timeout):
-            pass
-    except OSError as err:
+    err = connect_error(parsed.hostname, port, timeout)
+    if err is not None:
         raise ClusterError(
             f"Ray Jobs server at {address} is unreachable ({err}).",
             "Check that the head node runs with its dashboard (`ray start --head "
             "--dashboard-host 0.0.0.0`, port 8265 by default), that the port is reachable "
             "(e.g. `kubectl port-forward svc/HEAD-svc 8265:8265`), and the --address.",
-        ) from None
+        )
     try:
         # Public endpoint (no token needed); Ray < 2.52 has none and no token auth either.
         with urllib.request.urlopen(f"{address}/api/authentication_mode",

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
 import tempfile
 import time
 import urllib.parse
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gem_platform.errors import TrackingError
+from gem_platform.net import connect_error
 
 PARAM_VALUE_LIMIT = 6000
 DEFAULT_DB = "mlflow.db"
@@ -36,15 +36,13 @@ def check_reachable(uri: str, timeout: float = 3.0) -> None:
     parsed = urllib.parse.urlparse(uri)
     if parsed.scheme in ("http", "https"):
         port = parsed.port or (443 if parsed.scheme == "https" else 80)
-        try:
-            with socket.create_connection((parsed.hostname, port), timeout=timeout):
-                pass
-        except OSError as err:
+        err = connect_error(parsed.hostname or "", port, timeout)
+        if err is not None:
             raise TrackingError(
                 f"MLflow tracking server {uri} is unreachable ({err}).",
                 "Start it (e.g. `mlflow server --host 127.0.0.1 --port 5000`), fix "
                 "tracking.uri / MLFLOW_TRACKING_URI, or unset them to use ./mlflow.db.",
-            ) from None
+            )
     elif parsed.scheme == "sqlite":
         db = Path(uri.removeprefix("sqlite:///"))
         if not db.parent.exists():
