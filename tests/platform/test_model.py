@@ -85,9 +85,10 @@ def test_flop_meter_counts_real_tokens(tiny_meta, batch_factory):
         model(batch_factory(tiny_meta, [4, 12]))
     d = 16
     extra_tokens = 8
-    # per history token: age proj (1->d), qkv (d->3d), out (d->d), ffn (d->4d->d),
-    # cross q (d->d) and out (d->d), pooled kv (d->2d)
-    per_token = 2 * (1 * d + d * 3 * d + d * d + 2 * d * 4 * d + d * d + d * d + d * 2 * d)
+    # per history token: age proj (1->d), affinity proj (d->d), qkv (d->3d), out (d->d),
+    # ffn (d->4d->d), cross q (d->d) and out (d->d), pooled kv (d->2d)
+    per_token = 2 * (1 * d + d * d + d * 3 * d + d * d + 2 * d * 4 * d + d * d + d * d
+                     + d * 2 * d)
     assert long.linear_flops - short.linear_flops == pytest.approx(extra_tokens * per_token)
     assert long.attention_flops > short.attention_flops > 0
     assert long.train_flops == pytest.approx(3 * long.forward_flops)

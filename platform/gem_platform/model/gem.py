@@ -67,6 +67,9 @@ class GemModel(nn.Module):
         self.action_embedding = nn.Embedding(meta.num_action_types + 1, d)
         nn.init.normal_(self.action_embedding.weight, std=d**-0.5)
         self.age_proj = nn.Linear(1, d)
+        # Target-aware history tokens (as in DIN): item x candidate, elementwise, so the
+        # candidate's affinity to each past event is one projection away from every layer.
+        self.affinity_proj = nn.Linear(d, d)
         self.sparse_proj = nn.Linear(cfg.sparse_dim, d)
         self.dense_proj = nn.Linear(max(meta.dense_dim, 1), d)
         spec = SelfAttentionSpec(
@@ -107,8 +110,11 @@ class GemModel(nn.Module):
         """(B, 2) logits: CTR and CVR."""
         offsets, max_len = batch.seq_offsets, batch.max_seq_len
         hist, ad = self._item_lookup(batch)
-        x = hist + self.action_embedding(batch.seq_action_types) + self.age_proj(
-            batch.seq_age.unsqueeze(-1))
+        owner = torch.repeat_interleave(torch.arange(ad.shape[0], device=ad.device),
+                                        batch.seq_lengths)
+        x = (hist + self.action_embedding(batch.seq_action_types)
+             + self.age_proj(batch.seq_age.unsqueeze(-1))
+             + self.affinity_proj(hist * ad[owner]))
         sparse = self.sparse_embeddings(batch.sparse).to_dict()
         feature_tokens = [self.sparse_proj(sparse[name]) for name in self.sparse_names]
         dense = batch.dense if batch.dense.shape[1] else batch.dense.new_zeros(ad.shape[0], 1)
