@@ -87,8 +87,9 @@ def profile_data(
     r.data.prepare()
     lengths = SampleTable.load(r.data.path, "train").seq_lengths
     world = world or r.parallel.workers
-    cfg = r.loader if local_batch is None else r.loader.model_copy(
-        update={"local_batch_size": local_batch})
+    cfg = r.loader_config()
+    if local_batch is not None:
+        cfg = cfg.model_copy(update={"local_batch_size": local_batch})
     report = profile_lengths(lengths, world=world, local_batch=cfg.local_batch_size, cfg=cfg)
     table = Table(title=f"{len(lengths)} samples, {world} ranks x {cfg.local_batch_size} "
                         f"per step, cost={cfg.cost}", title_justify="left")

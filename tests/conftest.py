@@ -76,7 +76,8 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def run_gemctl(*args: str, cwd: Path, env: dict[str, str] | None = None,
                timeout: float = 600) -> subprocess.CompletedProcess[str]:
     """Run the real CLI in a subprocess, as a user would."""
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    full_env.pop("RAY_ADDRESS", None) if env is None or "RAY_ADDRESS" not in env else None
+    # An embedded Ray unless the test itself names a RAY_ADDRESS.
+    base = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    full_env = {**base, "PYTHONUNBUFFERED": "1", **(env or {})}
     return subprocess.run([sys.executable, "-m", "gemctl.main", *args], cwd=cwd, env=full_env,
                           capture_output=True, text=True, timeout=timeout)

@@ -267,8 +267,7 @@ def submit(recipe: Recipe, *, local: bool = False, address: str | None = None,
     meta = recipe.data.prepare()
     world = 1 if local else recipe.parallel.workers
     check_world_size(recipe, meta, world)
-    if hasattr(recipe.parallel, "validate_against_world"):
-        recipe.parallel.validate_against_world(world)
+    recipe.parallel.validate_against_world(world)
 
     uri = resolve_tracking_uri(recipe.tracking.uri)
     tags = {"gem.mode": "local" if local else "ray", "gem.recipe": recipe.name,

@@ -139,6 +139,11 @@ class Recipe(_Strict):
         self.parallel.validate_against_world()
         return self
 
+    def loader_config(self) -> LoaderConfig:
+        """The loader section with its attention-cost width taken from the model, so the
+        batcher's cost model always matches the network it balances for."""
+        return self.loader.model_copy(update={"model_dim": self.model.d_model})
+
     def flat(self) -> dict[str, Any]:
         """Dotted keys -> values: what MLflow records as run params."""
         return flatten(self.model_dump(mode="json"))

@@ -257,7 +257,7 @@ def train(recipe: Recipe, sink: MetricSink | None = None,
             f"rank {info.rank} holds {len(train_table)} training samples, fewer than one local "
             f"batch of loader.local_batch_size={recipe.loader.local_batch_size}"
         )
-    loader_cfg = recipe.loader.model_copy(update={"model_dim": recipe.model.d_model})
+    loader_cfg = recipe.loader_config()
     batcher = make_batcher(loader_cfg, train_table.seq_lengths, steps_per_epoch, rank=info.rank)
     peak = resolve_peak(device, recipe.precision.mode, recipe.train.peak_tflops)
     balance = BalanceTracker()
