@@ -179,12 +179,16 @@ def test_snake_balances_per_sm_with_several_programs_per_sm() -> None:
 # --- Triton kernels under the CPU interpreter --------------------------------------------
 
 def _check_triton(ql, kl, heads, dim, dtype, device, act, norm, fwd_tol, bwd_tol,
-                  bwd_mode=None):
+                  bwd_mode=None, fwd_cfg=None):
     q, k, v, qo, ko = _inputs(ql, kl, heads, dim, dtype, device, seed=sum(ql) + len(kl))
     for t in (q, k, v):
         t.requires_grad_(True)
     max_q, max_kv = max(ql + [1]), max(kl + [1])
-    if bwd_mode is None:
+    if fwd_cfg is not None:
+        out = GDPAFunction.apply(q, k, v, qo, ko, max_q, max_kv, act, 1 / math.sqrt(dim),
+                                 {"none": 0, "kv_len": 1, "max_len": 2}[norm], fwd_cfg, None,
+                                 None, bwd_mode)
+    elif bwd_mode is None:
         out = gdpa(q, k, v, qo, ko, max_q, max_kv, activation=act, norm=norm,
                    kernel="triton")
     else:
@@ -219,10 +223,41 @@ def _check_triton(ql, kl, heads, dim, dtype, device, act, norm, fwd_tol, bwd_tol
     ([40, 17, 1, 0], [3, 1, 0, 2], "kv_len", None),                 # cross: fused, short KV
     ([1, 3, 2, 0], [70, 0, 21, 4], "max_len", None),                # pooled: fused, short Q
     ([1, 3, 2], [50, 0, 21], "max_len", "short_q"),
+    ([40, 17, 1, 0, 9], [3, 1, 0, 2, 16], "kv_len", "short_kv_atomic"),
 ])
 def test_triton_interpreter_fp32(act, ql, kl, norm, bwd_mode) -> None:
     tol = 2e-3 if act == "gelu_tanh" else 1e-5  # polynomial vs exact tanh
     _check_triton(ql, kl, 2, 16, torch.float32, "cpu", act, norm, tol, 10 * tol, bwd_mode)
+
+
+@interpreter
+@pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
+@pytest.mark.parametrize("norm", ["none", "kv_len"])
+def test_triton_interpreter_kv_major_forward_and_one_pass_backward(act, norm) -> None:
+    """Short KV: the KV-major forward and the atomic-free one-pass backward (query rows of a
+    sample without KV get output and gradient exactly 0; several query tiles per item)."""
+    from gem_kernels.gdpa.triton_fwd import TileConfig
+
+    tol = 2e-3 if act == "gelu_tanh" else 1e-5
+    cfg = TileConfig(16, 16, num_warps=4, num_stages=2, ctas_per_sm=1, kv_major=True)
+    _check_triton([40, 17, 1, 0, 9, 5], [3, 1, 0, 2, 16, 0], 2, 16, torch.float32, "cpu", act,
+                  norm, tol, 10 * tol, "short_kv", cfg)
+
+
+def test_kv_major_forward_refuses_long_kv() -> None:
+    from gem_kernels.gdpa.op import forward_schedule
+    from gem_kernels.gdpa.triton_fwd import TileConfig
+
+    qo, ko = offsets_from_lengths([3, 4]), offsets_from_lengths([20, 2])
+    with pytest.raises(ValueError, match="max_kv <= block_rows"):
+        forward_schedule(qo, ko, 1, TileConfig(16, 16, kv_major=True), 20,
+                         torch.device("cpu"))
+
+
+def test_cover_empty_rows_gives_query_only_samples_an_item() -> None:
+    items, _ = build_items(torch.tensor([0, 3, 0]), torch.tensor([5, 2, 0]), 16, 16, 1,
+                           cover_empty_rows=True)
+    assert items[:, 0].tolist() == [0, 1]
 
 
 @interpreter

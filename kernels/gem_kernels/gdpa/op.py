@@ -3,6 +3,7 @@ persistent schedules), PyTorch reference elsewhere."""
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 
@@ -17,8 +18,10 @@ from gem_kernels.gdpa.triton_bwd import (
     dq_config,
     launch_bwd,
     launch_bwd_short_kv,
+    launch_bwd_short_kv_stream,
     launch_bwd_short_q,
     short_kv_config,
+    short_kv_stream_config,
     short_q_config,
 )
 from gem_kernels.gdpa.triton_fwd import TileConfig, fwd_config, launch_fwd
@@ -31,28 +34,49 @@ _CACHE = ScheduleCache()
 
 def num_sms(device: torch.device) -> int:
     if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
+        return _cuda_sms(device.index if device.index is not None
+                         else torch.cuda.current_device())
     return int(os.environ.get("GEM_GDPA_INTERPRET_PROGRAMS", "3"))
 
 
+@functools.cache
+def _cuda_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
 def schedule_for(rows_offsets: torch.Tensor, cols_offsets: torch.Tensor, heads: int,
-                 cfg: TileConfig, device: torch.device) -> Schedule:
+                 cfg: TileConfig, device: torch.device,
+                 cover_empty_rows: bool = False) -> Schedule:
     """Persistent schedule of (sample, row block, head) items, cached per offsets pair."""
-    key = (cfg.block_rows, cfg.block_cols, cfg.ctas_per_sm, heads, str(device))
+    key = (cfg.block_rows, cfg.block_cols, cfg.ctas_per_sm, heads, device, cover_empty_rows)
 
     def build() -> Schedule:
         sms = num_sms(device)
         return build_schedule(rows_offsets, cols_offsets, cfg.block_rows, cfg.block_cols,
-                              heads, sms * cfg.ctas_per_sm, device, num_sms=sms)
+                              heads, sms * cfg.ctas_per_sm, device, num_sms=sms,
+                              cover_empty_rows=cover_empty_rows)
 
     return _CACHE.get(key, rows_offsets, cols_offsets, build)
+
+
+def forward_schedule(q_offsets: torch.Tensor, kv_offsets: torch.Tensor, heads: int,
+                     cfg: TileConfig, max_kv: int, device: torch.device) -> Schedule:
+    """Items over query blocks, or (kv_major) over whole short KV samples."""
+    if cfg.kv_major:
+        if max_kv > cfg.block_rows:
+            raise ValueError(f"a kv_major forward config needs max_kv <= block_rows "
+                             f"({cfg.block_rows}); got max_kv={max_kv}")
+        return schedule_for(kv_offsets, q_offsets, heads, cfg, device, cover_empty_rows=True)
+    return schedule_for(q_offsets, kv_offsets, heads, cfg, device)
 
 
 SHORT_SIDE = 64  # a side this short fits one tile: the backward runs as one fused kernel
 
 
 def backward_mode(max_q: int, max_kv: int) -> str:
-    """'short_kv' (cross attention), 'short_q' (pooled) or 'two_kernel' (self attention)."""
+    """'short_kv' (cross attention: one pass over Q per KV sample, no atomics), 'short_q'
+    (pooled) or 'two_kernel' (self attention). 'short_kv_atomic' (one pass over query
+    blocks, dK and dV summed by atomics) is kept for comparison."""
     if max_kv <= SHORT_SIDE:
         return "short_kv"
     if max_q <= SHORT_SIDE:
@@ -62,7 +86,8 @@ def backward_mode(max_q: int, max_kv: int) -> str:
 
 class GDPAFunction(torch.autograd.Function):
     """Configs and bwd_mode default to the heuristics; the benchmark overrides them. In
-    'short_kv' mode dq_cfg configures the fused kernel, in 'short_q' mode dkdv_cfg does."""
+    'short_kv_atomic' mode dq_cfg configures the fused kernel, in 'short_kv' and 'short_q'
+    modes dkdv_cfg does."""
 
     @staticmethod
     def forward(ctx, q, k, v, q_offsets, kv_offsets, max_q, max_kv, activation, scale,
@@ -72,7 +97,7 @@ class GDPAFunction(torch.autograd.Function):
         kv_offsets = kv_offsets.to(q.device, torch.int64)
         d, heads = q.shape[-1], q.shape[1]
         cfg = fwd_cfg or fwd_config(max_q, max_kv, d)
-        sched = schedule_for(q_offsets, kv_offsets, heads, cfg, q.device)
+        sched = forward_schedule(q_offsets, kv_offsets, heads, cfg, max_kv, q.device)
         out = launch_fwd(q, k, v, sched, cfg, ACT_CODE[activation],
                          norm_code, scale, max_kv)
         ctx.save_for_backward(q, k, v, q_offsets, kv_offsets)
@@ -87,6 +112,14 @@ class GDPAFunction(torch.autograd.Function):
         d, heads = q.shape[-1], q.shape[1]
         act, do = ACT_CODE[activation], do.contiguous()
         if mode == "short_kv":
+            cfg = dkdv_cfg or short_kv_stream_config(max_kv, d)
+            if max_kv > cfg.block_rows:
+                raise ValueError(f"short_kv backward needs max_kv <= {cfg.block_rows}")
+            sched = schedule_for(kv_offsets, q_offsets, heads, cfg, q.device,
+                                 cover_empty_rows=True)
+            dq, dk, dv = launch_bwd_short_kv_stream(q, k, v, do, sched, cfg, act, norm_code,
+                                                    scale, max_kv)
+        elif mode == "short_kv_atomic":
             cfg = dq_cfg or short_kv_config(max_kv, d)
             if max_kv > cfg.block_cols:
                 raise ValueError(f"short_kv backward needs max_kv <= {cfg.block_cols}")
@@ -143,5 +176,22 @@ def gdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: torch.Ten
     if which is Kernel.PYTORCH:
         return gdpa_reference(q, k, v, q_offsets, kv_offsets, max_q, max_kv,
                               activation=activation, scale=scale, norm=norm)
+    if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad
+                                         or v.requires_grad)):
+        return gdpa_forward(q, k, v, q_offsets, kv_offsets, int(max_q), int(max_kv),
+                            activation, float(scale), _NORM_CODE[norm])
     return GDPAFunction.apply(q, k, v, q_offsets, kv_offsets, int(max_q), int(max_kv),
                               activation, float(scale), _NORM_CODE[norm])
+
+
+def gdpa_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: torch.Tensor,
+                 kv_offsets: torch.Tensor, max_q: int, max_kv: int, activation: str,
+                 scale: float, norm_code: int, cfg: TileConfig | None = None) -> torch.Tensor:
+    """The Triton forward alone (no autograd node): inference and no-grad calls skip the
+    autograd Function's host overhead, which short shapes do not hide."""
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    q_offsets = q_offsets.to(q.device, torch.int64)
+    kv_offsets = kv_offsets.to(q.device, torch.int64)
+    cfg = cfg or fwd_config(max_q, max_kv, q.shape[-1])
+    sched = forward_schedule(q_offsets, kv_offsets, q.shape[1], cfg, max_kv, q.device)
+    return launch_fwd(q, k, v, sched, cfg, ACT_CODE[activation], norm_code, scale, max_kv)

@@ -41,11 +41,16 @@ def item_work(col_lengths: torch.Tensor, block_cols: int) -> torch.Tensor:
 
 
 def build_items(row_lengths: torch.Tensor, col_lengths: torch.Tensor, block_rows: int,
-                block_cols: int, heads: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """All (sample, row block, head) items with at least one row, and their work (CPU)."""
+                block_cols: int, heads: int, cover_empty_rows: bool = False
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """All (sample, row block, head) items with at least one row, and their work (CPU).
+    cover_empty_rows: a sample with no rows but some columns still gets one (empty) item, for
+    kernels that write per-column outputs (a one-pass backward must zero their gradient)."""
     row_lengths = row_lengths.to("cpu", torch.int64)
     col_lengths = col_lengths.to("cpu", torch.int64)
     nblk = torch.div(row_lengths + block_rows - 1, block_rows, rounding_mode="floor")
+    if cover_empty_rows:
+        nblk = torch.where((nblk == 0) & (col_lengths > 0), 1, nblk)
     total = int(nblk.sum())
     sample = torch.repeat_interleave(torch.arange(nblk.numel()), nblk, output_size=total)
     first = torch.cumsum(nblk, 0) - nblk
@@ -100,14 +105,15 @@ def imbalance(work: torch.Tensor, prog: torch.Tensor, num_programs: int,
 def build_schedule(row_offsets: torch.Tensor, col_offsets: torch.Tensor, block_rows: int,
                    block_cols: int, heads: int, max_programs: int,
                    device: torch.device | str, snake: bool = True,
-                   num_sms: int | None = None) -> Schedule:
+                   num_sms: int | None = None, cover_empty_rows: bool = False) -> Schedule:
     """snake=False keeps the natural item order dealt round-robin (the unbalanced baseline);
-    num_sms: see ``deal``."""
+    num_sms: see ``deal``; cover_empty_rows: see ``build_items``."""
     row_offsets = row_offsets.to("cpu", torch.int64)
     col_offsets = col_offsets.to("cpu", torch.int64)
     row_len = row_offsets[1:] - row_offsets[:-1]
     col_len = col_offsets[1:] - col_offsets[:-1]
-    items, work = build_items(row_len, col_len, block_rows, block_cols, heads)
+    items, work = build_items(row_len, col_len, block_rows, block_cols, heads,
+                              cover_empty_rows)
     n = items.shape[0]
     p = max(1, min(max_programs, n))
     prog = deal(work, p, snake, num_sms)

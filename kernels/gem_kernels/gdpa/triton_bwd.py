@@ -62,6 +62,12 @@ def short_kv_config(max_kv: int, head_dim: int) -> TileConfig:
                       ctas_per_sm=2)
 
 
+def short_kv_stream_config(max_kv: int, head_dim: int) -> TileConfig:
+    """One-pass backward with rows = a sample's whole KV, columns = its query tiles."""
+    return TileConfig(_pow2_at_least(max_kv, 16, 64), 64, num_warps=4, num_stages=2,
+                      ctas_per_sm=2, prefetch=False)
+
+
 def short_q_config(max_q: int, head_dim: int) -> TileConfig:
     """Fused backward with rows = key blocks, the whole Q of a sample in one column tile."""
     return TileConfig(64, _pow2_at_least(max_q, 16, 64), num_warps=4, num_stages=1,
@@ -169,13 +175,16 @@ def _gdpa_bwd_short_q_kernel(Q, K, V, DO, DK, DV, DQ32, items, prog_ptr,
 
 
 @triton.jit
-def _gdpa_dkdv_kernel(Q, K, V, DO, DK, DV, items, prog_ptr,
+def _gdpa_dkdv_kernel(Q, K, V, DO, DK, DV, DQ, items, prog_ptr,
                       stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
                       stride_dot, stride_doh, scale, inv_max_kv,
                       ACT: tl.constexpr, NORM: tl.constexpr, D: tl.constexpr,
                       BN: tl.constexpr, BM: tl.constexpr, STAGES: tl.constexpr,
-                      PREFETCH: tl.constexpr, PREC: tl.constexpr):
-    """Items are key blocks (rows = keys, columns = queries); dK, dV share k's / v's strides."""
+                      PREFETCH: tl.constexpr, PREC: tl.constexpr, WITH_DQ: tl.constexpr):
+    """Items are key blocks (rows = keys, columns = queries); dK, dV share k's / v's strides.
+    WITH_DQ (short KV: every item's key block holds all of its sample's keys) also stores each
+    visited query tile's dQ = c scale dS K, which is then complete: the whole backward in one
+    pass that reads Q and dO once, with no atomics and no fp32 buffers."""
     pid = tl.program_id(0)
     start = tl.load(prog_ptr + pid)
     end = tl.load(prog_ptr + pid + 1)
@@ -204,7 +213,13 @@ def _gdpa_dkdv_kernel(Q, K, V, DO, DK, DV, items, prog_ptr,
             pt, dact = act_fwd_and_grad(st, ACT)
             dv = tl.dot(pt.to(do.dtype), do, dv, input_precision=PREC)
             dpt = tl.dot(v, tl.trans(do), input_precision=PREC)
-            dk = tl.dot((dpt * dact).to(q.dtype), q, dk, input_precision=PREC)
+            dst = (dpt * dact).to(q.dtype)
+            dk = tl.dot(dst, q, dk, input_precision=PREC)
+            if WITH_DQ:
+                dq = tl.dot(tl.trans(dst), k, input_precision=PREC)
+                dq = dq * (norm_factor(rlen, inv_max_kv, NORM) * scale)
+                tl.store(DQ + crow * stride_qt + h * stride_qh + offs_d[None, :],
+                         dq.to(DQ.dtype.element_ty), mask=cmask)
         c = norm_factor(rlen, inv_max_kv, NORM)  # rows are the sample's keys
         store_rows(DK, dk * (c * scale), r0, rlen, blk, h, stride_kt, stride_kh, BN, D)
         store_rows(DV, dv * c, r0, rlen, blk, h, stride_vt, stride_vh, BN, D)
@@ -274,12 +289,12 @@ def launch_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tens
     d = q.shape[-1]
     if sched_kv.num_items:
         _gdpa_dkdv_kernel[(sched_kv.num_programs,)](
-            q, k, v, do, dk, dv, sched_kv.items, sched_kv.prog_ptr,
+            q, k, v, do, dk, dv, dq, sched_kv.items, sched_kv.prog_ptr,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             do.stride(0), do.stride(1), scale, inv_max_kv,
             ACT=act_code, NORM=norm_code, D=d, BN=cfg_kv.block_rows, BM=cfg_kv.block_cols,
             STAGES=cfg_kv.num_stages, PREFETCH=cfg_kv.prefetch, PREC=_prec(q),
-            num_warps=cfg_kv.num_warps,
+            WITH_DQ=False, num_warps=cfg_kv.num_warps,
             num_stages=cfg_kv.num_stages)
     if sched_q.num_items:
         _gdpa_dq_kernel[(sched_q.num_programs,)](
@@ -327,3 +342,25 @@ def launch_bwd_short_q(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: to
             BS=cfg.block_cols, PREFETCH=cfg.prefetch, PREC=_prec(q),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return dq32.to(q.dtype), dk, dv
+
+
+def launch_bwd_short_kv_stream(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                               do: torch.Tensor, sched_kv, cfg: TileConfig, act_code: int,
+                               norm_code: int, scale: float, max_kv: int
+                               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One-pass backward for KV samples of at most cfg.block_rows rows: items are a sample's
+    whole KV (one key block) per head and stream its query tiles, storing dQ per tile and dK,
+    dV once per item. Every gradient row is written exactly once, in the inputs' dtype."""
+    dq = torch.empty_like(q)
+    dk = torch.empty_like(k)
+    dv = torch.empty_like(v)
+    if sched_kv.num_items:
+        _gdpa_dkdv_kernel[(sched_kv.num_programs,)](
+            q, k, v, do, dk, dv, dq, sched_kv.items, sched_kv.prog_ptr,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            do.stride(0), do.stride(1), scale, 1.0 / max(max_kv, 1),
+            ACT=act_code, NORM=norm_code, D=q.shape[-1], BN=cfg.block_rows,
+            BM=cfg.block_cols, STAGES=cfg.num_stages, PREFETCH=cfg.prefetch, PREC=_prec(q),
+            WITH_DQ=True, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    # Query rows of samples with no KV belong to no item: their gradient is 0.
+    return dq, dk, dv

@@ -30,6 +30,9 @@ class TileConfig:
     num_stages: int = 2
     ctas_per_sm: int = 2
     prefetch: bool = True
+    # Forward only: items are a sample's whole KV (block_rows >= its length) per head and
+    # stream the sample's query tiles of block_cols rows (for short KV: K, V loaded once).
+    kv_major: bool = False
 
 
 def _pow2_at_least(n: int, lo: int, hi: int) -> int:
@@ -136,11 +139,55 @@ def _gdpa_fwd_kernel(Q, K, V, Out, items, prog_ptr,
         nblk, nh, nr0, nrlen, nc0, nclen = mblk, mh, mr0, mrlen, mc0, mclen
 
 
+@triton.jit
+def _gdpa_fwd_kv_major_kernel(Q, K, V, Out, items, prog_ptr,
+                              stride_qt, stride_qh, stride_kt, stride_kh, stride_vt,
+                              stride_vh, stride_ot, stride_oh, scale, inv_max_kv,
+                              ACT: tl.constexpr, NORM: tl.constexpr, D: tl.constexpr,
+                              BN: tl.constexpr, BM: tl.constexpr, STAGES: tl.constexpr,
+                              PREC: tl.constexpr):
+    """Short KV: each item holds one sample's whole KV (<= BN rows) for one head and streams
+    the sample's query tiles through the software pipeline, so Q crosses HBM once and K, V
+    once per item, and the long inner loop keeps loads in flight."""
+    pid = tl.program_id(0)
+    start = tl.load(prog_ptr + pid)
+    end = tl.load(prog_ptr + pid + 1)
+    offs_m = tl.arange(0, BM)
+    offs_d = tl.arange(0, D)
+    for it in range(start, end):
+        blk, h, r0, rlen, c0, clen = load_meta(items, it)
+        # K and V rows past the sample are 0: act(0) = 0, so they add nothing.
+        k = load_rows(K, r0, rlen, blk, h, stride_kt, stride_kh, BN, D)
+        v = load_rows(V, r0, rlen, blk, h, stride_vt, stride_vh, BN, D)
+        c = norm_factor(rlen, inv_max_kv, NORM)
+        q_base = Q + h * stride_qh + offs_d[None, :]
+        o_base = Out + h * stride_oh + offs_d[None, :]
+        for m0 in tl.range(0, clen, BM, num_stages=STAGES):
+            cols = m0 + offs_m
+            cmask = (cols < clen)[:, None]
+            crow = (c0 + cols).to(tl.int64)[:, None]
+            q = tl.load(q_base + crow * stride_qt, mask=cmask, other=0.0)
+            s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale
+            p = act_fwd(s, ACT)
+            o = tl.dot(p.to(v.dtype), v, input_precision=PREC) * c
+            tl.store(o_base + crow * stride_ot, o.to(Out.dtype.element_ty), mask=cmask)
+
+
 def launch_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sched, cfg: TileConfig,
                act_code: int, norm_code: int, scale: float, max_kv: int) -> torch.Tensor:
-    """Output (total_q, H, d); every row is written by exactly one item."""
+    """Output (total_q, H, d); every row is written by exactly one item. A kv_major config
+    needs a schedule over (KV, Q) built with cover_empty_rows (see op.schedule_for)."""
     out = torch.empty_like(q)
     if sched.num_items == 0:
+        return out
+    if cfg.kv_major:
+        _gdpa_fwd_kv_major_kernel[(sched.num_programs,)](
+            q, k, v, out, sched.items, sched.prog_ptr,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            out.stride(0), out.stride(1), scale, 1.0 / max(max_kv, 1),
+            ACT=act_code, NORM=norm_code, D=q.shape[-1], BN=cfg.block_rows,
+            BM=cfg.block_cols, STAGES=cfg.num_stages, PREC=_prec(q), num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages)
         return out
     _gdpa_fwd_kernel[(sched.num_programs,)](
         q, k, v, out, sched.items, sched.prog_ptr,
