@@ -41,6 +41,7 @@ from gem_kernels.bench.common import (
     time_ms,
     write_json,
 )
+from gem_kernels.bench.jfa import host_us_per_call
 from gem_kernels.testing import lognormal_lengths, offsets_from_lengths
 
 ACTIVATION = "gelu_tanh"
@@ -171,14 +172,28 @@ def fwd_variants(case: str, quick: bool) -> list[tuple[str, dict]]:
     if case == "self":
         return flip + [("bm128_bn128_s3", {"block_cols": 128}),
                        ("bm128_bn64_s4", {"num_stages": 4}),
-                       ("bm128_bn64_s2", {"num_stages": 2}),
+                       ("bm128_bn32_s4", {"block_cols": 32, "num_stages": 4}),
+                       ("bm128_bn64_s3_cta2", {"ctas_per_sm": 2}),
+                       ("bm128_bn64_w4_s3", {"num_warps": 4}),
+                       ("bm128_bn64_w4_s3_cta2", {"num_warps": 4, "ctas_per_sm": 2}),
                        ("bm64_bn64_w4_s3_cta2", {"block_rows": 64, "num_warps": 4,
-                                                 "ctas_per_sm": 2})]
+                                                 "ctas_per_sm": 2}),
+                       ("bm64_bn128_w4_s3_cta2", {"block_rows": 64, "block_cols": 128,
+                                                  "num_warps": 4, "ctas_per_sm": 2}),
+                       ("bm256_bn64_w8_s3", {"block_rows": 256}),
+                       ("bm128_bn64_s3_cta3", {"ctas_per_sm": 3})]
     if case == "cross":
+        kvm = {"kv_major": True, "block_rows": 16, "block_cols": 64, "prefetch": False}
         return flip + [("bm128_w4_cta2", {"block_rows": 128, "ctas_per_sm": 2}),
                        ("bm64_cta8", {"ctas_per_sm": 8}),
                        ("bm64_cta4_prefetch_s2", {"prefetch": True, "num_stages": 2}),
-                       ("bm32_cta8", {"block_rows": 32, "ctas_per_sm": 8})]
+                       ("kvmajor_bm64_s2_cta2", {**kvm, "num_stages": 2, "ctas_per_sm": 2}),
+                       ("kvmajor_bm64_s3_cta2", {**kvm, "num_stages": 3, "ctas_per_sm": 2}),
+                       ("kvmajor_bm64_s3_cta4", {**kvm, "num_stages": 3, "ctas_per_sm": 4}),
+                       ("kvmajor_bm128_s2_cta2", {**kvm, "block_cols": 128, "num_stages": 2,
+                                                  "ctas_per_sm": 2}),
+                       ("kvmajor_bm128_s3_w8", {**kvm, "block_cols": 128, "num_stages": 3,
+                                                "num_warps": 8, "ctas_per_sm": 1})]
     return flip + [("bn128_s3", {"block_cols": 128}),
                    ("bn64_s4", {"num_stages": 4}),
                    ("bn64_s3_cta2_w8", {"ctas_per_sm": 2, "num_warps": 8})]
@@ -191,6 +206,7 @@ def bwd_variants(case: str, quick: bool, max_q: int, max_kv: int, dim: int):
         dkdv_config,
         dq_config,
         short_kv_config,
+        short_kv_stream_config,
         short_q_config,
     )
 
@@ -202,6 +218,16 @@ def bwd_variants(case: str, quick: bool, max_q: int, max_kv: int, dim: int):
     if case == "self":
         return [("bwd_prefetch", "two_kernel", replace(kv, prefetch=True),
                  replace(q, prefetch=True)),
+                ("bwd_64x64_s3", "two_kernel", replace(kv, num_stages=3),
+                 replace(q, num_stages=3)),
+                ("bwd_64x128_s2", "two_kernel", replace(kv, block_cols=128),
+                 replace(q, block_cols=128)),
+                ("bwd_128x64_w8_s3_cta1", "two_kernel", TileConfig(128, 64, 8, 3, 1, False),
+                 TileConfig(128, 64, 8, 3, 1, False)),
+                ("bwd_kv128x64_w8_q64x64", "two_kernel", TileConfig(128, 64, 8, 2, 1, False),
+                 q),
+                ("bwd_kv64x64_q128x64_w8", "two_kernel", kv,
+                 TileConfig(128, 64, 8, 2, 1, False)),
                 ("bwd_128x32_w8", "two_kernel", TileConfig(128, 32, 8, 2, 1, False),
                  TileConfig(128, 32, 8, 2, 1, False)),
                 ("bwd_64x32_s3", "two_kernel", TileConfig(64, 32, 4, 3, 2, False),
@@ -210,10 +236,16 @@ def bwd_variants(case: str, quick: bool, max_q: int, max_kv: int, dim: int):
                  TileConfig(128, 64, 8, 2, 1, False))]
     if case == "cross":
         f = short_kv_config(max_kv, dim)
-        return two + [("bwd_fused_no_prefetch", "short_kv", None, replace(f, prefetch=False)),
-                      ("bwd_fused_bm128_w8", "short_kv", None,
-                       replace(f, block_rows=128, num_warps=8)),
-                      ("bwd_fused_cta4", "short_kv", None, replace(f, ctas_per_sm=4))]
+        st = short_kv_stream_config(max_kv, dim)
+        return two + [("bwd_atomic_default", "short_kv_atomic", None, f),
+                      ("bwd_atomic_cta4", "short_kv_atomic", None, replace(f, ctas_per_sm=4)),
+                      ("bwd_stream_s3", "short_kv", replace(st, num_stages=3), None),
+                      ("bwd_stream_s3_cta4", "short_kv", replace(st, num_stages=3,
+                                                                 ctas_per_sm=4), None),
+                      ("bwd_stream_bm128_s2_w8", "short_kv", replace(st, block_cols=128,
+                                                                     num_warps=8), None),
+                      ("bwd_stream_bm32_s3", "short_kv", replace(st, block_cols=32,
+                                                                 num_stages=3), None)]
     f = short_q_config(max_q, dim)
     return two + [("bwd_fused_no_prefetch", "short_q", replace(f, prefetch=False), None),
                   ("bwd_fused_bn128_w8", "short_q", replace(f, block_rows=128, num_warps=8),
@@ -222,18 +254,18 @@ def bwd_variants(case: str, quick: bool, max_q: int, max_kv: int, dim: int):
 
 
 def run_case(c: Case, phase: str, quick: bool, rows: list[BenchRow], meta: dict,
-             deadline: float) -> None:
+             deadline: float, baselines: bool = True) -> None:
     """phase 'main': correctness check, ours and both padded baselines; 'ablations': the
     schedule-order, prefetch and tile-shape variants."""
     from gem_kernels.gdpa import gdpa
     from gem_kernels.gdpa.activations import ACT_CODE
-    from gem_kernels.gdpa.op import GDPAFunction, backward_mode, num_sms, schedule_for
+    from gem_kernels.gdpa.op import GDPAFunction, backward_mode, forward_schedule, num_sms
     from gem_kernels.gdpa.reference import gdpa_padded
     from gem_kernels.gdpa.schedule import build_schedule
     from gem_kernels.gdpa.triton_bwd import (
         dkdv_config,
         dq_config,
-        short_kv_config,
+        short_kv_stream_config,
         short_q_config,
     )
     from gem_kernels.gdpa.triton_fwd import fwd_config, launch_fwd
@@ -244,7 +276,7 @@ def run_case(c: Case, phase: str, quick: bool, rows: list[BenchRow], meta: dict,
     cfg_kv, cfg_q = dkdv_config(c.max_q, c.max_kv, c.dim), dq_config(c.max_q, c.max_kv, c.dim)
     mode = backward_mode(c.max_q, c.max_kv)
     if mode == "short_kv":
-        cfg_q = short_kv_config(c.max_kv, c.dim)
+        cfg_kv = short_kv_stream_config(c.max_kv, c.dim)
     elif mode == "short_q":
         cfg_kv = short_q_config(c.max_q, c.dim)
     if phase == "main":
@@ -253,7 +285,7 @@ def run_case(c: Case, phase: str, quick: bool, rows: list[BenchRow], meta: dict,
             "lengths_kv": {"sum": sum(c.kl), "max": c.max_kv},
             "fwd_config": vars(cfg), "bwd_mode": mode, "dkdv_config": vars(cfg_kv),
             "dq_config": vars(cfg_q),
-            "schedule_fwd": sched_stats(c, cfg, True, sms),
+            "schedule_fwd": sched_stats(c, cfg, not cfg.kv_major, sms),
             "schedule_dkdv": sched_stats(c, cfg_kv, False, sms),
             "schedule_dq": sched_stats(c, cfg_q, True, sms), "errors": {}}
     info = meta["cases"][c.name]
@@ -291,6 +323,11 @@ def run_case(c: Case, phase: str, quick: bool, rows: list[BenchRow], meta: dict,
             f, b, fb = _grad_fns(ours, (c.q, c.k, c.v), c.do)
             for direction, fn in (("fwd", f), ("bwd", b), ("fwd+bwd", fb)):
                 record("ours", direction, fn)
+            # host time to issue one call (GPU kept busy): a row whose GPU time is below it
+            # is host-bound
+            info["ours_host_us_per_call"] = {
+                d: round(host_us_per_call(fn), 1)
+                for d, fn in (("fwd", f), ("bwd", b), ("fwd+bwd", fb))}
             del f, b, fb
         except Exception as e:
             info["errors"]["ours"] = f"{type(e).__name__}: {e}"[:500]
@@ -298,6 +335,8 @@ def run_case(c: Case, phase: str, quick: bool, rows: list[BenchRow], meta: dict,
         # --- baselines on padded tensors ----------------------------------------------------
         compiled = torch.compile(padded, dynamic=False)
         for variant, fn in (("padded_eager", padded), ("padded_compile", compiled)):
+            if not baselines:
+                break
             if time.monotonic() > deadline:
                 info["errors"][variant] = "skipped: time budget"
                 continue
@@ -314,15 +353,17 @@ def run_case(c: Case, phase: str, quick: bool, rows: list[BenchRow], meta: dict,
 
     # --- forward ablations: schedule order, prefetch, tile shapes ----------------------
     act = ACT_CODE[ACTIVATION]
-    natural = build_schedule(c.qo, c.ko, cfg.block_rows, cfg.block_cols, c.heads,
-                             sms * cfg.ctas_per_sm, c.q.device, snake=False)
+    rows_o, cols_o = (c.ko, c.qo) if cfg.kv_major else (c.qo, c.ko)
+    natural = build_schedule(rows_o, cols_o, cfg.block_rows, cfg.block_cols, c.heads,
+                             sms * cfg.ctas_per_sm, c.q.device, snake=False,
+                             cover_empty_rows=cfg.kv_major)
     record("ours_no_snake", "fwd",
            lambda: launch_fwd(c.q, c.k, c.v, natural, cfg, act, 0, scale, c.max_kv))
     for name, over in fwd_variants(c.name, quick):
         if "prefetch" in over and over["prefetch"] is None:
             over = {**over, "prefetch": not cfg.prefetch}
         vcfg = replace(cfg, **over)
-        sched = schedule_for(c.qo, c.ko, c.heads, vcfg, c.q.device)
+        sched = forward_schedule(c.qo, c.ko, c.heads, vcfg, c.max_kv, c.q.device)
         record(f"ours_{name}", "fwd",
                lambda vcfg=vcfg, sched=sched: launch_fwd(c.q, c.k, c.v, sched, vcfg, act, 0,
                                                          scale, c.max_kv),
@@ -349,6 +390,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--cases", default="self,cross,pooled")
     ap.add_argument("--budget-s", type=float, default=1e9,
                     help="stop timing new variants after this many seconds")
+    ap.add_argument("--no-baselines", action="store_true",
+                    help="skip the padded baselines (tuning runs; not for published results)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("the GDPA benchmark needs a CUDA GPU")
@@ -364,7 +407,7 @@ def main(argv: list[str] | None = None) -> None:
     cases = [Case(name, batch, heads, dim) for name in args.cases.split(",")]
     for phase in ("main", "ablations"):
         for c in cases:
-            run_case(c, phase, args.quick, rows, meta, deadline)
+            run_case(c, phase, args.quick, rows, meta, deadline, not args.no_baselines)
             torch.cuda.empty_cache()
             add_ratios(rows, "ours", "padded_compile")
             write_json(rows, out, meta)

@@ -375,6 +375,161 @@ def sweep(case: Case, rep_ms: float = 100, loads=LOAD_SWEEP) -> list[dict]:
     return out
 
 
+# --tune: forward (tile config x boundary mode) on the cases whose targets are open, the
+# backward tiles for d=64, and where the windowed case's fwd+bwd time goes (GPU vs host).
+TUNE_FWD = {
+    "mix_B256_H8": [(128, 128, 8, 3), (128, 64, 8, 3), (128, 128, 8, 4), (128, 64, 8, 4),
+                    (128, 128, 4, 3), (64, 128, 4, 3)],
+    "lognormal_B256_max2048_H4": [(128, 128, 8, 3), (128, 64, 8, 3)],
+    "mix_B256_H8_d64": [(128, 128, 8, 3), (128, 128, 4, 3), (128, 128, 4, 4), (128, 64, 4, 4),
+                        (128, 64, 4, 3), (128, 128, 8, 4), (64, 128, 4, 3), (64, 64, 4, 4),
+                        (128, 32, 4, 4), (256, 64, 8, 3), (256, 128, 8, 3)],
+}
+TUNE_BOUNDARIES = ("trick", "trick_fused", "mask_all")
+TUNE_BWD_D64 = [(64, 64, 4, 2, 64, 64, 4, 2), (64, 64, 4, 3, 64, 64, 4, 3),
+                (128, 64, 8, 2, 128, 64, 8, 2), (64, 128, 4, 2, 128, 64, 8, 2),
+                (128, 64, 4, 2, 64, 128, 4, 2)]
+
+
+def host_us_per_call(fn, n: int = 50) -> float:
+    """Host time to issue one call, measured while the GPU is kept busy (so launches never
+    wait on it): the floor under which the call's GPU time can no longer hide its host work."""
+    import time
+
+    fn()
+    torch.cuda.synchronize()
+    torch.cuda._sleep(2_000_000_000)  # ~1 s of GPU time ahead of the calls
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    host = (time.perf_counter() - t0) / n * 1e6
+    torch.cuda.synchronize()
+    return host
+
+
+def tune(out_dir: Path) -> list[dict]:
+    res: list[dict] = []
+
+    def emit(r: dict) -> None:
+        print(r, flush=True)
+        res.append(r)
+
+    cases = {c.name: c for c in _cases(False)}
+    for name in ("mix_B256_H8", "lognormal_B256_max2048_H4", "mix_B256_H8_d64",
+                 "lognormal_B256_max2048_H4_window63"):
+        _tune_case(cases[name], emit, out_dir)
+        torch.cuda.empty_cache()
+    return res
+
+
+def _tune_case(case: Case, emit, out_dir: Path) -> None:
+    from gem_kernels.jagged_attention.op import (
+        BwdConfig,
+        FwdConfig,
+        ScheduleCache,
+        jagged_attention_triton,
+        jfa_backward,
+        jfa_forward,
+    )
+
+    name = case.name
+    torch.manual_seed(0)
+    total = sum(case.lengths)
+    offsets = offsets_from_lengths(case.lengths, "cuda")
+    q, k, v, do = (torch.randn(total, case.heads, case.dim, device="cuda", dtype=DTYPE)
+                   for _ in range(4))
+    max_len = max(case.lengths)
+    fwd_flops = 4.0 * valid_pairs(case.lengths, case.causal, case.window) * case.heads \
+        * case.dim
+    kw = dict(causal=case.causal, window=case.window, scale=case.dim ** -0.5)
+    _warm_gpu()
+    vf, _ = _varlen_fn()
+    cu = offsets.to(torch.int32)
+    vkw = {}
+    if vf is not None and "window_size" in vf[1]:
+        vkw["window_size"] = (-1 if case.window is None else case.window[0],
+                              0 if case.causal else -1)
+    if vf is not None:
+        ms = time_ms(lambda: vf[0](q, k, v, cu, cu, max_len, max_len, **vkw), rep_ms=200)
+        emit({"case": name, "dir": "fwd", "variant": "varlen_attn", "ms": ms,
+              "tflops": fwd_flops / ms / 1e9})
+    for c in TUNE_FWD.get(name, []):
+        for boundary in TUNE_BOUNDARIES:
+            cfg = FwdConfig(*c)
+            try:
+                sched = ScheduleCache(offsets, total)
+
+                def f(sched=sched, cfg=cfg, b=boundary):
+                    return jfa_forward(q, k, v, offsets, sched=sched, config=cfg, boundary=b,
+                                       **kw)
+                f()
+                ms = time_ms(f, rep_ms=150)
+                r = {"case": name, "dir": "fwd", "cfg": c, "boundary": boundary, "ms": ms,
+                     "tflops": fwd_flops / ms / 1e9}
+            except Exception as e:  # noqa: BLE001
+                r = {"case": name, "dir": "fwd", "cfg": c, "boundary": boundary,
+                     "error": f"{type(e).__name__}: {str(e)[:200]}"}
+            emit(r)
+    if case.dim == 64:
+        sched = ScheduleCache(offsets, total)
+        o, lse = jfa_forward(q, k, v, offsets, sched=sched, **kw)
+        for c in TUNE_BWD_D64:
+            try:
+                def b(cfg=BwdConfig(*c)):
+                    return jfa_backward(do, q, k, v, o, lse, offsets, sched=sched, config=cfg,
+                                        **kw)
+                b()
+                ms = time_ms(b, rep_ms=150)
+                r = {"case": name, "dir": "bwd", "cfg": c, "ms": ms,
+                     "tflops": 2.5 * fwd_flops / ms / 1e9}
+            except Exception as e:  # noqa: BLE001
+                r = {"case": name, "dir": "bwd", "cfg": c,
+                     "error": f"{type(e).__name__}: {str(e)[:200]}"}
+            emit(r)
+    if case.window is None:
+        return
+    qg, kg, vg = (x.clone().requires_grad_() for x in (q, k, v))
+
+    def ours(opts=None):
+        return jagged_attention_triton(qg, kg, vg, offsets, max_len, causal=case.causal,
+                                       window=case.window, options=opts)
+    for load in ("tma_ragged", "ptr"):
+        opts = {"fwd": {"use_tma": load}, "bwd": {"use_tma": load}}
+
+        def fo(opts=opts):
+            with torch.no_grad():
+                return ours(opts)
+        out = ours(opts)
+        timed = (("fwd", fo),
+                 ("bwd", lambda out=out: torch.autograd.grad(out, (qg, kg, vg), do,
+                                                              retain_graph=True)),
+                 ("fwd+bwd", lambda opts=opts: torch.autograd.grad(ours(opts), (qg, kg, vg),
+                                                                   do)))
+        for d, f in timed:
+            emit({"case": name, "dir": d, "load": load, "ms": time_ms(f, rep_ms=200),
+                  "host_us": host_us_per_call(f)})
+    if vf is not None:
+        def vfb():
+            o = vf[0](qg, kg, vg, cu, cu, max_len, max_len, **vkw)
+            return torch.autograd.grad(o, (qg, kg, vg), do)
+        emit({"case": name, "dir": "fwd+bwd", "variant": "varlen_attn",
+              "ms": time_ms(vfb, rep_ms=200), "host_us": host_us_per_call(vfb)})
+    # kernel-by-kernel view of one fwd+bwd (GPU time per kernel, CPU time per op)
+    from torch.profiler import ProfilerActivity, profile
+
+    def fbd():
+        return torch.autograd.grad(ours(), (qg, kg, vg), do)
+    fbd()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            fbd()
+        torch.cuda.synchronize()
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25)
+    print(table, flush=True)
+    (out_dir / "jfa_window_profile.txt").write_text(table)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="gem_kernels.bench.jfa", description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="bench_results", help="folder for jfa.json")
@@ -385,10 +540,20 @@ def main(argv: list[str] | None = None) -> int:
                     help="time our kernels under several tile configs instead")
     ap.add_argument("--sweep-loads", default=",".join(LOAD_SWEEP),
                     help="load paths the sweep tries")
+    ap.add_argument("--tune", action="store_true",
+                    help="time tile configs x boundary modes on the open targets' cases and "
+                         "profile the windowed fwd+bwd, instead of the bench")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("jfa bench needs CUDA")
         return 1
+    if args.tune:
+        import json
+
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        res = tune(Path(args.out))
+        (Path(args.out) / "jfa_tune.json").write_text(json.dumps(res, indent=1))
+        return 0
     if args.sweep:
         import json
 

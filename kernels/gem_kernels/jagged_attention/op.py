@@ -29,6 +29,7 @@ from gem_kernels.jagged_attention.triton_fwd import (
 )
 
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
+DEFAULT_BOUNDARY = "trick"
 BOUNDARY_MODES = {"trick": BOUNDARY_TRICK, "trick_fused": BOUNDARY_TRICK_FUSED,
                   "where": BOUNDARY_WHERE, "mask_all": BOUNDARY_MASK_ALL}
 
@@ -146,9 +147,11 @@ def _window_args(window) -> tuple[bool, int, int]:
 
 
 def jfa_forward(q, k, v, offsets, *, causal, window, scale, sched: ScheduleCache,
-                config: FwdConfig | None = None, boundary: str = "trick",
+                config: FwdConfig | None = None, boundary: str | None = None,
                 use_tma=None):
-    """Returns (out, lse) with lse (H, T) fp32 base-2."""
+    """Returns (out, lse) with lse (H, T) fp32 base-2. ``boundary``: how the partial key tile
+    at a sequence end is handled without causal/window masks (BOUNDARY_MODES)."""
+    boundary = boundary or DEFAULT_BOUNDARY
     T, H, D = q.shape
     has_window, wl, wr = _window_args(window)
     cfg = config or default_fwd_config(D, causal, window)
