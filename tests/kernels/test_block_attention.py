@@ -160,6 +160,19 @@ def test_triton_interpreter_fwd_bwd(rope, causal) -> None:
 
 
 @interpreter
+def test_triton_interpreter_absolute_rope_tables() -> None:
+    """RopeTables take the absolute-position path (a table row per position in the sequence);
+    RopeConfig the block-relative one. Both match the reference, and each other."""
+    tables = build_rope_tables(256, 64, base=777.0)
+    rope = RopeTables(tables.cos, tables.sin)
+    _check_triton(LENGTHS, 2, 64, torch.float16, "cpu", rope, False, tol=3e-3, seed=2)
+    q, k, v, off = _inputs(LENGTHS, 2, 64, torch.float16, seed=3)
+    absolute = block_attention(q, k, v, off, rope=rope, kernel="triton")
+    relative = block_attention(q, k, v, off, rope=RopeConfig(777.0), kernel="triton")
+    assert _rel(relative, absolute) < 3e-3
+
+
+@interpreter
 def test_triton_interpreter_head_dim_128_strided_views() -> None:
     _check_triton([3, 66], 1, 128, torch.float16, "cpu", RopeConfig(), False, tol=3e-3,
                   strided=True)
@@ -189,6 +202,26 @@ def test_triton_gpu_fwd_bwd(dtype, dim, rope, causal) -> None:
     lengths = LENGTHS + lognormal_lengths(24, mean=300, max_len=4096, seed=3)
     _check_triton(lengths, 4, dim, dtype, "cuda", rope, causal,
                   tol=2e-2 if dtype == torch.bfloat16 else 4e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("hoist", [False, True])
+def test_triton_gpu_rope_paths(hoist) -> None:
+    """Block-relative RoPE (table hoisted into registers or read per tile) and absolute
+    RopeTables, bf16, long sequences (positions far past one block)."""
+    from gem_kernels.block_attention import autograd as ba
+
+    saved = ba.DEFAULT_META[128]
+    ba.DEFAULT_META[128] = ({**saved[0], "HOIST": hoist}, saved[1])
+    try:
+        lengths = [4096, 1000, 63, 65]
+        _check_triton(lengths, 4, 128, torch.bfloat16, "cuda", RopeConfig(), True, tol=2e-2)
+        t = build_rope_tables(4096, 128)
+        _check_triton(lengths, 4, 128, torch.bfloat16, "cuda", RopeTables(t.cos, t.sin), False,
+                      tol=2e-2)
+    finally:
+        ba.DEFAULT_META[128] = saved
 
 
 @pytest.mark.gpu

@@ -55,7 +55,12 @@ from gem_kernels.bench.common import (
     time_ms,
     write_json,
 )
-from gem_kernels.block_attention import RopeConfig, block_attention, build_rope_tables
+from gem_kernels.block_attention import (
+    RopeConfig,
+    RopeTables,
+    block_attention,
+    build_rope_tables,
+)
 from gem_kernels.testing import lognormal_lengths, offsets_from_lengths
 
 BLOCK = 64
@@ -182,6 +187,14 @@ def attn_ours(x: Inputs) -> Callable:
 
 def attn_ours_norope(x: Inputs) -> Callable:
     return lambda q, k, v: block_attention(q, k, v, x.offsets)
+
+
+def attn_ours_abs(x: Inputs) -> Callable:
+    """RoPE from precomputed RopeTables (bf16): the absolute-position path, one table tile per
+    work item read at the block's positions in its sequence."""
+    t = build_rope_tables(max(x.case.lengths), x.case.dim, ROPE.base, x.q.device)
+    rope = RopeTables(t.cos.to(DTYPE), t.sin.to(DTYPE))
+    return lambda q, k, v: block_attention(q, k, v, x.offsets, rope=rope)
 
 
 def attn_sdpa_blocks(x: Inputs, rope: bool = True) -> Callable:
@@ -360,14 +373,68 @@ def bench_layer(x: Inputs, attn: dict[str, Callable], rows: list[BenchRow], note
             traceback.print_exc()
 
 
+SWEEP_LAUNCH = [  # (CTAS, num_warps, num_stages)
+    (2, 4, 2), (2, 4, 3), (4, 4, 2), (1, 8, 1), (1, 8, 2), (2, 8, 2)]
+
+
+def sweep_forward(cases: list[Case], out: Path) -> None:
+    """Time the forward kernel under every launch setting and code variant (HOIST: block-relative
+    RoPE table held in registers; SPLIT_PV: P V in two column halves), per RoPE mode."""
+    from gem_kernels.block_attention import autograd as ba
+
+    ba.use_autotune(True)
+    rows: list[BenchRow] = []
+    for case in cases:
+        x = Inputs(case, torch.device("cuda"))
+        tok_bytes = x.total * case.heads * case.dim * 2
+        fl = block_flops(case.lengths, case.heads, case.dim)
+        modes = {"norope": (attn_ours_norope, False, False), "rel": (attn_ours, True, True),
+                 "abs": (attn_ours_abs, True, False)}
+        for mode, (make, rope, rel) in modes.items():
+            fn = make(x)
+            key = ("fwd", case.dim, case.heads, rope, rel, False, DTYPE)
+            for ctas, warps, stages in SWEEP_LAUNCH:
+                for hoist in ((False, True) if rel else (False,)):
+                    for split in (False, True):
+                        meta = {"CTAS": ctas, "num_warps": warps, "num_stages": stages,
+                                "HOIST": hoist, "SPLIT_PV": split}
+                        ba.TUNED[key] = meta
+                        name = (f"{mode}_c{ctas}w{warps}s{stages}" + ("_hoist" if hoist else "")
+                                + ("_split" if split else ""))
+                        try:
+                            ms = graph_ms(lambda fn=fn, x=x: fn(x.q, x.k, x.v))
+                        except Exception as e:  # noqa: BLE001 - out of resources and the like
+                            print(case.name, name, "failed:", type(e).__name__, str(e)[:120])
+                            continue
+                        rows.append(fill_rates(BenchRow(case.name, name, "fwd[graph]", ms), fl,
+                                               4 * tok_bytes))
+                        print(f"{case.name:28s} {name:32s} {ms * 1e3:8.1f} us  "
+                              f"hbm {rows[-1].frac_hbm:.3f}", flush=True)
+            ba.TUNED.pop(key, None)
+        write_json(rows, out / "block_attention_sweep.json", {"launch": SWEEP_LAUNCH})
+    for case in cases:
+        mine = [r for r in rows if r.case == case.name]
+        for mode in ("norope", "rel", "abs"):
+            best = min((r for r in mine if r.variant.startswith(mode + "_")),
+                       key=lambda r: r.ms, default=None)
+            if best is not None:
+                print(f"best {case.name} {mode}: {best.variant} {best.ms * 1e3:.1f} us "
+                      f"frac_hbm {best.frac_hbm:.3f}")
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default="bench_out", help="directory for block_attention.json")
     p.add_argument("--quick", action="store_true", help="small inputs, fewer cases")
     p.add_argument("--no-layer", action="store_true", help="skip the self-attention layer")
+    p.add_argument("--sweep", action="store_true",
+                   help="only time every forward launch setting and variant (no baselines)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("this benchmark needs a CUDA GPU")
+    if args.sweep:
+        sweep_forward(_cases(args.quick), Path(args.out))
+        return
     from gem_kernels.block_attention import autograd as ba_autograd
 
     dev = torch.device("cuda")
@@ -380,7 +447,7 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.out) / "block_attention.json"
 
     ba_autograd.use_autotune(True)
-    variants = {"ours": attn_ours, "ours_norope": attn_ours_norope,
+    variants = {"ours": attn_ours, "ours_norope": attn_ours_norope, "ours_abs": attn_ours_abs,
                 "sdpa_blocks": attn_sdpa_blocks, "sdpa_blocks_norope": attn_sdpa_blocks_norope,
                 "flex_blocks": attn_flex_blocks}
     if jfa is None:

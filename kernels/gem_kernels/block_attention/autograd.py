@@ -10,7 +10,7 @@ import torch
 import triton
 
 from gem_kernels.block_attention import triton_kernels as tk
-from gem_kernels.block_attention.rope import Rope, rope_tables_for
+from gem_kernels.block_attention.rope import Rope, RopeConfig, rope_tables_for
 
 _PLAN_MAX_BATCH = 16384  # the plan is one program over the whole batch up to this size
 _INTERPRET_META = {"CTAS": 1, "num_warps": 4}
@@ -26,9 +26,9 @@ DEFAULT_META = {
           {"CTAS": 2, "num_warps": 4, "num_stages": 1}),
 }
 TUNE_SPACE = {
-    "fwd": [{"CTAS": c, "num_warps": w, "num_stages": s}
+    "fwd": [{"CTAS": c, "num_warps": w, "num_stages": s, "HOIST": hoist}
             for c, w, s in ((2, 4, 3), (2, 4, 2), (4, 4, 2), (2, 4, 1), (4, 4, 1), (1, 8, 2),
-                            (2, 8, 2))],
+                            (2, 8, 2)) for hoist in (False, True)],
     "bwd": [{"CTAS": c, "num_warps": w, "num_stages": s}
             for c, w, s in ((2, 4, 1), (1, 4, 2), (2, 4, 2), (1, 8, 2), (2, 8, 1), (1, 8, 1),
                             (3, 4, 1))],
@@ -105,6 +105,8 @@ def _grid(max_items: int, device: torch.device):
 def _tune(kernel, grid, args: tuple, consts: dict, space: list[dict]) -> dict:  # noqa: ANN001
     from triton.testing import do_bench
 
+    if not (consts["ROPE"] and consts["REL"]):  # HOIST only matters for the one shared table
+        space = [m for m in space if not m.get("HOIST")]
     best, best_ms = None, float("inf")
     for meta in space:
         try:
@@ -123,12 +125,13 @@ def _tune(kernel, grid, args: tuple, consts: dict, space: list[dict]) -> dict:  
 def _launch(which: str, kernel, args: tuple, consts: dict, grid, heads: int,  # noqa: ANN001
             dtype: torch.dtype, autotune: bool) -> None:
     if _interpreting():
-        kernel[grid](*args, **consts, **_INTERPRET_META)
+        extra = {"HOIST": True} if which == "fwd" else {}  # the hoisted table path, tested
+        kernel[grid](*args, **consts, **_INTERPRET_META, **extra)
         return
     d = consts["D"]
     meta = DEFAULT_META[d][0 if which == "fwd" else 1]
     if autotune:
-        key = (which, d, heads, consts["ROPE"], consts["CAUSAL"], dtype)
+        key = (which, d, heads, consts["ROPE"], consts["REL"], consts["CAUSAL"], dtype)
         if key not in TUNED:
             TUNED[key] = _tune(kernel, grid, args, consts, TUNE_SPACE[which])
         meta = TUNED[key]
@@ -141,7 +144,7 @@ def _strides(x: torch.Tensor) -> tuple[int, int]:
 
 class _BlockAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, offsets, block, cos, sin, scale, causal):  # noqa: ANN001
+    def forward(ctx, q, k, v, offsets, block, cos, sin, rel, scale, causal):  # noqa: ANN001
         total, heads, dim = q.shape
         plan, nblk, max_blocks = cached_plan(offsets, total, block)
         o = torch.empty(total, heads, dim, dtype=q.dtype, device=q.device)
@@ -149,17 +152,17 @@ class _BlockAttention(torch.autograd.Function):
         args = (q, k, v, o, plan, nblk, cos if rope else q, sin if rope else q,
                 *_strides(q), *_strides(k), *_strides(v), *_strides(o), heads,
                 scale * tk.LOG2E)
-        consts = {"BLOCK": block, "D": dim, "ROPE": rope, "CAUSAL": causal}
+        consts = {"BLOCK": block, "D": dim, "ROPE": rope, "CAUSAL": causal, "REL": rel}
         _launch("fwd", tk.fwd_kernel, args, consts, _grid(max_blocks * heads, q.device), heads,
                 q.dtype, _AUTOTUNE)
         ctx.save_for_backward(q, k, v, plan, nblk, cos, sin)
-        ctx.meta = (block, scale, causal, max_blocks, _AUTOTUNE)
+        ctx.meta = (block, rel, scale, causal, max_blocks, _AUTOTUNE)
         return o
 
     @staticmethod
     def backward(ctx, do):  # noqa: ANN001
         q, k, v, plan, nblk, cos, sin = ctx.saved_tensors
-        block, scale, causal, max_blocks, autotune = ctx.meta
+        block, rel, scale, causal, max_blocks, autotune = ctx.meta
         total, heads, dim = q.shape
         if do.stride(-1) != 1:
             do = do.contiguous()
@@ -169,10 +172,10 @@ class _BlockAttention(torch.autograd.Function):
         args = (q, k, v, do, dq, dk, dv, plan, nblk, cos if rope else q, sin if rope else q,
                 *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dq), heads,
                 scale * tk.LOG2E, scale)
-        consts = {"BLOCK": block, "D": dim, "ROPE": rope, "CAUSAL": causal}
+        consts = {"BLOCK": block, "D": dim, "ROPE": rope, "CAUSAL": causal, "REL": rel}
         _launch("bwd", tk.bwd_kernel, args, consts, _grid(max_blocks * heads, q.device), heads,
                 q.dtype, autotune)
-        return dq, dk, dv, None, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None, None
 
 
 def block_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -186,7 +189,11 @@ def block_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if offsets.device != q.device or offsets.dtype != torch.int64 or not offsets.is_contiguous():
         offsets = offsets.to(device=q.device, dtype=torch.int64).contiguous()
     cos = sin = None
+    # RopeConfig: block-relative angles, one (block, d/2) table for every block (see
+    # triton_kernels). RopeTables: the user's rows at each token's position in its sequence.
+    rel = isinstance(rope, RopeConfig)
     if rope is not None:
-        tables = rope_tables_for(rope, total, dim, q.device, q.dtype)
+        tables = rope_tables_for(rope, block if rel else total, dim, q.device, q.dtype)
         cos, sin = tables.cos, tables.sin
-    return _BlockAttention.apply(q, k, v, offsets, block, cos, sin, float(scale), bool(causal))
+    return _BlockAttention.apply(q, k, v, offsets, block, cos, sin, rel, float(scale),
+                                 bool(causal))

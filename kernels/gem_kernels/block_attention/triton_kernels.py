@@ -14,7 +14,17 @@ small and the table traffic low); the backward applies the inverse rotation to t
 fp32 dq and dk accumulators just before the store. q and k are handled as two halves of
 head_dim/2 columns each, so the rotation is elementwise and the score is the sum of two
 half-width dots. With num_stages >= 2 Triton pipelines the persistent loop: the next work
-item's tiles are copied into shared memory while the current one is computed.
+item's tiles are loaded while the current one is computed.
+
+Block-relative RoPE (``REL``): a RoPE score depends only on the distance between query and key,
+R(p)q . R(p')k = q . R(p' - p)k, and both always lie in the same block, so rotating by the slot
+within the block (p - block start) gives the same scores as rotating by the position in the
+sequence, up to rounding (smaller angles round less). Then one (BLOCK, D/2) table serves every
+block: it stays in L1 (or, with ``HOIST``, in registers for the whole persistent loop) instead
+of one table tile per work item streaming through L2. Used for RopeConfig; RopeTables
+(arbitrary user tables, which need not be linear in the position) keep the absolute path.
+The backward's inverse rotation uses the same angles as its forward, so gradients are exact
+for the function the forward computed.
 """
 
 from __future__ import annotations
@@ -51,6 +61,22 @@ def _rotate(x1, x2, c, s):
 
 
 @triton.jit
+def _rope_tile(COS, SIN, PLAN, blk, rows, cols, rmask, HALF: tl.constexpr, REL: tl.constexpr):
+    """cos/sin (BLOCK, D/2) for one block: rows 0..BLOCK-1 of the table when block-relative,
+    else the rows of the block's positions in the sequence."""
+    if REL:
+        t = rows[:, None] * HALF + cols[None, :]
+        c = tl.load(COS + t)
+        s = tl.load(SIN + t)
+    else:
+        pos0 = tl.load(PLAN + blk * 3 + 2)
+        t = (pos0 + rows)[:, None] * HALF + cols[None, :]
+        c = tl.load(COS + t, mask=rmask[:, None], other=0.0, eviction_policy="evict_last")
+        s = tl.load(SIN + t, mask=rmask[:, None], other=0.0, eviction_policy="evict_last")
+    return c, s
+
+
+@triton.jit
 def _load_tile_halves(X, row_off, h_off, cols, rmask, HALF: tl.constexpr):
     p = X + row_off[:, None] + h_off + cols[None, :]
     x1 = tl.load(p, mask=rmask[:, None], other=0.0)
@@ -78,7 +104,8 @@ def fwd_kernel(Q, K, V, Out, PLAN, NBLK, COS, SIN,
                sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, so_t, so_h,
                H, qk_scale,
                BLOCK: tl.constexpr, D: tl.constexpr, ROPE: tl.constexpr,
-               CAUSAL: tl.constexpr, CTAS: tl.constexpr):
+               CAUSAL: tl.constexpr, CTAS: tl.constexpr, REL: tl.constexpr = False,
+               HOIST: tl.constexpr = False, SPLIT_PV: tl.constexpr = False):
     HALF: tl.constexpr = D // 2
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -92,6 +119,9 @@ def fwd_kernel(Q, K, V, Out, PLAN, NBLK, COS, SIN,
     cols = tl.arange(0, HALF)
     dcols = tl.arange(0, D)
     dtype = Q.dtype.element_ty
+    if ROPE and REL and HOIST:  # one table for every block: load it once per program
+        c0 = tl.load(COS + rows[:, None] * HALF + cols[None, :])
+        s0 = tl.load(SIN + rows[:, None] * HALF + cols[None, :])
     for w in range(first, last):
         blk = w // H
         h = w % H
@@ -101,19 +131,27 @@ def fwd_kernel(Q, K, V, Out, PLAN, NBLK, COS, SIN,
         rmask = rows < length
         q1, q2 = _load_tile_halves(Q, tok * sq_t, h * sq_h, cols, rmask, HALF)
         k1, k2 = _load_tile_halves(K, tok * sk_t, h * sk_h, cols, rmask, HALF)
-        v = tl.load(V + (tok * sv_t)[:, None] + h * sv_h + dcols[None, :],
-                    mask=rmask[:, None], other=0.0)
+        if not SPLIT_PV:
+            v = tl.load(V + (tok * sv_t)[:, None] + h * sv_h + dcols[None, :],
+                        mask=rmask[:, None], other=0.0)
         if ROPE:
-            pos0 = tl.load(PLAN + blk * 3 + 2)
-            t = (pos0 + rows)[:, None] * HALF + cols[None, :]
-            c = tl.load(COS + t, mask=rmask[:, None], other=0.0, eviction_policy="evict_last")
-            sn = tl.load(SIN + t, mask=rmask[:, None], other=0.0, eviction_policy="evict_last")
+            if REL and HOIST:
+                c, sn = c0, s0
+            else:
+                c, sn = _rope_tile(COS, SIN, PLAN, blk, rows, cols, rmask, HALF, REL)
             q1, q2 = _rotate(q1, q2, c, sn)
             k1, k2 = _rotate(k1, k2, c, sn)
-        p = _scores_to_probs(q1, q2, k1, k2, rows, length, qk_scale, CAUSAL)
-        o = tl.dot(p.to(dtype), v)
-        tl.store(Out + (tok * so_t)[:, None] + h * so_h + dcols[None, :], o.to(dtype),
-                 mask=rmask[:, None])
+        p = _scores_to_probs(q1, q2, k1, k2, rows, length, qk_scale, CAUSAL).to(dtype)
+        if SPLIT_PV:
+            # P V in two column halves, each stored at once: half the output accumulator live
+            v1, v2 = _load_tile_halves(V, tok * sv_t, h * sv_h, cols, rmask, HALF)
+            o_ptr = Out + (tok * so_t)[:, None] + h * so_h + cols[None, :]
+            tl.store(o_ptr, tl.dot(p, v1).to(dtype), mask=rmask[:, None])
+            tl.store(o_ptr + HALF, tl.dot(p, v2).to(dtype), mask=rmask[:, None])
+        else:
+            o = tl.dot(p, v)
+            tl.store(Out + (tok * so_t)[:, None] + h * so_h + dcols[None, :], o.to(dtype),
+                     mask=rmask[:, None])
 
 
 @triton.jit
@@ -121,7 +159,7 @@ def bwd_kernel(Q, K, V, DO, DQ, DK, DV, PLAN, NBLK, COS, SIN,
                sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sdo_t, sdo_h, sg_t, sg_h,
                H, qk_scale, sm_scale,
                BLOCK: tl.constexpr, D: tl.constexpr, ROPE: tl.constexpr,
-               CAUSAL: tl.constexpr, CTAS: tl.constexpr):
+               CAUSAL: tl.constexpr, CTAS: tl.constexpr, REL: tl.constexpr = False):
     """dq, dk, dv share one layout (sg_t, sg_h); dq and dk leave rotated back by RoPE^T."""
     HALF: tl.constexpr = D // 2
     pid = tl.program_id(0)
@@ -150,10 +188,7 @@ def bwd_kernel(Q, K, V, DO, DQ, DK, DV, PLAN, NBLK, COS, SIN,
         do = tl.load(DO + (tok * sdo_t)[:, None] + h * sdo_h + dcols[None, :],
                      mask=rmask[:, None], other=0.0)
         if ROPE:
-            pos0 = tl.load(PLAN + blk * 3 + 2)
-            t = (pos0 + rows)[:, None] * HALF + cols[None, :]
-            c = tl.load(COS + t, mask=rmask[:, None], other=0.0, eviction_policy="evict_last")
-            sn = tl.load(SIN + t, mask=rmask[:, None], other=0.0, eviction_policy="evict_last")
+            c, sn = _rope_tile(COS, SIN, PLAN, blk, rows, cols, rmask, HALF, REL)
             q1, q2 = _rotate(q1, q2, c, sn)
             k1, k2 = _rotate(k1, k2, c, sn)
         p = _scores_to_probs(q1, q2, k1, k2, rows, length, qk_scale, CAUSAL)
@@ -170,12 +205,10 @@ def bwd_kernel(Q, K, V, DO, DQ, DK, DV, PLAN, NBLK, COS, SIN,
         dq1 = tl.dot(ds, k1)
         dq2 = tl.dot(ds, k2)
         if ROPE:
-            # Inverse rotation (RoPE^T, angle -> -angle); tables re-read (L1/L2) rather than
-            # kept live through the whole tile.
-            cf = tl.load(COS + t, mask=rmask[:, None], other=0.0,
-                         eviction_policy="evict_last").to(tl.float32)
-            sf = tl.load(SIN + t, mask=rmask[:, None], other=0.0,
-                         eviction_policy="evict_last").to(tl.float32)
+            # Inverse rotation (RoPE^T, angle -> -angle) with the same angles as the forward;
+            # tables re-read (L1/L2) rather than kept live through the whole tile.
+            cf, sf = _rope_tile(COS, SIN, PLAN, blk, rows, cols, rmask, HALF, REL)
+            cf, sf = cf.to(tl.float32), sf.to(tl.float32)
             dq1, dq2 = _rotate(dq1, dq2, cf, -sf)
         tl.store(DQ + g + cols[None, :], dq1.to(dtype), mask=gm)
         tl.store(DQ + g + HALF + cols[None, :], dq2.to(dtype), mask=gm)
