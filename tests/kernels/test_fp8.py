@@ -26,6 +26,7 @@ from gem_kernels.fp8 import (  # noqa: E402
     hadamard_for,
     hadamard_matrix,
     quantize,
+    quantize_dual,
     quantize_reference,
     quantize_weight,
     rmsnorm_quantize,
@@ -80,6 +81,21 @@ def test_quantize_matches_reference_and_error_bound(block):
     bound = torch.maximum(xf.abs() * E4M3_HALF_ULP, s * 2.0**-10)
     assert ((d - xf).abs() <= bound * (1 + 1e-6)).all()
     assert _rel(d, xf) < 0.03
+
+
+@pytest.mark.parametrize("shape", [(256, 128), (200, 300)])
+def test_quantize_dual_equals_two_quantizations(shape):
+    """One read, both layouts: x in 1x128 blocks and x^T in 1x128 blocks (along x's rows),
+    byte-identical to quantizing x and x.t() separately; partial tiles included."""
+    x = _outliers(*shape, seed=21, device=DEV)
+    q, qt = quantize_dual(x, kernel="triton")
+    for got, want in ((q, quantize_reference(x, (1, 128))),
+                      (qt, quantize_reference(x.t(), (1, 128)))):
+        assert got.block == (1, 128) and got.data.shape == want.data.shape
+        assert torch.equal(_bytes(got), _bytes(want)) and torch.equal(got.scale, want.scale)
+        assert got.scale.stride(0) == 1  # column-major scales: cuBLAS blockwise layout
+    sq, sqt = quantize_dual(x, stochastic=True, seed=3, kernel="triton")
+    assert _rel(dequantize_reference(sqt).t(), dequantize_reference(sq)) < 0.1
 
 
 def test_zero_and_tiny_blocks_do_not_break():
@@ -173,10 +189,12 @@ def test_gemm_matches_dequantized_reference():
 CFGS = [Fp8Config(block=32), Fp8Config(block=32, hadamard=True, hadamard_block=32),
         Fp8Config(block=32, stochastic_rounding=True, wgrad="fp8"),
         Fp8Config(block=128, hadamard=True, hadamard_block=64),
-        Fp8Config(block=128, stochastic_rounding=True, wgrad="fp8")]
+        Fp8Config(block=128, stochastic_rounding=True, wgrad="fp8"),
+        Fp8Config(block=128, wgrad="fp8")]
 
 
-@pytest.mark.parametrize("cfg", CFGS, ids=lambda c: f"b{c.block}h{int(c.hadamard)}{c.wgrad}")
+@pytest.mark.parametrize("cfg", CFGS, ids=lambda c: f"b{c.block}h{int(c.hadamard)}{c.wgrad}"
+                         f"{'sr' if c.stochastic_rounding else ''}")
 @pytest.mark.parametrize("kernel", ["triton", "pytorch"])
 def test_linear_gradients_close_to_bf16(cfg, kernel):
     torch.manual_seed(0)
@@ -286,7 +304,8 @@ def test_gpu_gemm_matches_reference():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
-@pytest.mark.parametrize("cfg", CFGS, ids=lambda c: f"b{c.block}h{int(c.hadamard)}{c.wgrad}")
+@pytest.mark.parametrize("cfg", CFGS, ids=lambda c: f"b{c.block}h{int(c.hadamard)}{c.wgrad}"
+                         f"{'sr' if c.stochastic_rounding else ''}")
 def test_gpu_linear_close_to_fp32(cfg):
     ey, edx, edw = _gpu_case(4096, 1024, 512, cfg)
     assert ey < 0.06 and edx < 0.08 and edw < (0.08 if cfg.wgrad == "fp8" else 0.02)

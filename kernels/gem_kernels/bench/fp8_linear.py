@@ -8,6 +8,12 @@ Same run, same inputs, per shape (tokens x in -> out):
   (block 32: Triton quantizer + Triton GEMM; block 128: Triton quantizer + cuBLAS blockwise);
   bf16 weight gradient. ``_w8``: FP8 weight gradient too. ``_had``: Hadamard block 128.
 - ``gemm_b32`` / ``gemm_b128``: our forward GEMM alone (operands pre-quantized).
+- ``gemm_b128_dgrad`` / ``gemm_b128_wgrad`` / ``gemm_bf16_dgrad`` / ``gemm_bf16_wgrad``: the
+  backward's two GEMMs alone (operands pre-quantized), so the best backward ratio the 128 route
+  can reach, bf16 (dgrad + wgrad) / FP8 (dgrad + wgrad), is read off the same run.
+- ``quant_dual``: one read, two FP8 layouts (rows and tokens), HBM bytes 2 + 1 + 1 per element.
+- ``norm_*`` (two shapes): RMSNorm + linear, bf16 vs RMSNorm then Fp8BlockLinear (unfused) vs
+  Fp8RMSNormLinear (quantization fused into the norm); backward = dx, dnorm_weight, dW.
 - ``quant_*``: the quantization kernel alone; HBM bytes = 2 (read bf16) + 1 (write fp8) per
   element plus scales; fraction of the measured copy ceiling.
 Useful TFLOP/s count 2MKN per forward and 4MKN per backward for every variant.
@@ -54,8 +60,14 @@ def _rowwise_fp8(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _case_rows(m: int, k: int, n: int, rep_ms: float, errors: dict) -> list[BenchRow]:
-    from gem_kernels.fp8 import Fp8BlockLinear, Fp8Config, gemm, quantize
-    from gem_kernels.fp8.linear import _scaled_mm_blockwise, hadamard_for
+    from gem_kernels.dispatch import Kernel
+    from gem_kernels.fp8 import Fp8BlockLinear, Fp8Config, gemm, quantize, quantize_dual
+    from gem_kernels.fp8.linear import (
+        _k_contiguous,
+        _scaled_mm_blockwise,
+        fp8_matmul,
+        hadamard_for,
+    )
 
     dev = "cuda"
     case = f"{m}x{k}->{n}"
@@ -100,7 +112,7 @@ def _case_rows(m: int, k: int, n: int, rep_ms: float, errors: dict) -> list[Benc
     add("rowwise_gemm", "bwd", rowwise_bwd, f_bwd)
 
     for block, hadamard, wgrad in ((32, False, "bf16"), (128, False, "bf16"),
-                                   (128, False, "fp8"), (32, True, "bf16")):
+                                   (128, False, "fp8"), (32, False, "fp8"), (32, True, "bf16")):
         name = f"fp8_b{block}" + ("_had" if hadamard else "") + ("_w8" if wgrad == "fp8" else "")
         if hadamard and (m, k, n) not in ((65536, 2048, 2048), (16384, 1024, 1024)):
             continue
@@ -120,6 +132,16 @@ def _case_rows(m: int, k: int, n: int, rep_ms: float, errors: dict) -> list[Benc
     add("gemm_b32", "fwd", lambda: gemm(a32, w32.t()), f_fwd)
     a128, w128 = quantize(x, (1, 128)), quantize(w, (128, 128))
     add("gemm_b128", "fwd", lambda: _scaled_mm_blockwise(a128, w128.t(), torch.bfloat16), f_fwd)
+    # the backward's parts on the 128 route: what an FP8 weight gradient can save at best
+    g128, gt128 = quantize_dual(gy)
+    _, xt128 = quantize_dual(x)
+    wk = _k_contiguous(quantize(w, (128, 128)))
+    add("gemm_b128_dgrad", "bwd", lambda: fp8_matmul(g128, wk, torch.bfloat16,
+                                                     Kernel.TRITON), f_fwd)
+    add("gemm_b128_wgrad", "bwd", lambda: fp8_matmul(gt128, xt128.t(), torch.float32,
+                                                     Kernel.TRITON), f_fwd)
+    add("gemm_bf16_wgrad", "bwd", lambda: gy.t() @ x, f_fwd, peak=H200_BF16_TFLOPS)
+    add("gemm_bf16_dgrad", "bwd", lambda: gy @ w, f_fwd, peak=H200_BF16_TFLOPS)
     elems = m * k
     for label, block, had, sr in (("quant_32", (32, 32), False, False),
                                   ("quant_1x128", (1, 128), False, False),
@@ -130,6 +152,51 @@ def _case_rows(m: int, k: int, n: int, rep_ms: float, errors: dict) -> list[Benc
         add(label, "fwd", lambda block=block, q=q, sr=sr: quantize(x, block, hadamard=q,
                                                                    stochastic=sr, seed=1),
             nbytes=3.0 * elems + scales)
+    scales = 2 * elems / 128 * 4
+    add("quant_dual", "fwd", lambda: quantize_dual(x), nbytes=4.0 * elems + scales)
+    add("quant_dual_sr", "fwd", lambda: quantize_dual(x, stochastic=True, seed=1),
+        nbytes=4.0 * elems + scales)
+    if (m, k, n) in NORM_CASES:
+        rows += _norm_rows(case, x, gy, lin, rep_ms, errors, f_fwd, f_bwd)
+    return rows
+
+
+NORM_CASES = [(65536, 2048, 2048), (16384, 4096, 4096)]
+
+
+def _norm_rows(case: str, x: torch.Tensor, gy: torch.Tensor, lin: torch.nn.Linear,
+               rep_ms: float, errors: dict, f_fwd: float, f_bwd: float) -> list[BenchRow]:
+    """RMSNorm then the linear layer: bf16, unfused (nn.RMSNorm + Fp8BlockLinear) and fused
+    (Fp8RMSNormLinear: the norm writes FP8 directly), forward and backward (dx, dnorm, dW)."""
+    from gem_kernels.fp8 import Fp8BlockLinear, Fp8Config, Fp8RMSNormLinear
+
+    k = x.shape[1]
+    norm = torch.nn.RMSNorm(k, eps=1e-6, device=x.device, dtype=x.dtype)
+    rows: list[BenchRow] = []
+    for block, wgrad in ((128, "bf16"), (128, "fp8")):
+        cfg = Fp8Config(block=block, wgrad=wgrad)
+        tag = f"_b{block}" + ("_w8" if wgrad == "fp8" else "")
+        fp8 = Fp8BlockLinear.from_linear(lin, cfg)
+        variants = {"norm_bf16": lambda t: lin(norm(t)),
+                    "norm_unfused" + tag: lambda t, fp8=fp8: fp8(norm(t)),
+                    "norm_fused" + tag: Fp8RMSNormLinear.from_modules(norm, lin, cfg)}
+        if wgrad == "fp8":
+            variants.pop("norm_bf16")
+        for name, fn in variants.items():
+            try:
+                ms = time_ms(lambda fn=fn: fn(x), warmup_ms=25, rep_ms=rep_ms)
+                rows.append(fill_rates(BenchRow(case, name, "fwd", ms), f_fwd,
+                                       peak_tflops=H200_FP8_TFLOPS))
+                xr = x.detach().requires_grad_()
+                y = fn(xr)
+                params = (xr, norm.weight, lin.weight)
+                ms = time_ms(lambda y=y, params=params: torch.autograd.grad(
+                    y, params, gy, retain_graph=True), warmup_ms=25, rep_ms=rep_ms)
+                rows.append(fill_rates(BenchRow(case, name, "bwd", ms), f_bwd,
+                                       peak_tflops=H200_FP8_TFLOPS))
+            except Exception as e:  # noqa: BLE001 - reported, not fatal
+                errors[f"{case}/{name}"] = f"{type(e).__name__}: {e}"[:400]
+                traceback.print_exc()
     return rows
 
 
@@ -151,9 +218,12 @@ def main(argv: list[str] | None = None) -> list[BenchRow]:
     for m, k, n in cases:
         rows += _case_rows(m, k, n, rep, errors)
         torch.cuda.empty_cache()
-        for ours in ("fp8_b32", "fp8_b128", "fp8_b128_w8", "fp8_b32_had", "rowwise_gemm",
-                     "gemm_b32", "gemm_b128"):
+        for ours in ("fp8_b32", "fp8_b128", "fp8_b128_w8", "fp8_b32_w8", "fp8_b32_had",
+                     "rowwise_gemm", "gemm_b32", "gemm_b128"):
             add_ratios(rows, ours, "bf16")
+        for ours in ("norm_unfused_b128", "norm_fused_b128", "norm_unfused_b128_w8",
+                     "norm_fused_b128_w8"):
+            add_ratios(rows, ours, "norm_bf16")
         path = write_json(rows, f"{args.out}/fp8_linear.json", meta)  # partial results survive
     print_table(rows, "FP8 block-scaled linear on " + torch.cuda.get_device_name())
     if errors:

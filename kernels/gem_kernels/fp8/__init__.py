@@ -14,7 +14,7 @@ from gem_kernels.fp8.linear import (
     quantize_weight,
 )
 from gem_kernels.fp8.norm_linear import Fp8RMSNormLinear
-from gem_kernels.fp8.quantize import quantize, rmsnorm_quantize
+from gem_kernels.fp8.quantize import quantize, quantize_dual, rmsnorm_quantize
 from gem_kernels.fp8.reference import (
     FP8_DTYPE,
     BlockFp8,
@@ -30,6 +30,7 @@ from gem_kernels.fp8.tensor import Fp8BlockWeight
 __all__ = [
     "FP8_DTYPE", "BlockFp8", "Fp8BlockLinear", "Fp8BlockWeight", "Fp8Config", "Fp8RMSNormLinear",
     "apply_hadamard", "dequantize_reference", "fp8_block_linear", "gemm", "gemm_reference",
-    "hadamard_for", "hadamard_matrix", "quantize", "quantize_reference", "quantize_weight",
+    "hadamard_for", "hadamard_matrix", "quantize", "quantize_dual", "quantize_reference",
+    "quantize_weight",
     "rmsnorm_quantize", "rmsnorm_quantize_reference",
 ]

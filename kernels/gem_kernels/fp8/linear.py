@@ -10,8 +10,10 @@ Two routes (``block``):
 
 Weight gradient: bf16 by default (GEM keeps it out of low precision). ``wgrad='fp8'``: block 32
 computes it from the same 32x32 FP8 gradient and activation (and then the layer saves only the
-FP8 activation for the backward: half the bytes of bf16); block 128 quantizes the transposed
-gradient and activation in 1x128 blocks along tokens (one more pass over each) and runs cuBLAS.
+FP8 activation for the backward: half the bytes of bf16); block 128 needs the gradient and the
+activation in 1x128 blocks along tokens too: when tokens % 128 == 0 each is quantized once into
+both layouts in one pass (``quantize_dual``; the layer then saves the FP8 x^T, not bf16 x),
+otherwise (or for the Hadamard-rotated activation) transposed copies are quantized separately.
 
 Hadamard: the same random orthogonal Q rotates the reduction dimension (in_features) of the
 activation and of the weight, so (X Q)(W Q)^T = X W^T. The input gradient then comes out
@@ -34,7 +36,7 @@ from torch import nn
 
 from gem_kernels.dispatch import Kernel, resolve_kernel
 from gem_kernels.fp8.gemm import gemm
-from gem_kernels.fp8.quantize import quantize
+from gem_kernels.fp8.quantize import quantize, quantize_dual
 from gem_kernels.fp8.reference import BlockFp8, apply_hadamard, gemm_reference, hadamard_matrix
 from gem_kernels.fp8.tensor import Fp8BlockWeight
 
@@ -157,30 +159,44 @@ def input_grad(gq: BlockFp8, wq: BlockFp8, q: torch.Tensor | None, dtype: torch.
 
 def weight_grad(grad: torch.Tensor, gq: BlockFp8, x: torch.Tensor | None,
                 xq: BlockFp8 | None, cfg: Fp8Config, kernel: Kernel,
-                q: torch.Tensor | None) -> torch.Tensor:
+                q: torch.Tensor | None, gt: BlockFp8 | None = None,
+                xt: BlockFp8 | None = None) -> torch.Tensor:
     """dW = dY^T X: bf16 from ``x``, or FP8 per ``cfg.wgrad`` (block 32 from the saved 32x32
-    ``xq``; block 128 from 1x128 quantizations along tokens when tokens % 128 == 0)."""
+    ``xq``; block 128 from 1x128 quantizations along tokens when tokens % 128 == 0: ``gt`` and
+    ``xt`` when the caller has them from a dual quantization, else quantized here)."""
     if cfg.wgrad == "fp8" and cfg.block == 32 and xq is not None:
         gt = gq.t()
         gt = BlockFp8(gt.data.contiguous(), gt.scale, gt.block)
         dw = fp8_matmul(gt, _k_contiguous(xq), torch.float32, kernel)
         return apply_hadamard(dw, q.t()) if q is not None else dw
-    if x is None:
+    if x is None and xt is None:
         raise ValueError("weight_grad needs the activation for this configuration")
     if cfg.wgrad == "fp8" and cfg.block == 128 and grad.shape[0] % 128 == 0:
         # 1x128 blocks along the token dimension for both operands (unrotated: the reduction
-        # here is over tokens), quantized from transposed views
-        gt = quantize(grad.t(), (1, 128), stochastic=cfg.stochastic_rounding, kernel=kernel,
-                      scale_col_major=True)
-        xt = quantize(x.t(), (1, 128), kernel=kernel, scale_col_major=True)
+        # here is over tokens), quantized from transposed views unless already given
+        if gt is None:
+            gt = quantize(grad.t(), (1, 128), stochastic=cfg.stochastic_rounding,
+                          kernel=kernel, scale_col_major=True)
+        if xt is None:
+            xt = quantize(x.t(), (1, 128), kernel=kernel, scale_col_major=True)
         return fp8_matmul(gt, xt.t(), torch.float32, kernel)
     return grad.t().to(x.dtype) @ x
 
 
-def grad_quantize(grad: torch.Tensor, cfg: Fp8Config, kernel: Kernel) -> BlockFp8:
-    """The output gradient in activation blocks (stochastic rounding if configured)."""
+def dual_route(cfg: Fp8Config, tokens: int) -> bool:
+    """Whether the 128 route with an FP8 weight gradient quantizes each operand once into both
+    layouts (rows for the forward/dgrad GEMM, tokens for the wgrad GEMM) in one pass."""
+    return cfg.block == 128 and cfg.wgrad == "fp8" and tokens % 128 == 0
+
+
+def grad_quantize(grad: torch.Tensor, cfg: Fp8Config, kernel: Kernel
+                  ) -> tuple[BlockFp8, BlockFp8 | None]:
+    """The output gradient in activation blocks (stochastic rounding if configured), and on
+    the dual route its transpose in 1x128 blocks along tokens from the same read."""
+    if dual_route(cfg, grad.shape[0]):
+        return quantize_dual(grad, stochastic=cfg.stochastic_rounding, kernel=kernel)
     return quantize(grad, cfg.act_block, stochastic=cfg.stochastic_rounding, kernel=kernel,
-                    scale_col_major=cfg.block == 128)
+                    scale_col_major=cfg.block == 128), None
 
 
 def layer_weight(weight: torch.Tensor, cfg: Fp8Config, kernel: Kernel) -> BlockFp8:
@@ -198,16 +214,25 @@ class _Fp8LinearFn(torch.autograd.Function):
                 cfg: Fp8Config, kernel: Kernel) -> torch.Tensor:
         wq = layer_weight(weight, cfg, kernel)
         q = hadamard_for(cfg, x.device)
-        xq = quantize(x, cfg.act_block, hadamard=q, kernel=kernel,
-                      scale_col_major=cfg.block == 128)
+        xt = None
+        if q is None and dual_route(cfg, x.shape[0]):  # x^T along tokens for the wgrad too
+            xq, xt = quantize_dual(x, kernel=kernel)
+        else:
+            xq = quantize(x, cfg.act_block, hadamard=q, kernel=kernel,
+                          scale_col_major=cfg.block == 128)
         y = fp8_matmul(xq, wq.t(), x.dtype, kernel)
         if bias is not None:
             y = y + bias.to(y.dtype)
         ctx.cfg, ctx.kernel, ctx.has_bias = cfg, kernel, bias is not None
         ctx.w_dtype = weight.dtype
-        ctx.fp8_act = cfg.wgrad == "fp8" and cfg.block == 32  # only the FP8 activation is kept
+        # Only an FP8 activation is kept where the weight gradient is FP8 and has it: block 32
+        # (the same 32x32 bytes read transposed) or the dual route (x^T in 1x128 blocks).
+        ctx.fp8_act = cfg.wgrad == "fp8" and cfg.block == 32
+        ctx.xt_saved = xt is not None
         if ctx.fp8_act:
             ctx.save_for_backward(wq.data, wq.scale, xq.data, xq.scale)
+        elif ctx.xt_saved:
+            ctx.save_for_backward(wq.data, wq.scale, xt.data, xt.scale)
         else:
             ctx.save_for_backward(wq.data, wq.scale, x)
         return y
@@ -220,14 +245,15 @@ class _Fp8LinearFn(torch.autograd.Function):
         wq = BlockFp8(saved[0], saved[1], cfg.weight_block)
         grad = grad.contiguous()
         q = hadamard_for(cfg, grad.device)
-        gq = grad_quantize(grad, cfg, kernel)
+        gq, gt = grad_quantize(grad, cfg, kernel)
         dx = dw = db = None
         if ctx.needs_input_grad[0]:
             dx = input_grad(gq, wq, q, grad.dtype, kernel)
         if ctx.needs_input_grad[1]:
             xq = BlockFp8(saved[2], saved[3], cfg.act_block) if ctx.fp8_act else None
-            x = None if ctx.fp8_act else saved[2]
-            dw = weight_grad(grad, gq, x, xq, cfg, kernel, q).to(ctx.w_dtype)
+            xt = BlockFp8(saved[2], saved[3], (1, 128)) if ctx.xt_saved else None
+            x = None if ctx.fp8_act or ctx.xt_saved else saved[2]
+            dw = weight_grad(grad, gq, x, xq, cfg, kernel, q, gt=gt, xt=xt).to(ctx.w_dtype)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = grad.sum(0)
         return dx, dw, db, None, None

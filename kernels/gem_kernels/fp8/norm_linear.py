@@ -50,7 +50,7 @@ class _NormLinearFn(torch.autograd.Function):
         x, rstd, norm_w, wd, ws, xd, xs = ctx.saved_tensors
         grad = grad.contiguous()
         q = hadamard_for(cfg, grad.device)
-        gq = grad_quantize(grad, cfg, kernel)
+        gq, gt = grad_quantize(grad, cfg, kernel)
         xhat = x.float() * rstd[:, None]
         dx = dnw = dw = db = None
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
@@ -63,7 +63,12 @@ class _NormLinearFn(torch.autograd.Function):
         if ctx.needs_input_grad[2]:
             normed = (xhat * norm_w.float()).to(x.dtype)
             xq = BlockFp8(xd, xs, cfg.act_block) if cfg.block == 32 else None
-            dw = weight_grad(grad, gq, normed, xq, cfg, kernel, q).to(ctx.w_dtype)
+            xt = None
+            if gt is not None and q is None:  # the normalized activation along tokens
+                from gem_kernels.fp8.quantize import quantize_dual
+
+                xt = quantize_dual(normed, kernel=kernel)[1]
+            dw = weight_grad(grad, gq, normed, xq, cfg, kernel, q, gt=gt, xt=xt).to(ctx.w_dtype)
         if ctx.has_bias and ctx.needs_input_grad[3]:
             db = grad.sum(0)
         return dx, dnw, dw, db, None, None, None

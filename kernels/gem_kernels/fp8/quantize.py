@@ -135,6 +135,56 @@ def _rmsnorm_quantize_kernel(x_ptr, w_ptr, q_ptr, s_ptr, rstd_ptr, h_ptr, R, C, 
                         stride_sc, 0, BR, BC, TR, TC, False)
 
 
+@triton.jit
+def _quantize_dual_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, R, C, stride_xr, stride_xc,
+                          stride_sr, stride_sc, stride_str, stride_stc, seed,
+                          STOCHASTIC: tl.constexpr):
+    """One read of a 128 x 128 tile, two FP8 outputs: x in 1x128 blocks along rows, and x^T
+    (written row-major) in 1x128 blocks along x's rows, i.e. the operand of a product that
+    reduces over x's rows (the weight gradient dW = dY^T X reduces over tokens)."""
+    T: tl.constexpr = 128
+    pid_r = tl.program_id(0)
+    pid_c = tl.program_id(1)
+    rows = pid_r * T + tl.arange(0, T)
+    cols = pid_c * T + tl.arange(0, T)
+    mask = (rows[:, None] < R) & (cols[None, :] < C)
+    xf = tl.load(x_ptr + rows[:, None].to(tl.int64) * stride_xr + cols[None, :] * stride_xc,
+                 mask=mask, other=0.0).to(tl.float32)
+    _quantize_store(xf, rows, cols, pid_r, pid_c, q_ptr, s_ptr, R, C, stride_sr, stride_sc,
+                    seed, 1, T, T, T, STOCHASTIC)
+    _quantize_store(tl.trans(xf), cols, rows, pid_c, pid_r, qt_ptr, st_ptr, C, R, stride_str,
+                    stride_stc, seed + 1, 1, T, T, T, STOCHASTIC)
+
+
+def quantize_dual(x: torch.Tensor, *, stochastic: bool = False, seed: int | None = None,
+                  kernel: Kernel | str | None = None) -> tuple[BlockFp8, BlockFp8]:
+    """x (R x C) quantized twice in one pass: (x in 1x128 blocks, x^T in 1x128 blocks), both
+    with column-major scales (cuBLAS blockwise layout). Equals ``quantize(x, (1, 128))`` and
+    ``quantize(x.t(), (1, 128))`` (stochastic streams aside) at one read of x instead of two."""
+    if x.dim() != 2:
+        raise ValueError(f"quantize_dual expects a 2-D tensor; got shape {tuple(x.shape)}")
+    if seed is None and stochastic:
+        seed = int(torch.randint(0, 2**31 - 2, (1,)).item())
+    which = resolve_kernel(kernel, x)
+    if which is Kernel.PYTORCH:
+        out = []
+        for i, t in enumerate((x, x.t())):
+            g = (torch.Generator(device=x.device).manual_seed(int(seed) + i) if stochastic
+                 else None)
+            out.append(quantize_reference(t, (1, 128), stochastic=stochastic, generator=g))
+        return out[0], out[1]
+    r, c = x.shape
+    q = torch.empty((r, c), dtype=FP8_DTYPE, device=x.device)
+    qt = torch.empty((c, r), dtype=FP8_DTYPE, device=x.device)
+    s = torch.empty((-(-c // 128), r), dtype=torch.float32, device=x.device).t()
+    st = torch.empty((-(-r // 128), c), dtype=torch.float32, device=x.device).t()
+    grid = (triton.cdiv(r, 128), triton.cdiv(c, 128))
+    _quantize_dual_kernel[grid](x, q, s, qt, st, r, c, x.stride(0), x.stride(1), s.stride(0),
+                                s.stride(1), st.stride(0), st.stride(1), seed or 0,
+                                STOCHASTIC=stochastic, num_warps=8)
+    return BlockFp8(q, s, (1, 128)), BlockFp8(qt, st, (1, 128))
+
+
 def _prune(configs, named_args, **kwargs):
     """Keep tiles made of whole blocks (and whole Hadamard blocks)."""
     a = {**named_args, **kwargs}
