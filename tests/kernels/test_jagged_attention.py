@@ -291,3 +291,13 @@ def test_triton_gpu_backward_deterministic():
     b = _grads(q, k, v, do, offs, 1000, True, None, deterministic=True)
     for x, y in zip(a, b, strict=True):
         assert torch.equal(x, y)
+
+
+def test_default_boundary_one_loop_without_masks_band_masks_otherwise():
+    from gem_kernels.jagged_attention.op import default_boundary
+
+    assert default_boundary(128, False, None) == "mask_all"
+    assert default_boundary(64, False, None) == "trick_fused"
+    # with causal/window masks only band tiles are masked ('mask_all' would mask them all)
+    assert default_boundary(128, True, None) == "trick"
+    assert default_boundary(64, False, (63, 0)) == "trick"
