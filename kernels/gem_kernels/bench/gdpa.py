@@ -183,17 +183,18 @@ def fwd_variants(case: str, quick: bool) -> list[tuple[str, dict]]:
                        ("bm256_bn64_w8_s3", {"block_rows": 256}),
                        ("bm128_bn64_s3_cta3", {"ctas_per_sm": 3})]
     if case == "cross":
-        kvm = {"kv_major": True, "block_rows": 16, "block_cols": 64, "prefetch": False}
-        return flip + [("bm128_w4_cta2", {"block_rows": 128, "ctas_per_sm": 2}),
-                       ("bm64_cta8", {"ctas_per_sm": 8}),
-                       ("bm64_cta4_prefetch_s2", {"prefetch": True, "num_stages": 2}),
-                       ("kvmajor_bm64_s2_cta2", {**kvm, "num_stages": 2, "ctas_per_sm": 2}),
-                       ("kvmajor_bm64_s3_cta2", {**kvm, "num_stages": 3, "ctas_per_sm": 2}),
-                       ("kvmajor_bm64_s3_cta4", {**kvm, "num_stages": 3, "ctas_per_sm": 4}),
-                       ("kvmajor_bm128_s2_cta2", {**kvm, "block_cols": 128, "num_stages": 2,
-                                                  "ctas_per_sm": 2}),
-                       ("kvmajor_bm128_s3_w8", {**kvm, "block_cols": 128, "num_stages": 3,
-                                                "num_warps": 8, "ctas_per_sm": 1})]
+        # the default is KV-major (whole KV per item, query tiles streamed); the q-major rows
+        # are the previous default (query-block items) and its variants
+        qm = {"kv_major": False, "block_rows": 64, "block_cols": 16, "num_stages": 1,
+              "ctas_per_sm": 4, "prefetch": False}
+        return [("qmajor_bm64_cta4", qm),
+                ("qmajor_bm64_cta4_prefetch", {**qm, "prefetch": True}),
+                ("qmajor_bm64_cta8", {**qm, "ctas_per_sm": 8}),
+                ("kvmajor_bm64_s2_cta4", {"num_stages": 2}),
+                ("kvmajor_bm64_s3_cta2", {"ctas_per_sm": 2}),
+                ("kvmajor_bm64_s4_cta4", {"num_stages": 4}),
+                ("kvmajor_bm32_s3_cta4", {"block_cols": 32}),
+                ("kvmajor_bm128_s3_w8", {"block_cols": 128, "num_warps": 8, "ctas_per_sm": 1})]
     return flip + [("bn128_s3", {"block_cols": 128}),
                    ("bn64_s4", {"num_stages": 4}),
                    ("bn64_s3_cta2_w8", {"ctas_per_sm": 2, "num_warps": 8})]
@@ -218,22 +219,14 @@ def bwd_variants(case: str, quick: bool, max_q: int, max_kv: int, dim: int):
     if case == "self":
         return [("bwd_prefetch", "two_kernel", replace(kv, prefetch=True),
                  replace(q, prefetch=True)),
-                ("bwd_64x64_s3", "two_kernel", replace(kv, num_stages=3),
-                 replace(q, num_stages=3)),
-                ("bwd_64x128_s2", "two_kernel", replace(kv, block_cols=128),
-                 replace(q, block_cols=128)),
+                ("bwd_64x64_s2", "two_kernel", TileConfig(64, 64, 4, 2, 2, False),
+                 TileConfig(64, 64, 4, 2, 2, False)),
+                ("bwd_64x64_s3", "two_kernel", replace(kv, block_cols=64),
+                 replace(q, block_cols=64)),
+                ("bwd_64x32_s4", "two_kernel", replace(kv, num_stages=4),
+                 replace(q, num_stages=4)),
                 ("bwd_128x64_w8_s3_cta1", "two_kernel", TileConfig(128, 64, 8, 3, 1, False),
-                 TileConfig(128, 64, 8, 3, 1, False)),
-                ("bwd_kv128x64_w8_q64x64", "two_kernel", TileConfig(128, 64, 8, 2, 1, False),
-                 q),
-                ("bwd_kv64x64_q128x64_w8", "two_kernel", kv,
-                 TileConfig(128, 64, 8, 2, 1, False)),
-                ("bwd_128x32_w8", "two_kernel", TileConfig(128, 32, 8, 2, 1, False),
-                 TileConfig(128, 32, 8, 2, 1, False)),
-                ("bwd_64x32_s3", "two_kernel", TileConfig(64, 32, 4, 3, 2, False),
-                 TileConfig(64, 32, 4, 3, 2, False)),
-                ("bwd_128x64_w8_s2", "two_kernel", TileConfig(128, 64, 8, 2, 1, False),
-                 TileConfig(128, 64, 8, 2, 1, False))]
+                 TileConfig(128, 64, 8, 3, 1, False))]
     if case == "cross":
         f = short_kv_config(max_kv, dim)
         st = short_kv_stream_config(max_kv, dim)

@@ -42,7 +42,9 @@ def dkdv_config(max_q: int, max_kv: int, head_dim: int) -> TileConfig:
     if max_q <= 32:
         return TileConfig(64, _pow2_at_least(max_q, 16, 32), num_warps=4, num_stages=1,
                           ctas_per_sm=2)
-    return TileConfig(64, 64, num_warps=4, num_stages=2, ctas_per_sm=2, prefetch=False)
+    # H200 (self, log-normal mean 470): 32-wide query tiles, 3 stages, for both kernels:
+    # 1.98 ms vs 2.06 for 64x64 with 2 stages.
+    return TileConfig(64, 32, num_warps=4, num_stages=3, ctas_per_sm=2, prefetch=False)
 
 
 def dq_config(max_q: int, max_kv: int, head_dim: int) -> TileConfig:
@@ -53,7 +55,7 @@ def dq_config(max_q: int, max_kv: int, head_dim: int) -> TileConfig:
     if max_q <= 32:
         return TileConfig(_pow2_at_least(max_q, 16, 32), 64, num_warps=4, num_stages=2,
                           ctas_per_sm=2)
-    return TileConfig(64, 64, num_warps=4, num_stages=2, ctas_per_sm=2, prefetch=False)
+    return TileConfig(64, 32, num_warps=4, num_stages=3, ctas_per_sm=2, prefetch=False)
 
 
 def short_kv_config(max_kv: int, head_dim: int) -> TileConfig:

@@ -44,8 +44,10 @@ def fwd_config(max_q: int, max_kv: int, head_dim: int) -> TileConfig:
     # Measured on the H200 (docs/bench/gdpa.json): with 4 programs per SM hiding latency,
     # short-KV tiles ran faster without the query prefetch (fewer registers).
     if max_kv <= 64:
-        return TileConfig(128 if head_dim <= 64 else 64, _pow2_at_least(max_kv, 16, 64),
-                          num_warps=4, num_stages=1, ctas_per_sm=4, prefetch=False)
+        # KV-major: a sample's whole KV per item, its query tiles streamed with 3 stages.
+        # H200 (cross, 16 KV, d=128): 0.073 ms = 72% of HBM vs 0.077 for query-block items.
+        return TileConfig(_pow2_at_least(max_kv, 16, 64), 64, num_warps=4, num_stages=3,
+                          ctas_per_sm=4, prefetch=False, kv_major=True)
     if max_q <= 32:
         return TileConfig(_pow2_at_least(max_q, 16, 32), 64, num_warps=4, num_stages=3,
                           ctas_per_sm=4)
