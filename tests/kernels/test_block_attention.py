@@ -208,12 +208,12 @@ def test_triton_gpu_fwd_bwd(dtype, dim, rope, causal) -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("hoist", [False, True])
 def test_triton_gpu_rope_paths(hoist) -> None:
-    """Block-relative RoPE (table hoisted into registers or read per tile) and absolute
-    RopeTables, bf16, long sequences (positions far past one block)."""
+    """Block-relative RoPE (table hoisted into registers or read per tile; P V split or not)
+    and absolute RopeTables, bf16, long sequences (positions far past one block)."""
     from gem_kernels.block_attention import autograd as ba
 
     saved = ba.DEFAULT_META[128]
-    ba.DEFAULT_META[128] = ({**saved[0], "HOIST": hoist}, saved[1])
+    ba.DEFAULT_META[128] = ({**saved[0], "HOIST": hoist, "SPLIT_PV": hoist}, saved[1])
     try:
         lengths = [4096, 1000, 63, 65]
         _check_triton(lengths, 4, 128, torch.bfloat16, "cuda", RopeConfig(), True, tol=2e-2)

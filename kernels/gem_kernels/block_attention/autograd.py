@@ -16,19 +16,20 @@ _PLAN_MAX_BATCH = 16384  # the plan is one program over the whole batch up to th
 _INTERPRET_META = {"CTAS": 1, "num_warps": 4}
 
 # Launch settings (CTAS: persistent programs per SM). num_stages >= 2 pipelines the persistent
-# loop through shared memory. Registers/shared memory per program (ptxas, sm_90, d=128, RoPE):
-# fwd 4 warps 2 stages 180 regs / 96 KiB; bwd 4 warps 1 stage 255 regs / 72 KiB, so two
-# programs of each fit on an SM. Measured best on the H200 (see docs/bench/block_attention.json).
+# loop. Registers (ptxas, sm_90, d=128, RoPE, 4 warps): 255 per thread in both kernels, so two
+# programs fit on an SM; the forward with RoPE spills unless the block-relative table is
+# hoisted (HOIST) and P V is split in column halves (SPLIT_PV). 8-warp forwards ran 1.4-1.9x
+# slower on the H200. Measured best there (docs/bench/block_attention.json, bench --sweep).
 DEFAULT_META = {
-    64: ({"CTAS": 4, "num_warps": 4, "num_stages": 2},
+    64: ({"CTAS": 4, "num_warps": 4, "num_stages": 2, "HOIST": True, "SPLIT_PV": True},
          {"CTAS": 2, "num_warps": 4, "num_stages": 2}),
-    128: ({"CTAS": 2, "num_warps": 4, "num_stages": 3},
+    128: ({"CTAS": 2, "num_warps": 4, "num_stages": 3, "HOIST": True, "SPLIT_PV": True},
           {"CTAS": 2, "num_warps": 4, "num_stages": 1}),
 }
 TUNE_SPACE = {
-    "fwd": [{"CTAS": c, "num_warps": w, "num_stages": s, "HOIST": hoist}
-            for c, w, s in ((2, 4, 3), (2, 4, 2), (4, 4, 2), (2, 4, 1), (4, 4, 1), (1, 8, 2),
-                            (2, 8, 2)) for hoist in (False, True)],
+    "fwd": [{"CTAS": c, "num_warps": w, "num_stages": s, "HOIST": hoist, "SPLIT_PV": split}
+            for c, w, s in ((2, 4, 3), (2, 4, 2), (4, 4, 2), (2, 4, 1))
+            for hoist in (False, True) for split in (True, False)],
     "bwd": [{"CTAS": c, "num_warps": w, "num_stages": s}
             for c, w, s in ((2, 4, 1), (1, 4, 2), (2, 4, 2), (1, 8, 2), (2, 8, 1), (1, 8, 1),
                             (3, 4, 1))],
@@ -125,7 +126,7 @@ def _tune(kernel, grid, args: tuple, consts: dict, space: list[dict]) -> dict:  
 def _launch(which: str, kernel, args: tuple, consts: dict, grid, heads: int,  # noqa: ANN001
             dtype: torch.dtype, autotune: bool) -> None:
     if _interpreting():
-        extra = {"HOIST": True} if which == "fwd" else {}  # the hoisted table path, tested
+        extra = {"HOIST": True, "SPLIT_PV": True} if which == "fwd" else {}  # default path
         kernel[grid](*args, **consts, **_INTERPRET_META, **extra)
         return
     d = consts["D"]
