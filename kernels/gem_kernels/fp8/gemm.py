@@ -38,7 +38,9 @@ _CONFIGS = [
 def _gemm_body(a_ptr, b_ptr, sa_ptr, sb_ptr, c_ptr, M, N, K,
                stride_am, stride_ak, stride_bk, stride_bn,
                stride_sam, stride_sak, stride_sbk, stride_sbn, stride_cm, stride_cn,
-               BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr, PIPE: tl.constexpr):
+               M_BUCKET, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr,
+               PIPE: tl.constexpr):
+    """M_BUCKET (M rounded up to a power of two) is only the autotuning key."""
     BK: tl.constexpr = 32
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BM)
@@ -95,7 +97,13 @@ def _gemm_body(a_ptr, b_ptr, sa_ptr, sb_ptr, c_ptr, M, N, K,
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
 
-_gemm_autotuned = triton.autotune(configs=_CONFIGS, key=["M", "N", "K"])(_gemm_body)
+# Keyed on M's power-of-two bucket, not M: token counts change every jagged batch, and an exact
+# key would re-time all configs for each new one.
+_gemm_autotuned = triton.autotune(configs=_CONFIGS, key=["M_BUCKET", "N", "K"])(_gemm_body)
+# Below this many multiply-adds a fixed tile is used: timing 7 configs (and compiling them for a
+# new shape) costs far more than any of them can save on a small product.
+_AUTOTUNE_MIN_MACS = 2**33
+_SMALL = {"BM": 128, "BN": 128, "GROUP_M": 8, "PIPE": 0, "num_warps": 8, "num_stages": 4}
 
 
 def _check(a: BlockFp8, b: BlockFp8) -> None:
@@ -114,10 +122,13 @@ def gemm_triton(a: BlockFp8, b: BlockFp8, out_dtype: torch.dtype = torch.bfloat1
     args = (a.data, b.data, a.scale, b.scale, c, m, n, k,
             a.data.stride(0), a.data.stride(1), b.data.stride(0), b.data.stride(1),
             a.scale.stride(0), a.scale.stride(1), b.scale.stride(0), b.scale.stride(1),
-            c.stride(0), c.stride(1))
-    if autotune:
+            c.stride(0), c.stride(1), triton.next_power_of_2(m))
+    if autotune and m * n * k >= _AUTOTUNE_MIN_MACS:
         grid = lambda meta: (triton.cdiv(m, meta["BM"]) * triton.cdiv(n, meta["BN"]),)
         _gemm_autotuned[grid](*args)
+    elif autotune:  # small product on the GPU: one fixed tile
+        grid = (triton.cdiv(m, _SMALL["BM"]) * triton.cdiv(n, _SMALL["BN"]),)
+        _gemm_body[grid](*args, **_SMALL)
     else:  # small fixed tiles: the interpreter and tiny shapes
         bm, bn = 32, 32
         grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)

@@ -3,7 +3,8 @@ quantization fused into the norm (one read of x, one FP8 write; the bf16 normali
 never written for the forward).
 
 Backward: the output gradient is quantized once; dN = dY W in FP8 (un-rotated if Hadamard);
-the RMSNorm backward runs in fp32 from x and the saved 1/rms. The weight gradient uses the
+the RMSNorm backward runs from x and the saved 1/rms (on CUDA through aten's fused RMSNorm
+backward, one pass; elsewhere in fp32 torch ops). The weight gradient uses the
 normalized activation recomputed in bf16 (or the saved 32x32 FP8 activation when
 ``wgrad='fp8'`` with block 32).
 """
@@ -40,6 +41,7 @@ class _NormLinearFn(torch.autograd.Function):
         if bias is not None:
             y = y + bias.to(y.dtype)
         ctx.cfg, ctx.kernel, ctx.has_bias, ctx.w_dtype = cfg, kernel, bias is not None, weight.dtype
+        ctx.eps = eps
         ctx.save_for_backward(x, rstd, norm_w, wq.data, wq.scale, xq.data, xq.scale)
         return y
 
@@ -51,17 +53,28 @@ class _NormLinearFn(torch.autograd.Function):
         grad = grad.contiguous()
         q = hadamard_for(cfg, grad.device)
         gq, gt = grad_quantize(grad, cfg, kernel)
-        xhat = x.float() * rstd[:, None]
+        fused = x.is_cuda  # aten's fused RMSNorm kernels: one pass each instead of ~10 in fp32
         dx = dnw = dw = db = None
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
-            dn = input_grad(gq, BlockFp8(wd, ws, cfg.weight_block), q, torch.float32,
-                            kernel).float()
-            dnw = (dn * xhat).sum(0).to(norm_w.dtype)
-            g = dn * norm_w.float()
-            dx = (rstd[:, None] * (g - xhat * (g * xhat).mean(dim=1, keepdim=True)))
-            dx = dx.to(x.dtype)
+            wk = BlockFp8(wd, ws, cfg.weight_block)
+            if fused:
+                dn = input_grad(gq, wk, q, x.dtype, kernel)
+                dx, dnw = torch.ops.aten._fused_rms_norm_backward(
+                    dn, x, [x.shape[1]], rstd[:, None], norm_w.to(x.dtype), [True, True])
+                dnw = dnw.to(norm_w.dtype)
+            else:
+                xhat = x.float() * rstd[:, None]
+                dn = input_grad(gq, wk, q, torch.float32, kernel).float()
+                dnw = (dn * xhat).sum(0).to(norm_w.dtype)
+                g = dn * norm_w.float()
+                dx = (rstd[:, None] * (g - xhat * (g * xhat).mean(dim=1, keepdim=True)))
+                dx = dx.to(x.dtype)
         if ctx.needs_input_grad[2]:
-            normed = (xhat * norm_w.float()).to(x.dtype)
+            if fused:
+                normed = torch.ops.aten._fused_rms_norm(x, [x.shape[1]], norm_w.to(x.dtype),
+                                                        ctx.eps)[0]
+            else:
+                normed = (x.float() * rstd[:, None] * norm_w.float()).to(x.dtype)
             xq = BlockFp8(xd, xs, cfg.act_block) if cfg.block == 32 else None
             xt = None
             if gt is not None and q is None:  # the normalized activation along tokens

@@ -156,6 +156,13 @@ def _quantize_dual_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, R, C, stride_xr, 
                     stride_stc, seed + 1, 1, T, T, T, STOCHASTIC)
 
 
+# Warps per 128 x 128 tile (the transpose goes through shared memory); keyed on the column
+# count only, so new token counts reuse the choice.
+_quantize_dual_autotuned = triton.autotune(
+    configs=[triton.Config({}, num_warps=w) for w in (4, 8, 16)],
+    key=["C", "STOCHASTIC"])(_quantize_dual_kernel)
+
+
 def quantize_dual(x: torch.Tensor, *, stochastic: bool = False, seed: int | None = None,
                   kernel: Kernel | str | None = None) -> tuple[BlockFp8, BlockFp8]:
     """x (R x C) quantized twice in one pass: (x in 1x128 blocks, x^T in 1x128 blocks), both
@@ -179,9 +186,12 @@ def quantize_dual(x: torch.Tensor, *, stochastic: bool = False, seed: int | None
     s = torch.empty((-(-c // 128), r), dtype=torch.float32, device=x.device).t()
     st = torch.empty((-(-r // 128), c), dtype=torch.float32, device=x.device).t()
     grid = (triton.cdiv(r, 128), triton.cdiv(c, 128))
-    _quantize_dual_kernel[grid](x, q, s, qt, st, r, c, x.stride(0), x.stride(1), s.stride(0),
-                                s.stride(1), st.stride(0), st.stride(1), seed or 0,
-                                STOCHASTIC=stochastic, num_warps=8)
+    args = (x, q, s, qt, st, r, c, x.stride(0), x.stride(1), s.stride(0), s.stride(1),
+            st.stride(0), st.stride(1), seed or 0)
+    if os.environ.get("TRITON_INTERPRET") == "1" or x.device.type != "cuda":
+        _quantize_dual_kernel[grid](*args, STOCHASTIC=stochastic, num_warps=4)
+    else:
+        _quantize_dual_autotuned[grid](*args, STOCHASTIC=stochastic)
     return BlockFp8(q, s, (1, 128)), BlockFp8(qt, st, (1, 128))
 
 
