@@ -12,11 +12,11 @@ fwd+bwd, which go through autograd), the row measures the host, and it moves wit
 the machine's CPU (cross backward: 0.135 ms with 196 us of host per call in one run, 0.160 ms
 with 240 us in the committed one).
 
-Reading the short shapes: their kernels run 70-250 us, so rows timed through the public op
-("ours", and every backward row, which goes through autograd) include host-side launch and
-autograd overhead that the GPU does not hide; the forward ablation rows call the kernel
-launcher directly and are closer to kernel time (e.g. cross forward, default config:
-"ours_no_snake" / "ours_bm64_cta8" 0.078 ms against 0.106 ms for "ours").
+Reading the short shapes: their kernels run 70-250 us, so rows timed through autograd (every
+backward and fwd+bwd row) include host-side launch and autograd overhead that the GPU does not
+hide. The public op's no-grad forward ("ours" fwd) skips the autograd node and now times as
+the launcher does (cross: 0.073 ms, the ablation rows call the launcher directly); before, it
+took 0.106 ms against 0.078 ms for the same kernel launched directly.
 
 Counting: useful FLOPs = 4 * sum_b(Lq_b * Lkv_b) * H * d forward (two matmuls over real
 tokens only), backward = 2x forward (four matmuls; our dQ kernel recomputes S, so it runs
