@@ -107,5 +107,6 @@ def jagged_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
             return x.new_zeros(n, longest, *x.shape[1:]).index_put((member, pos), x[token])
 
         o = _padded_group(pad(qf), pad(kf), pad(vf), glen.to(q.device), scale, causal, window)
-        out = out.index_put((token,), o[member, pos])
+        # under autocast the group's matmuls come back in the autocast dtype
+        out = out.index_put((token,), o[member, pos].to(acc))
     return out.to(q.dtype)
