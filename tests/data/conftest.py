@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -48,8 +49,12 @@ class Handmade:
 
     specs = SPECS
 
+    num_categories = 4
+
     @staticmethod
-    def meta(n_train: int, n_eval: int = 0, dense_dim: int = 2) -> DatasetMeta:
+    def meta(
+        n_train: int, n_eval: int = 0, dense_dim: int = 2, num_categories: int = 0
+    ) -> DatasetMeta:
         return DatasetMeta(
             source="synthetic",
             num_items=50,
@@ -60,6 +65,7 @@ class Handmade:
             num_eval=n_eval,
             ctr_base_rate=0.5,
             cvr_base_rate=0.5,
+            num_categories=num_categories,
         )
 
     @staticmethod
@@ -87,6 +93,16 @@ class Handmade:
         )
 
     @staticmethod
+    def categorized(arrays: SampleArrays) -> SampleArrays:
+        """The same rows whose items carry a category (item id mod ``num_categories``)."""
+        k = Handmade.num_categories
+        return replace(
+            arrays,
+            seq_item_categories=arrays.seq_item_ids % k,
+            ad_category=arrays.ad_item_id % k,
+        )
+
+    @staticmethod
     def assert_same(a: SampleArrays, b: SampleArrays) -> None:
         for name in (
             "seq_offsets",
@@ -99,6 +115,11 @@ class Handmade:
             "cvr",
         ):
             np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
+        for name in ("seq_item_categories", "ad_category"):
+            x, y = getattr(a, name), getattr(b, name)
+            assert (x is None) == (y is None), name
+            if x is not None:
+                np.testing.assert_array_equal(x, y, err_msg=name)
         assert a.sparse_values.keys() == b.sparse_values.keys()
         for k in a.sparse_values:
             np.testing.assert_array_equal(a.sparse_values[k], b.sparse_values[k], err_msg=k)

@@ -116,6 +116,20 @@ def test_100k_samples_histories_labels_and_split(tmp_path: Path) -> None:
     assert sorted(batch.seq_lengths.tolist()) == [0, 0, 0, 1, 2]  # users 1, 1, 1, 2, 3
 
 
+def test_100k_item_category_is_the_first_genre(tmp_path: Path) -> None:
+    meta = convert_movielens(str(write_100k(tmp_path / "ml")), str(tmp_path / "out"))
+    assert meta.num_categories == 20 and meta.extra["categories"][-1] == "(no genre)"
+    ev = SampleTable.load(tmp_path / "out", "eval")
+    a = ev.arrays
+    r = _row(ev, 1, 4)  # history 2 (Action), 1 (Comedy), 3 (Comedy|Drama); 4 has no genre
+    s, e = a.seq_offsets[r], a.seq_offsets[r + 1]
+    action, comedy = FLAGS["Action"], FLAGS["Comedy"]
+    assert a.seq_item_categories[s:e].tolist() == [action, comedy, comedy]
+    assert a.ad_category[r] == 19
+    batch = ev.collate(np.array([r]))
+    assert batch.seq_item_categories.tolist() == [1, 5, 5] and batch.ad_category.tolist() == [19]
+
+
 def test_converted_directory_is_a_parquet_source(tmp_path: Path) -> None:
     meta = convert_movielens(str(write_100k(tmp_path / "ml")), str(tmp_path / "out"))
     assert DataConfig(source="parquet", path=str(tmp_path / "out")).prepare() == meta
@@ -170,6 +184,12 @@ def test_1m_format(tmp_path: Path) -> None:
     assert a.sparse_values["age_bucket"][r2] == 6 and a.sparse_values["zip_prefix"][r2] == 70
     ev = SampleTable.load(tmp_path / "out", "eval")
     assert _history(ev, _row(ev, 1, 661))[0] == [1193, 914]
+    # Categories: the first listed genre (661 lists Animation first).
+    assert meta.num_categories == 6
+    r = _row(ev, 1, 661)
+    s, e = ev.arrays.seq_offsets[r], ev.arrays.seq_offsets[r + 1]
+    assert ev.arrays.seq_item_categories[s:e].tolist() == [2, 3]  # Drama, Musical
+    assert ev.arrays.ad_category[r] == 0  # Animation
 
 
 def test_same_seed_same_bytes_other_seed_other_order(tmp_path: Path) -> None:

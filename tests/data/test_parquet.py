@@ -24,7 +24,7 @@ def test_generated_samples_round_trip_exactly(hand, tmp_path: Path, make_config)
     rng = np.random.default_rng(3)
     arrays = world.sample(rng, 500)
     world.label(rng, arrays)
-    meta = hand.meta(500)
+    meta = hand.meta(500, num_categories=syn.num_clusters)
     meta.sparse_features = world.sparse_specs
     meta.num_items, meta.num_action_types, meta.dense_dim = (
         syn.num_items,
@@ -133,3 +133,24 @@ def test_failed_write_leaves_the_previous_dataset(tmp_path: Path, hand) -> None:
         hand.meta(9).save(tmp)
     assert load_meta(out).num_train == 9
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ds"]
+
+
+def test_item_categories_round_trip_and_collate(hand, tmp_path: Path) -> None:
+    """Categories travel beside item ids: written, read back and gathered per row."""
+    arrays = hand.categorized(hand.arrays([2, 0, 3, 1], [1, 1, 2, 0]))
+    hand.meta(4, num_categories=hand.num_categories).save(tmp_path)
+    write_split(tmp_path, "train", arrays, hand.specs, rows_per_shard=3)
+    table = SampleTable.load(tmp_path, "train")
+    hand.assert_same(table.arrays, arrays)
+    batch = table.collate(np.array([2, 1, 0]))
+    assert batch.seq_item_categories.tolist() == (batch.seq_item_ids % 4).tolist()
+    assert batch.ad_category.tolist() == (batch.ad_item_id % 4).tolist()
+    assert batch.seq_item_categories.dtype == torch.int64
+
+    # A dataset without categories reads (and collates) without them.
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    hand.meta(4).save(plain)
+    write_split(plain, "train", hand.arrays([2, 0, 3, 1], [1, 1, 2, 0]), hand.specs, 3)
+    batch = SampleTable.load(plain, "train").collate(np.arange(4))
+    assert batch.seq_item_categories is None and batch.ad_category is None

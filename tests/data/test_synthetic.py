@@ -122,7 +122,7 @@ def test_degenerate_but_valid_shapes(tmp_path: Path, make_config) -> None:
         seq_len={"mean": 1.0, "sigma": 1.0, "min": 0, "max": 3},
     )
     meta = cfg.prepare()
-    assert [s.name for s in meta.sparse_features] == ["user_id", "ad_category"]
+    assert [s.name for s in meta.sparse_features] == ["user_id"]
     table = SampleTable.load(tmp_path, "train")
     assert table.seq_lengths.min() == 0 and table.seq_lengths.max() <= 3
     batch = table.collate(np.arange(len(table)))
@@ -147,3 +147,30 @@ def test_auc_matches_definition() -> None:
     assert auc(np.array([0.1, 0.4, 0.35, 0.8]), np.array([0, 0, 1, 1])) == pytest.approx(0.75)
     assert auc(np.array([0.5, 0.5]), np.array([0, 1])) == pytest.approx(0.5)
     assert np.isnan(auc(np.array([0.5, 0.6]), np.array([1, 1])))
+
+
+
+def test_items_carry_their_cluster_as_category(make_config, tiny_dataset: Path) -> None:
+    """Every event and candidate is written with its item's category (one per item); the
+    planted affinity is mostly category agreement plus item-level detail."""
+    meta = load_meta(tiny_dataset)
+    assert meta.num_categories == meta.extra["num_clusters"]
+    a = SampleTable.load(tiny_dataset, "eval").arrays
+    assert a.seq_item_categories is not None and a.ad_category is not None
+    items = np.concatenate([a.seq_item_ids, a.ad_item_id])
+    cats = np.concatenate([a.seq_item_categories, a.ad_category])
+    assert cats.min() >= 0 and cats.max() < meta.num_categories
+    world = PlantedWorld.build(make_config(tiny_dataset).synthetic)
+    np.testing.assert_array_equal(cats, world.item_cluster[items])
+
+    # Item vectors replaced by their category's centroid: most of the edge stays, not all.
+    k = meta.num_categories
+    centroid = np.zeros((k, world.item_vec.shape[1]))
+    np.add.at(centroid, world.item_cluster[1:], world.item_vec[1:])
+    centroid /= np.bincount(world.item_cluster[1:], minlength=k)[:, None]
+    coarse = replace(world, item_vec=centroid[world.item_cluster].astype(np.float32))
+    coarse.item_vec[0] = 0.0
+    p_true, _ = world.probabilities(a)
+    p_coarse, _ = coarse.probabilities(a)
+    ceiling, by_category = auc(p_true, a.ctr), auc(p_coarse, a.ctr)
+    assert ceiling - 0.05 < by_category < ceiling

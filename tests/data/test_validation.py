@@ -163,3 +163,36 @@ def test_to_arrow_schema_is_stable(hand) -> None:
         "cvr",
     ]
     assert np.asarray(table.column("seq_len")).tolist() == [1, 2]
+
+
+def test_to_arrow_with_categories_adds_their_columns(hand) -> None:
+    table = to_arrow(hand.categorized(hand.arrays([1, 2], [1, 1])), hand.specs)
+    names = table.column_names
+    assert names[names.index("ad_item_id") + 1 :][:2] == ["seq_item_categories", "ad_category"]
+    assert table.column("seq_item_categories").to_pylist() == [[1], [2, 2]]
+
+
+@pytest.mark.parametrize(
+    ("edit", "row", "needle"),
+    [
+        (lambda t: _list_set(t, "seq_item_categories", 2, 1, 4), 2, "value 4 outside [0, 4)"),
+        (lambda t: _scalar_set(t, "ad_category", 3, -1), 3, "'ad_category': value -1"),
+        (
+            lambda t: _scalar_set(t, "seq_item_categories", 1, [0]),
+            1,
+            "list length 1 but seq_len is 0",
+        ),
+        (lambda t: t.drop_columns(["ad_category"]), None, "missing column"),
+    ],
+)
+def test_bad_categories_name_file_row_and_column(
+    tmp_path: Path, hand, edit, row, needle
+) -> None:
+    hand.meta(6, num_categories=hand.num_categories).save(tmp_path)
+    arrays = hand.categorized(hand.arrays([2, 0, 3, 1, 4, 2], [1, 2, 0, 1, 1, 3]))
+    write_split(tmp_path, "train", arrays, hand.specs, rows_per_shard=6)
+    _rewrite(tmp_path / "train-00000.parquet", edit)
+    msg = _load_error(tmp_path)
+    assert "train-00000.parquet" in msg and needle in msg
+    if row is not None:
+        assert f"row {row}" in msg

@@ -17,6 +17,8 @@ class JaggedBatch:
     The behaviour history of sample b is positions ``seq_offsets[b]:seq_offsets[b+1]`` of the
     ``seq_*`` tensors, oldest first. ``labels[:, 0]`` is the click, ``labels[:, 1]`` the
     conversion, which is only defined where the sample was clicked (``cvr_mask``).
+    ``seq_item_categories`` and ``ad_category`` follow the item ids where items carry a
+    category.
     """
 
     seq_offsets: torch.Tensor  # (B+1,) int64
@@ -27,6 +29,9 @@ class JaggedBatch:
     sparse: KeyedJaggedTensor  # non-sequence categorical features (single- and multi-hot)
     dense: torch.Tensor  # (B, D) float32
     labels: torch.Tensor  # (B, 2) float32: ctr, cvr
+    # Item categories (datasets with meta.num_categories > 0; both None otherwise).
+    seq_item_categories: torch.Tensor | None = None  # (T,) int64, category of each event
+    ad_category: torch.Tensor | None = None  # (B,) int64, the candidate's category
 
     @property
     def num_samples(self) -> int:
@@ -50,5 +55,5 @@ class JaggedBatch:
         moved = {}
         for f in fields(self):
             v = getattr(self, f.name)
-            moved[f.name] = v.to(device, non_blocking=non_blocking)
+            moved[f.name] = None if v is None else v.to(device, non_blocking=non_blocking)
         return JaggedBatch(**moved)

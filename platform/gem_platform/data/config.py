@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from gem_platform.data.meta import DatasetMeta
 
 # Names the synthetic generator adds on its own; configured features may not reuse them.
-BUILTIN_SPARSE_FEATURES: tuple[str, ...] = ("user_id", "ad_category")
+BUILTIN_SPARSE_FEATURES: tuple[str, ...] = ("user_id",)
 
 
 class SeqLenConfig(BaseModel):

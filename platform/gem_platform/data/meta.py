@@ -36,6 +36,10 @@ class DatasetMeta:
     # AUC of the planted ground-truth scorer on the eval split (the ceiling); None for real data.
     planted_auc: dict[str, float] | None = None
     max_seq_len: int = 0
+    # Items carry a category in [0, num_categories) (a small vocabulary, e.g. genres), stored
+    # beside every history event and the candidate, so the model can learn history-candidate
+    # affinity per category from few samples instead of per item. 0: the data has none.
+    num_categories: int = 0
     extra: dict = field(default_factory=dict)
 
     def save(self, directory: str | Path) -> Path:

@@ -6,6 +6,8 @@ Every rating is one sample:
   ``max_history`` most recent; action type = the rating value 1..5 (0 is unused);
   ``seq_age`` = log1p(seconds between that rating and this one);
 - candidate ad: the rated movie (item id = MovieLens movie id);
+- item category (of every history movie and of the candidate): the movie's first listed
+  genre, or a last "(no genre)" category for a movie without any;
 - sparse features: user_id, gender, age_bucket (the 7 buckets of MovieLens 1M; 100K ages are
   bucketed the same way), occupation, zip_prefix (first two digits; 100 = not numeric),
   ad_genres (the movie's genres, multi-hot);
@@ -44,6 +46,7 @@ GENRES_100K: tuple[str, ...] = (
 )  # fmt: skip
 NUM_ACTION_TYPES = 6  # rating values 1..5; 0 unused
 ZIP_OTHER = 100
+NO_GENRE = "(no genre)"
 DENSE_DIM = 3
 ENCODING = "latin-1"
 FILES = {
@@ -79,6 +82,20 @@ class Movies:
     genre_ids: np.ndarray
     genres: list[str]
     known: np.ndarray  # bool, indexed by movie id
+
+    @property
+    def categories(self) -> list[str]:
+        """Category names: the genres, then "(no genre)"."""
+        return [*self.genres, NO_GENRE]
+
+    @property
+    def category(self) -> np.ndarray:
+        """(max_id+1,) int64: each movie's first listed genre, else the "(no genre)" index."""
+        starts, ends = self.genre_offsets[:-1], self.genre_offsets[1:]
+        out = np.full(len(starts), len(self.genres), dtype=np.int64)
+        has = ends > starts
+        out[has] = self.genre_ids[starts[has]]
+        return out
 
 
 def _bad_line(file: Path, line: int, what: str) -> DataError:
@@ -286,6 +303,7 @@ def _samples(
     age = (r.ts[rows][owner] - r.ts[pos]).astype(np.float64)
     u = r.user[rows]
     g_off, g_pos = gather_jagged(movies.genre_offsets, r.item[rows])
+    category = movies.category
     single = np.arange(n + 1, dtype=np.int64)
     return SampleArrays(
         seq_offsets=hist_off,
@@ -312,6 +330,8 @@ def _samples(
         dense=dense[rows],
         ctr=(r.rating[rows] >= 4).astype(np.int8),
         cvr=(r.rating[rows] == 5).astype(np.int8),
+        seq_item_categories=category[r.item[pos]],
+        ad_category=category[r.item[rows]],
     )
 
 
@@ -425,8 +445,10 @@ def convert_movielens(
             cvr_base_rate=convs / max(clicks, 1),
             planted_auc=None,
             max_seq_len=max(s[2] for s in stats.values()),
+            num_categories=len(movies.categories),
             extra={
                 "genres": movies.genres,
+                "categories": movies.categories,
                 "occupations": users.occupation_names,
                 "max_history": max_history,
                 "eval_fraction": eval_fraction,

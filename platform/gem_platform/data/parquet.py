@@ -11,6 +11,9 @@ order): ``seq_len`` int32 (history length, stored so a reader can plan batches f
 column), ``seq_item_ids`` list<int64>, ``seq_action_types`` list<int32>, ``seq_age``
 list<float32> (oldest event first), ``ad_item_id`` int64, ``sparse__<name>`` int64 (single-hot)
 or list<int64> (multi-hot), ``dense`` list<float32> of ``dense_dim``, ``ctr`` and ``cvr`` int8.
+Datasets whose items carry a category (``meta.num_categories > 0``) also hold
+``seq_item_categories`` list<int64> (the category of every history event) and ``ad_category``
+int64 (the candidate's).
 
 Everything read is validated: a bad value raises ``DataError`` naming the file and row.
 """
@@ -39,6 +42,7 @@ from gem_platform.errors import DataError
 SPLITS: tuple[str, ...] = ("train", "eval")
 SPARSE_PREFIX = "sparse__"
 SEQ_LIST_COLUMNS: tuple[str, ...] = ("seq_item_ids", "seq_action_types", "seq_age")
+CATEGORY_COLUMNS: tuple[str, ...] = ("seq_item_categories", "ad_category")
 
 
 def sparse_column(name: str) -> str:
@@ -49,8 +53,11 @@ def shard_name(split: str, index: int) -> str:
     return f"{split}-{index:05d}.parquet"
 
 
-def arrow_schema(sparse_features: Sequence[SparseFeatureSpec]) -> pa.Schema:
-    """The schema every shard of a dataset with these sparse features must have."""
+def arrow_schema(
+    sparse_features: Sequence[SparseFeatureSpec], categories: bool = False
+) -> pa.Schema:
+    """The schema every shard of a dataset with these sparse features must have
+    (``categories``: items carry a category)."""
     fields = [
         pa.field("seq_len", pa.int32(), nullable=False),
         pa.field("seq_item_ids", pa.list_(pa.int64()), nullable=False),
@@ -58,6 +65,11 @@ def arrow_schema(sparse_features: Sequence[SparseFeatureSpec]) -> pa.Schema:
         pa.field("seq_age", pa.list_(pa.float32()), nullable=False),
         pa.field("ad_item_id", pa.int64(), nullable=False),
     ]
+    if categories:
+        fields += [
+            pa.field("seq_item_categories", pa.list_(pa.int64()), nullable=False),
+            pa.field("ad_category", pa.int64(), nullable=False),
+        ]
     for spec in sparse_features:
         typ = pa.list_(pa.int64()) if spec.multi_hot else pa.int64()
         fields.append(pa.field(sparse_column(spec.name), typ, nullable=False))
@@ -74,7 +86,8 @@ class SampleArrays:
     """N samples as flat numpy arrays plus offsets: the in-memory form of a shard.
 
     ``sparse_offsets[name]`` is ``(N+1,)`` for every feature (``arange`` for single-hot ones),
-    so single- and multi-hot features are handled alike.
+    so single- and multi-hot features are handled alike. ``seq_item_categories`` and
+    ``ad_category`` are both set when items carry a category, both None otherwise.
     """
 
     seq_offsets: np.ndarray  # (N+1,) int64
@@ -87,6 +100,12 @@ class SampleArrays:
     dense: np.ndarray  # (N, D) float32
     ctr: np.ndarray  # (N,) int8
     cvr: np.ndarray  # (N,) int8
+    seq_item_categories: np.ndarray | None = None  # (T,) int64
+    ad_category: np.ndarray | None = None  # (N,) int64
+
+    @property
+    def has_categories(self) -> bool:
+        return self.seq_item_categories is not None
 
     def __len__(self) -> int:
         return int(self.seq_offsets.shape[0] - 1)
@@ -114,6 +133,8 @@ class SampleArrays:
             dense=self.dense[start:stop],
             ctr=self.ctr[start:stop],
             cvr=self.cvr[start:stop],
+            seq_item_categories=_maybe(self.seq_item_categories, slice(s0, s1)),
+            ad_category=_maybe(self.ad_category, slice(start, stop)),
         )
 
     @staticmethod
@@ -134,6 +155,8 @@ class SampleArrays:
             dense=np.concatenate([p.dense for p in parts]),
             ctr=np.concatenate([p.ctr for p in parts]),
             cvr=np.concatenate([p.cvr for p in parts]),
+            seq_item_categories=_maybe_concat([p.seq_item_categories for p in parts]),
+            ad_category=_maybe_concat([p.ad_category for p in parts]),
         )
 
     def with_history(self, other: SampleArrays, order: np.ndarray) -> SampleArrays:
@@ -151,7 +174,22 @@ class SampleArrays:
             dense=self.dense,
             ctr=self.ctr,
             cvr=self.cvr,
+            seq_item_categories=_maybe(other.seq_item_categories, pos),
+            ad_category=self.ad_category,
         )
+
+
+def _maybe(values: np.ndarray | None, index: slice | np.ndarray) -> np.ndarray | None:
+    return None if values is None else values[index]
+
+
+def _maybe_concat(parts: Sequence[np.ndarray | None]) -> np.ndarray | None:
+    present = [p is not None for p in parts]
+    if not any(present):
+        return None
+    if not all(present):
+        raise ValueError("cannot concatenate samples with and without item categories")
+    return np.concatenate(parts)  # type: ignore[arg-type]
 
 
 def _concat_offsets(parts: Sequence[np.ndarray]) -> np.ndarray:
@@ -193,6 +231,12 @@ def to_arrow(arrays: SampleArrays, sparse_features: Sequence[SparseFeatureSpec])
         _list_array(arrays.seq_offsets, arrays.seq_age.astype(np.float32), pa.float32()),
         pa.array(arrays.ad_item_id.astype(np.int64), type=pa.int64()),
     ]
+    if arrays.seq_item_categories is not None and arrays.ad_category is not None:
+        seq_cats = arrays.seq_item_categories.astype(np.int64)
+        cols += [
+            _list_array(arrays.seq_offsets, seq_cats, pa.int64()),
+            pa.array(arrays.ad_category.astype(np.int64), type=pa.int64()),
+        ]
     for spec in sparse_features:
         values = arrays.sparse_values[spec.name].astype(np.int64)
         if spec.multi_hot:
@@ -205,7 +249,9 @@ def to_arrow(arrays: SampleArrays, sparse_features: Sequence[SparseFeatureSpec])
         pa.array(arrays.ctr.astype(np.int8), type=pa.int8()),
         pa.array(arrays.cvr.astype(np.int8), type=pa.int8()),
     ]
-    return pa.Table.from_arrays(cols, schema=arrow_schema(sparse_features))
+    return pa.Table.from_arrays(
+        cols, schema=arrow_schema(sparse_features, categories=arrays.has_categories)
+    )
 
 
 def write_shard(
@@ -392,6 +438,8 @@ def empty_arrays(meta: DatasetMeta) -> SampleArrays:
         dense=np.zeros((0, meta.dense_dim), np.float32),
         ctr=np.zeros(0, np.int8),
         cvr=np.zeros(0, np.int8),
+        seq_item_categories=e if meta.num_categories else None,
+        ad_category=e if meta.num_categories else None,
     )
 
 
@@ -488,6 +536,7 @@ def from_arrow(table: pa.Table, meta: DatasetMeta, file: Path, first_row: int = 
 
     ad = ck.scalar(table, "ad_item_id", pa.int64())
     ck.in_range(ad, None, "ad_item_id", 1, meta.num_items + 1)
+    seq_cats, ad_cats = _categories(ck, table, meta, seq_len)
 
     n = len(seq_len)
     sparse_values, sparse_offsets = {}, {}
@@ -535,7 +584,27 @@ def from_arrow(table: pa.Table, meta: DatasetMeta, file: Path, first_row: int = 
         dense=d_vals.astype(np.float32, copy=False).reshape(n, meta.dense_dim),
         ctr=ctr.astype(np.int8, copy=False),
         cvr=cvr.astype(np.int8, copy=False),
+        seq_item_categories=seq_cats,
+        ad_category=ad_cats,
     )
+
+
+def _categories(
+    ck: _Checker, table: pa.Table, meta: DatasetMeta, seq_len: np.ndarray
+) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """The category columns, validated, when ``meta`` says items carry a category."""
+    if not meta.num_categories:
+        return None, None
+    name = "seq_item_categories"
+    off, cats = ck.jagged(table, name, pa.int64())
+    mismatch = np.flatnonzero(np.diff(off) != seq_len)
+    if mismatch.size:
+        r = int(mismatch[0])
+        raise ck.fail(r, name, f"list length {off[r + 1] - off[r]} but seq_len is {seq_len[r]}")
+    ck.in_range(cats, off, name, 0, meta.num_categories)
+    ad = ck.scalar(table, "ad_category", pa.int64())
+    ck.in_range(ad, None, "ad_category", 0, meta.num_categories)
+    return cats.astype(np.int64, copy=False), ad.astype(np.int64, copy=False)
 
 
 # ----------------------------------------------------------------------------- the table
@@ -580,6 +649,12 @@ class SampleTable:
             stride=len(idx),
         )
         labels = np.stack([a.ctr[idx], a.cvr[idx]], axis=1).astype(np.float32)
+        categories = {}
+        if a.has_categories:
+            categories = {
+                "seq_item_categories": torch.from_numpy(a.seq_item_categories[pos]),
+                "ad_category": torch.from_numpy(a.ad_category[idx]),
+            }
         return JaggedBatch(
             seq_offsets=torch.from_numpy(seq_offsets),
             seq_item_ids=torch.from_numpy(a.seq_item_ids[pos]),
@@ -589,4 +664,5 @@ class SampleTable:
             sparse=sparse,
             dense=torch.from_numpy(np.ascontiguousarray(a.dense[idx])),
             labels=torch.from_numpy(labels),
+            **categories,
         )

@@ -1,14 +1,18 @@
 """Synthetic GEM-style data whose labels come from a planted ground truth.
 
 The world: items live in ``num_clusters`` clusters of a latent space (unit vectors near their
-cluster's centroid). Each user has a few long-term interest clusters and one recent interest
-that is absent from their older history. A sample is (user, jagged history, context features,
-dense features, candidate ad); its click probability comes from a planted scorer that reads
+cluster's centroid); an item's cluster is its category, written beside every history event and
+the candidate (``seq_item_categories``, ``ad_category``), as a catalog would. Each user has a
+few long-term interest clusters and one recent interest that is absent from their older
+history. A sample is (user, jagged history, context features, dense features, candidate ad);
+its click probability comes from a planted scorer that reads
 
 - the candidate's affinity to the last ``RECENT_WINDOW`` events of the history,
 - separately, its affinity to the older events (long-term interests),
-- both weighted by action type (a purchase says more than a view),
-- per-id effects of every sparse feature (user bias, context, ad category, tags),
+- both weighted by action type (a purchase says more than a view); affinity is the cosine of
+  the two items' latent vectors: mostly how related their categories are, plus item-level
+  detail (each item's offset from its category centroid) that categories alone can't tell,
+- per-id effects of every sparse feature (user bias, context, tags) and of the ad category,
 - a linear plus one pairwise term of the dense features;
 
 the conversion probability (among clicks) reads past high-intent actions on similar items,
@@ -47,7 +51,7 @@ from gem_platform.data.parquet import (
 
 log = logging.getLogger(__name__)
 
-GENERATOR_VERSION = 2  # part of the reuse hash: bump whenever the generated data changes
+GENERATOR_VERSION = 3  # part of the reuse hash: bump whenever the generated data changes
 LATENT_DIM = 16
 ITEM_NOISE = 0.15  # spread of item vectors around their cluster centroid (per dimension)
 RECENT_WINDOW = 8  # events at the end of the history that form the "recent" interest signal
@@ -113,10 +117,9 @@ def _skewed_ids(rng: np.random.Generator, size: np.ndarray | int, n: int) -> np.
 
 
 def sparse_specs(cfg: SyntheticConfig) -> list[SparseFeatureSpec]:
-    """The dataset's sparse features: the two built-in ones, then the configured ones."""
+    """The dataset's sparse features: the built-in user id, then the configured ones."""
     return [
         SparseFeatureSpec("user_id", cfg.num_users),
-        SparseFeatureSpec("ad_category", cfg.num_clusters),
         *(SparseFeatureSpec(f.name, f.vocab_size, f.multi_hot) for f in cfg.sparse_features),
     ]
 
@@ -126,7 +129,7 @@ class PlantedWorld:
     """The latent structure and the planted scorer; fully determined by the config's seed."""
 
     cfg: SyntheticConfig
-    item_cluster: np.ndarray  # (num_items+1,), entry 0 unused
+    item_cluster: np.ndarray  # (num_items+1,), entry 0 unused: the item's category
     item_vec: np.ndarray  # (num_items+1, LATENT_DIM) float32, row 0 zero
     cluster_items: np.ndarray  # item ids sorted by cluster
     cluster_start: np.ndarray  # (K,)
@@ -139,6 +142,8 @@ class PlantedWorld:
     action_weight: np.ndarray  # (A,)
     ctr_effects: dict[str, np.ndarray]  # sparse feature -> per-id logit effect
     cvr_effects: dict[str, np.ndarray]
+    category_ctr: np.ndarray  # (K,) logit effect of the candidate's category
+    category_cvr: np.ndarray
     dense_w_ctr: np.ndarray
     dense_w_cvr: np.ndarray
     ctr_bias: float = 0.0
@@ -189,6 +194,8 @@ class PlantedWorld:
             action_weight=action_weight,
             ctr_effects=ctr_eff,
             cvr_effects=cvr_eff,
+            category_ctr=SPARSE_EFFECT_STD * rng.standard_normal(k),
+            category_cvr=SPARSE_EFFECT_STD * rng.standard_normal(k),
             dense_w_ctr=DENSE_WEIGHT_STD * rng.standard_normal(cfg.dense_dim),
             dense_w_cvr=DENSE_WEIGHT_STD * rng.standard_normal(cfg.dense_dim),
         )
@@ -238,8 +245,8 @@ class PlantedWorld:
         ad_cluster = np.where(r_ad >= 0.7, rng.integers(0, c.num_clusters, n), ad_cluster)
         ad = self._items_of(rng, ad_cluster)
 
-        values = {"user_id": users, "ad_category": self.item_cluster[ad]}
-        offs = {"user_id": np.arange(n + 1), "ad_category": np.arange(n + 1)}
+        values = {"user_id": users}
+        offs = {"user_id": np.arange(n + 1)}
         for f in c.sparse_features:
             if f.multi_hot:
                 cnt = rng.integers(1, f.max_ids + 1, n)
@@ -262,6 +269,8 @@ class PlantedWorld:
             dense=dense,
             ctr=np.zeros(n, np.int8),
             cvr=np.zeros(n, np.int8),
+            seq_item_categories=self.item_cluster[items].astype(np.int64),
+            ad_category=self.item_cluster[ad].astype(np.int64),
         )
 
     # -- the planted scorer ---------------------------------------------------------------
@@ -293,12 +302,14 @@ class PlantedWorld:
         intent = arrays.seq_action_types == self.cfg.num_action_types - 1
         aff_intent = _segment_mean(sim, owner, intent, n)
 
+        ad_cluster = self.item_cluster[arrays.ad_item_id]
         d = arrays.dense.astype(np.float64)
         pair = d[:, 0] * d[:, 1] if d.shape[1] >= 2 else 0.0
         z_ctr = (
             W_RECENT * aff_recent
             + W_LONG * aff_long
             + self._sparse_term(arrays, self.ctr_effects)
+            + self.category_ctr[ad_cluster]
             + d @ self.dense_w_ctr
             + DENSE_PAIR_WEIGHT * pair
         )
@@ -306,6 +317,7 @@ class PlantedWorld:
             W_CVR_INTENT * aff_intent
             + W_CVR_RECENT * aff_recent
             + self._sparse_term(arrays, self.cvr_effects)
+            + self.category_cvr[ad_cluster]
             + d @ self.dense_w_cvr
         )
         return z_ctr, z_cvr
@@ -414,6 +426,7 @@ def _write_dataset(directory: Path, syn: SyntheticConfig, fingerprint: str) -> D
         cvr_base_rate=train_convs / max(train_clicks, 1),
         planted_auc={"ctr": auc(p_ctr, ctr), "cvr": auc(p_cvr[clicked], cvr[clicked])},
         max_seq_len=max_len,
+        num_categories=syn.num_clusters,
         extra={
             "config_hash": fingerprint,
             "generator_version": GENERATOR_VERSION,
