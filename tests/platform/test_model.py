@@ -3,12 +3,15 @@ histories, for each attention kind; and FLOP counting on real lengths."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from gem_platform.model import GemModel
 from gem_platform.model.attention import SelfAttentionSpec, self_attention
 from gem_platform.model.flops import FlopMeter, self_attention_pairs
+from gem_platform.model.gem import EXACT_RECENCY, RECENCY_BUCKETS, recency_buckets
 from gem_platform.recipe import ModelConfig
 
 LENGTHS = [1, 5, 0, 70, 2]
@@ -92,3 +95,42 @@ def test_flop_meter_counts_real_tokens(tiny_meta, batch_factory):
     assert long.linear_flops - short.linear_flops == pytest.approx(extra_tokens * per_token)
     assert long.attention_flops > short.attention_flops > 0
     assert long.train_flops == pytest.approx(3 * long.forward_flops)
+
+
+def _categorized(meta, batch, k: int):
+    """The batch as a dataset whose items carry a category (item id mod k) delivers it."""
+    meta = dataclasses.replace(meta, num_categories=k)
+    batch = dataclasses.replace(batch, seq_item_categories=batch.seq_item_ids % k,
+                    ad_category=batch.ad_item_id % k)
+    return meta, batch
+
+
+def test_item_categories_feed_history_and_candidate(tiny_meta, batch_factory):
+    torch.manual_seed(0)
+    meta, batch = _categorized(tiny_meta, batch_factory(tiny_meta, LENGTHS), 4)
+    model = GemModel(ModelConfig(d_model=16, num_heads=2), meta)
+    tables = [c.name for c in model.item_embeddings.embedding_configs()]
+    assert tables == ["item", "category"]
+    logits = model(batch)
+    logits.sum().backward()
+    assert all(p.grad is not None for p in model.embedding_parameters())
+
+    # Same items, other categories: the prediction moves.
+    other = dataclasses.replace(batch, seq_item_categories=(batch.seq_item_categories + 1) % 4)
+    with torch.no_grad():
+        assert not torch.allclose(model(batch), model(other))
+
+    with pytest.raises(ValueError, match="carry categories"):
+        model(dataclasses.replace(batch, seq_item_categories=None, ad_category=None))
+
+
+def test_recency_buckets_count_from_the_newest_event():
+    offsets = torch.tensor([0, 3, 3, 43])
+    owner = torch.repeat_interleave(torch.arange(3), offsets[1:] - offsets[:-1])
+    b = recency_buckets(offsets, owner)
+    assert b[:3].tolist() == [2, 1, 0]
+    last = b[3:].flip(0)  # newest first
+    assert last[:EXACT_RECENCY].tolist() == list(range(EXACT_RECENCY))
+    assert last[EXACT_RECENCY:32].unique().tolist() == [EXACT_RECENCY]
+    assert last[32:].unique().tolist() == [EXACT_RECENCY + 1]
+    assert int(b.max()) < RECENCY_BUCKETS

@@ -1,7 +1,8 @@
 """GemModel: the GEM-style ranking network, wired from a ModelConfig and the dataset's meta.
 
 Data flow per batch (B samples, T history tokens in total, nothing padded):
-  items (TorchRec EmbeddingCollection) + action + age -> history tokens (T, d)
+  items (+ their categories, TorchRec EmbeddingCollection) + action + age -> history tokens
+  (T, d), each with its affinity to the candidate (DIN-style)
   sparse features (TorchRec EmbeddingBagCollection) + dense + ad -> context tokens (B, C, d)
   sequence tower: self-attention over each history (full | sliding | block64 | padded)
   cross attention: history tokens (long Q) x own context tokens (short KV), GDPA
@@ -30,6 +31,21 @@ from gem_platform.model.sequence import SequenceTower
 from gem_platform.recipe import ModelConfig
 
 ITEM_FEATURES = ("hist_item", "ad_item")
+CATEGORY_FEATURES = ("hist_category", "ad_category")
+# seq_age is log1p(seconds): ~13 for a day-old event. Divided by log1p(one year) it stays in
+# [0, ~1], so age does not drown the item signal in every history token.
+AGE_SCALE = 17.3
+# Position from the end of the history: one bucket per position for the last EXACT_RECENCY
+# events, then one per doubling; recency is what tells recent from long-term interests.
+EXACT_RECENCY = 16
+RECENCY_BUCKETS = EXACT_RECENCY + 8
+
+
+def recency_buckets(offsets: torch.Tensor, owner: torch.Tensor) -> torch.Tensor:
+    """(T,) bucket of each history event's position counted from its sample's newest event."""
+    from_end = offsets[owner + 1] - 1 - torch.arange(owner.numel(), device=owner.device)
+    far = EXACT_RECENCY + torch.log2(from_end.clamp_min(EXACT_RECENCY) / EXACT_RECENCY).long()
+    return torch.where(from_end < EXACT_RECENCY, from_end, far).clamp_max(RECENCY_BUCKETS - 1)
 
 
 def unit_norm_init(dim: int) -> dict[str, float]:
@@ -44,13 +60,20 @@ class GemModel(nn.Module):
         super().__init__()
         d = cfg.d_model
         self.cfg, self.meta = cfg, meta
-        self.item_embeddings = EmbeddingCollection(
-            tables=[EmbeddingConfig(name="item", embedding_dim=d,
-                                    num_embeddings=meta.num_items + 1,
-                                    feature_names=list(ITEM_FEATURES),
-                                    **unit_norm_init(d))],
-            device=torch.device("cpu"),
-        )
+        # Item and category tables share one collection: the category (a small vocabulary,
+        # seen in every batch) carries what an item has in common with its kind, so
+        # history-candidate affinity is learnable long before each item's own row is.
+        item_tables = [EmbeddingConfig(name="item", embedding_dim=d,
+                                       num_embeddings=meta.num_items + 1,
+                                       feature_names=list(ITEM_FEATURES), **unit_norm_init(d))]
+        self.use_categories = meta.num_categories > 0
+        if self.use_categories:
+            item_tables.append(EmbeddingConfig(name="category", embedding_dim=d,
+                                               num_embeddings=meta.num_categories,
+                                               feature_names=list(CATEGORY_FEATURES),
+                                               **unit_norm_init(d)))
+        self.item_embeddings = EmbeddingCollection(tables=item_tables,
+                                                   device=torch.device("cpu"))
         self.sparse_embeddings = EmbeddingBagCollection(
             tables=[
                 EmbeddingBagConfig(
@@ -66,6 +89,8 @@ class GemModel(nn.Module):
         self.sparse_names = [f.name for f in meta.sparse_features]
         self.action_embedding = nn.Embedding(meta.num_action_types + 1, d)
         nn.init.normal_(self.action_embedding.weight, std=d**-0.5)
+        self.recency_embedding = nn.Embedding(RECENCY_BUCKETS, d)
+        nn.init.normal_(self.recency_embedding.weight, std=d**-0.5)
         self.age_proj = nn.Linear(1, d)
         # Target-aware history tokens (as in DIN): item x candidate, elementwise, so the
         # candidate's affinity to each past event is one projection away from every layer.
@@ -96,15 +121,26 @@ class GemModel(nn.Module):
         return [*self.item_embeddings.parameters(), *self.sparse_embeddings.parameters()]
 
     def _item_lookup(self, batch: JaggedBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        b = batch.num_samples
-        kjt = KeyedJaggedTensor.from_lengths_sync(
-            keys=list(ITEM_FEATURES),
-            values=torch.cat([batch.seq_item_ids, batch.ad_item_id]),
-            lengths=torch.cat([batch.seq_lengths.to(torch.int64),
-                               torch.ones(b, dtype=torch.int64, device=batch.ad_item_id.device)]),
-        )
-        out = self.item_embeddings(kjt)
-        return out["hist_item"].values(), out["ad_item"].values()
+        """(T, d) history and (B, d) candidate item embeddings (item + category rows)."""
+        keys, values = list(ITEM_FEATURES), [batch.seq_item_ids, batch.ad_item_id]
+        if self.use_categories:
+            if batch.seq_item_categories is None or batch.ad_category is None:
+                raise ValueError(
+                    "the model was built for a dataset whose items carry categories "
+                    "(meta.num_categories > 0), but the batch holds none; load batches from "
+                    "that dataset (SampleTable.collate)"
+                )
+            keys += CATEGORY_FEATURES
+            values += [batch.seq_item_categories, batch.ad_category]
+        one = torch.ones(batch.num_samples, dtype=torch.int64, device=batch.ad_item_id.device)
+        per_key = [batch.seq_lengths.to(torch.int64), one]
+        out = self.item_embeddings(KeyedJaggedTensor.from_lengths_sync(
+            keys=keys, values=torch.cat(values), lengths=torch.cat(per_key * (len(keys) // 2))))
+        hist, ad = out["hist_item"].values(), out["ad_item"].values()
+        if self.use_categories:
+            hist = hist + out["hist_category"].values()
+            ad = ad + out["ad_category"].values()
+        return hist, ad
 
     def forward(self, batch: JaggedBatch) -> torch.Tensor:
         """(B, 2) logits: CTR and CVR."""
@@ -113,7 +149,8 @@ class GemModel(nn.Module):
         owner = torch.repeat_interleave(torch.arange(ad.shape[0], device=ad.device),
                                         batch.seq_lengths)
         x = (hist + self.action_embedding(batch.seq_action_types)
-             + self.age_proj(batch.seq_age.unsqueeze(-1))
+             + self.recency_embedding(recency_buckets(offsets, owner))
+             + self.age_proj(batch.seq_age.unsqueeze(-1) / AGE_SCALE)
              + self.affinity_proj(hist * ad[owner]))
         sparse = self.sparse_embeddings(batch.sparse).to_dict()
         feature_tokens = [self.sparse_proj(sparse[name]) for name in self.sparse_names]

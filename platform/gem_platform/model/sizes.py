@@ -28,7 +28,7 @@ def planning_meta(recipe: Recipe) -> DatasetMeta:
         source="synthetic", num_items=syn.num_items, num_action_types=syn.num_action_types,
         sparse_features=sparse_specs(syn), dense_dim=syn.dense_dim, num_train=syn.num_train,
         num_eval=syn.num_eval, ctr_base_rate=syn.ctr_base_rate, cvr_base_rate=syn.cvr_base_rate,
-        max_seq_len=syn.seq_len.max,
+        max_seq_len=syn.seq_len.max, num_categories=syn.num_clusters,
     )
 
 
