@@ -3,6 +3,11 @@ torch.distributed.checkpoint (each rank writes its own shards; replicated tensor
 one small file per rank with what is rank-specific (loader position, RNG states, schedulers,
 running totals, step metrics not yet published).
 
+Tables sharded by TorchRec train with its fused KeyedOptimizer, whose state
+``get_state_dict`` cannot map (its parameters are not the model's). Its own ``state_dict``
+(keyed by table name, ShardedTensor states) goes through DCP beside the model's; loading fills
+those tensors in place and ``load_state_dict`` copies them into the fused kernels' buffers.
+
 On Ray the folder is handed to Ray Train (``ray.train.report(checkpoint=...)``), which merges
 every rank's files into one checkpoint in the run's storage and gives it back after a restart
 (``ray.train.get_checkpoint()``). In-process runs keep the last K folders under
@@ -23,7 +28,9 @@ import numpy as np
 import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torchrec.optim.keyed import KeyedOptimizer
 
 STEP_FILE = "gem_step.json"
 LOCAL_ROOT = Path("gem_runs/local")
@@ -47,32 +54,70 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 @dataclass
 class Stateful:
-    """Everything a resumed run needs to continue exactly where the saved one stood."""
+    """Everything a resumed run needs to continue exactly where the saved one stood.
+
+    ``optimizers`` may mix torch optimizers (mapped onto the model by ``get_state_dict``) and
+    TorchRec KeyedOptimizers (saved through their own ``state_dict``)."""
 
     model: nn.Module
     optimizers: list[torch.optim.Optimizer]
 
+    def __post_init__(self) -> None:
+        self._plain = [o for o in self.optimizers if not isinstance(o, KeyedOptimizer)]
+        self._keyed = [o for o in self.optimizers if isinstance(o, KeyedOptimizer)]
+        for opt in self._keyed:
+            # The learning rate lives in the param groups, which KeyedOptimizer leaves out by
+            # default; without it the first resumed step would use the scheduler's initial lr.
+            opt.save_param_groups(True)
+
+    def _state(self) -> tuple[dict[str, Any], list[Any]]:
+        """The DCP state (globally keyed tensors) and the keyed optimizers' param groups.
+
+        The param groups stay out of DCP: each rank's fused optimizer groups the tables it
+        holds, so group i differs between ranks, and DCP keeps one copy of a non-tensor
+        value per key. They go to the rank's own file instead."""
+        model_sd, optim_sd = get_state_dict(self.model, self._plain)
+        state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
+        groups = []
+        for i, opt in enumerate(self._keyed):
+            sd = opt.state_dict()
+            groups.append(sd.pop("param_groups"))
+            state[f"keyed_optim{i}"] = sd
+        return state, groups
+
     def save(self, directory: Path, step: int, rank: int, extras: dict[str, Any]) -> None:
         """Collective over all ranks: write model + optimizer shards and this rank's extras."""
         directory.mkdir(parents=True, exist_ok=True)
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizers)
-        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(directory))
-        torch.save({**extras, "rng": rng_state()}, directory / f"rank{rank}.pt")
+        state, groups = self._state()
+        dcp.save(state, checkpoint_id=str(directory))
+        torch.save({**extras, "rng": rng_state(), "keyed_param_groups": groups},
+                   directory / f"rank{rank}.pt")
         if rank == 0:
             (directory / STEP_FILE).write_text(json.dumps({"step": step}))
 
     def load(self, directory: Path, rank: int) -> dict[str, Any]:
         """Collective: restore model + optimizers, RNG states; return this rank's extras."""
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizers)
-        state = {"model": model_sd, "optim": optim_sd}
-        dcp.load(state, checkpoint_id=str(directory))
-        set_state_dict(self.model, self.optimizers, model_state_dict=state["model"],
-                       optim_state_dict=state["optim"])
         path = directory / f"rank{rank}.pt"
         if not path.exists():
             raise RuntimeError(f"checkpoint {directory} has no state for rank {rank}: it was "
                                "saved with a different number of workers")
+        state, _ = self._state()
+        # A table-wise sharded table has no local shard on most ranks. The default planner
+        # drops such ShardedTensors, then takes the dropped keys for a pre-2.4 checkpoint and
+        # re-keys the whole state the old way, which fails (pytorch/pytorch#163480). Nothing
+        # here nests ShardedTensors (that was FSDP1's 2-D layout), so the flattening is moot.
+        dcp.load(state, checkpoint_id=str(directory),
+                 planner=DefaultLoadPlanner(flatten_sharded_tensors=False))
+        set_state_dict(self.model, self._plain, model_state_dict=state["model"],
+                       optim_state_dict=state["optim"])
         extras = torch.load(path, weights_only=False)
+        groups = extras.pop("keyed_param_groups", [])
+        if len(groups) != len(self._keyed):
+            raise RuntimeError(
+                f"checkpoint {directory} holds {len(groups)} TorchRec optimizer(s), this run "
+                f"has {len(self._keyed)}: resume with the recipe's parallel section unchanged")
+        for i, (opt, param_groups) in enumerate(zip(self._keyed, groups, strict=True)):
+            opt.load_state_dict({**state[f"keyed_optim{i}"], "param_groups": param_groups})
         set_rng_state(extras.pop("rng"))
         return extras
 
