@@ -289,13 +289,15 @@ def train(recipe: Recipe, sink: MetricSink | None = None,
     meter = FlopMeter(model)
     for step in range(start_step + 1, recipe.train.steps + 1):
         batch, indices = next(batches)
+        # Before the forward: TorchRec's fused optimizer hands its param groups' lr to the
+        # kernel in zero_grad, and the lookup's forward captures it for the fused update.
+        for opt in optimizers:
+            opt.zero_grad(set_to_none=True)
         sync()
         t0 = time.perf_counter()
         with meter, _autocast(recipe, device):
             logits = model(batch)
         loss, task_losses = compute_loss(logits, batch)
-        for opt in optimizers:
-            opt.zero_grad(set_to_none=True)
         loss.backward()
         sync()
         t_compute = time.perf_counter() - t0
