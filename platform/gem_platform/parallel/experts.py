@@ -54,15 +54,21 @@ def all_to_all_rows(rows: torch.Tensor, out_splits: list[int], in_splits: list[i
 
 
 class LocalExperts(nn.Module):
-    """The experts of one DhenLayer held by this rank; returns the sum of their outputs."""
+    """The experts of one DhenLayer held by this rank; returns the sum of their outputs.
 
-    def __init__(self, experts: list[nn.Module]) -> None:
+    Each expert keeps its index in the whole layer as its name, so its parameters have the
+    same name on every rank that holds it and a different one on ranks that hold another
+    expert: distributed checkpoints key tensors by name, and a name shared by different
+    experts would store one rank's expert (and its optimizer state) for all of them."""
+
+    def __init__(self, experts: dict[int, nn.Module]) -> None:
         super().__init__()
-        self.experts = nn.ModuleList(experts)
+        self.experts = nn.ModuleDict({str(i): e for i, e in experts.items()})
 
     def forward(self, flat: torch.Tensor) -> torch.Tensor:
-        out = self.experts[0](flat)
-        for expert in self.experts[1:]:
+        experts = list(self.experts.values())
+        out = experts[0](flat)
+        for expert in experts[1:]:
             out = out + expert(flat)
         return out
 
@@ -123,7 +129,7 @@ def apply_expert_parallel(model: nn.Module, group: dist.ProcessGroup, position: 
         if not isinstance(layer, DhenLayer):
             continue
         share = expert_share(layer.num_experts, size, position)
-        local = LocalExperts([layer.experts[i] for i in share])
+        local = LocalExperts({i: layer.experts[i] for i in share})
         fully_shard(local, mesh=mesh)
         local.set_gradient_divide_factor(float(world))
         if mesh["shard"].size() > 1:
