@@ -123,6 +123,7 @@ def train_steps(recipe: Recipe, batches: list[JaggedBatch], optimizer: str = "ad
         par.clip_grad_norm_(recipe.train.grad_clip)
         dense_opt.step()
         sparse_opt.step()
+        par.after_optimizer_step()
         losses.append(float(loss.detach()))
     meshes = {tuple(p.device_mesh.shape) for p in par.dense_params if isinstance(p, DTensor)}
     return RankRun(losses, par.strategy, meshes, len(par.sparse_params))

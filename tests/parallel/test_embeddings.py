@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 
 import pytest
+import torch
 
 from tests.parallel.harness import assert_match_reference, run_recipes, spawn, tiny_recipe
 
@@ -25,3 +26,26 @@ def test_sharded_embeddings_match_single_process():
             assert run.strategy == "torchrec_sharding"
             assert run.num_sparse_params == 0  # tables train with TorchRec's fused optimizer
     assert_match_reference(results, RECIPES, WORLD)
+
+
+def _parallelize_error(rank: int, world: int) -> str:
+    from gem_platform.errors import RecipeError
+    from gem_platform.parallel import parallelize
+    from gem_platform.train.loop import build_model
+    from tests.parallel.harness import tiny_meta
+
+    recipe = tiny_recipe(workers=world, embedding_group=1)
+    try:
+        parallelize(build_model(recipe, tiny_meta(), torch.device("cpu")), recipe)
+    except RecipeError as e:
+        return str(e)
+    return ""
+
+
+def test_replicated_embedding_groups_need_cuda():
+    """Tables sharded per embedding group and replicated across groups (TorchRec's
+    DMPCollection) are CUDA-only: on CPU the recipe is refused with the fix, on every rank."""
+    messages = spawn(_parallelize_error, WORLD)
+    for message in messages:
+        assert "parallel.embedding_group=1" in message
+        assert "DMPCollection" in message and "CUDA" in message

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -38,6 +39,7 @@ class Parallelized:
     sparse_optimizer: torch.optim.Optimizer | None = None
     expert_params: list[nn.Parameter] = field(default_factory=list)
     expert_group: dist.ProcessGroup | None = None
+    replica_sync: Callable[[], None] | None = None
 
     @property
     def fused_sparse(self) -> bool:
@@ -46,6 +48,12 @@ class Parallelized:
 
     def sync_gradients(self) -> None:
         all_reduce_gradients(self.replicated_params, self.world_size)
+
+    def after_optimizer_step(self) -> None:
+        """Average the embedding-table replicas across embedding groups (2-D sparse
+        parallelism); nothing to do for the other strategies."""
+        if self.replica_sync is not None:
+            self.replica_sync()
 
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
         """Clip dense and expert gradients by their global L2 norm (same on every rank)."""
@@ -120,20 +128,30 @@ def _compose(model: nn.Module, recipe: Recipe, choice: StrategyChoice,
         )
     groups = build_rank_groups(parallel)
     device = next(model.parameters()).device
-    inner, sparse_optimizer = model, None
+    inner, sparse_optimizer, replica_sync = model, None, None
     if choice.shard_embeddings:
-        from gem_platform.parallel.embeddings import EmbeddingShardingSpec, shard_embeddings
+        from gem_platform.parallel.embeddings import (
+            EmbeddingShardingSpec,
+            shard_embeddings,
+            shard_embeddings_replicated,
+        )
 
         size = len(groups.ranks(GroupKind.EMBEDDING))
-        if size != world:
-            raise RecipeError(
-                f"parallel.embedding_group={size} is smaller than parallel.workers={world}: "
-                "data parallelism across copies of sharded tables is not available yet.",
-                "Leave parallel.embedding_group unset (one copy sharded over all workers).",
-            )
         spec = EmbeddingShardingSpec(parallel.embedding_sharding, size, recipe.train.sparse_lr,
                                      device.type)
-        dmp = shard_embeddings(model, spec, groups.group(GroupKind.EMBEDDING), device)
+        if size == world:
+            dmp = shard_embeddings(model, spec, groups.group(GroupKind.EMBEDDING), device)
+        elif device.type != "cuda":
+            raise RecipeError(
+                f"parallel.embedding_group={size} is smaller than parallel.workers={world}: "
+                "tables sharded per group and replicated across groups use TorchRec's "
+                "DMPCollection, which runs on CUDA only.",
+                "Leave parallel.embedding_group unset on CPU (one copy sharded over all "
+                "workers), or run on GPUs (parallel.use_gpu: true).",
+            )
+        else:
+            dmp = shard_embeddings_replicated(model, spec, world, device)
+            replica_sync = dmp.sync
         # Train DMP's inner module: DMP's forward only calls it, and its parameter names are
         # the unsharded model's, which torch.distributed.checkpoint resolves against.
         inner = dmp.module
@@ -167,4 +185,4 @@ def _compose(model: nn.Module, recipe: Recipe, choice: StrategyChoice,
         model=inner, dense_params=dense, sparse_params=sparse,
         replicated_params=[*plain_dense, *sparse], world_size=world, strategy=choice.name,
         sparse_optimizer=sparse_optimizer, expert_params=expert_params,
-        expert_group=expert_group)
+        expert_group=expert_group, replica_sync=replica_sync)

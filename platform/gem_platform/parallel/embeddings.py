@@ -21,7 +21,7 @@ from fbgemm_gpu.split_embedding_configs import EmbOptimType
 from torch import nn
 from torchrec.distributed.embedding import EmbeddingCollectionSharder
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-from torchrec.distributed.model_parallel import DistributedModelParallel
+from torchrec.distributed.model_parallel import DistributedModelParallel, DMPCollection
 from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
 from torchrec.distributed.types import ShardingEnv, ShardingPlan, ShardingType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
@@ -100,6 +100,25 @@ def shard_embeddings(model: nn.Module, spec: EmbeddingShardingSpec, group: dist.
     dmp = DistributedModelParallel(
         model, env=ShardingEnv.from_process_group(group), device=device, plan=plan,
         sharders=spec.sharders(), init_data_parallel=False, init_parameters=False)
+    _load_table_weights(dmp, tables)
+    return dmp
+
+
+def shard_embeddings_replicated(model: nn.Module, spec: EmbeddingShardingSpec, world: int,
+                                device: torch.device) -> DMPCollection:
+    """2-D sparse parallelism: the tables are sharded over each embedding group of
+    ``spec.group_size`` contiguous ranks and replicated across the ``world / group_size``
+    groups, so all_to_all stays inside a group (a few hosts) and only the replicas' averaging
+    crosses groups. TorchRec's DMPCollection does both; it runs on CUDA only, and its
+    contiguous-group layout (``use_inter_host_allreduce``) is the one the topology plans.
+    The caller averages the replicas after each optimizer step (``DMPCollection.sync``)."""
+    tables = {name: p.detach().clone() for name, p in _table_weights(model).items()}
+    plan = make_plan(model, spec, dist.group.WORLD)
+    dmp = DMPCollection(
+        module=model, device=device, plan=plan, world_size=world,
+        sharding_group_size=spec.group_size, global_pg=dist.group.WORLD,
+        sharders=spec.sharders(), init_data_parallel=False, init_parameters=False,
+        use_inter_host_allreduce=True)
     _load_table_weights(dmp, tables)
     return dmp
 

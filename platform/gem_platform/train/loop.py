@@ -311,6 +311,7 @@ def train(recipe: Recipe, sink: MetricSink | None = None,
             raise TrainingDiverged(_divergence_report(step, loss, logits, model))
         for opt in optimizers:
             opt.step()
+        par.after_optimizer_step()
         for s in schedules:
             s.step()
         sync()
