@@ -127,22 +127,45 @@ def _autocast(recipe: Recipe, device: torch.device):
     return torch.autocast(device.type, enabled=False)
 
 
+def _eval_batch_count(n: int, batch_size: int, info: RankInfo) -> int:
+    """Eval batches every rank runs: the most any rank needs. Sharded tables, FSDP units and
+    the expert exchange make the forward a collective, so a rank with fewer samples must
+    still take part in every batch."""
+    count = torch.tensor([math.ceil(n / batch_size)], dtype=torch.int64)
+    if info.distributed:
+        dist.all_reduce(count, op=dist.ReduceOp.MAX)
+    return int(count.item())
+
+
 @torch.no_grad()
 def evaluate(model: nn.Module, table: SampleTable, recipe: Recipe, device: torch.device,
              info: RankInfo) -> dict[str, float]:
-    """NE and AUC per task on this rank's share of the eval split, reduced over ranks."""
+    """NE and AUC per task on this rank's share of the eval split, reduced over ranks.
+
+    Every rank runs the same number of batches; past the end of its share a rank scores a
+    one-sample stand-in batch that is masked out of every metric, so the result is exact."""
     model.eval()
     evaluators = {task: TaskEvaluator() for task in TASKS}
     n = len(table)
     if recipe.train.eval_max_samples is not None:
         n = min(n, max(recipe.train.eval_max_samples // info.world_size, 1))
     bs = recipe.loader.local_batch_size
-    for start in range(0, n, bs):
-        batch = table.collate(np.arange(start, min(start + bs, n))).to(device)
+    batches = _eval_batch_count(n, bs, info)
+    if batches and n == 0:
+        raise RuntimeError(
+            f"rank {info.rank} holds no eval samples while other ranks do: the eval split is "
+            f"smaller than parallel.workers={info.world_size}. Generate more eval samples "
+            "(data.synthetic.eval_fraction) or run fewer workers.")
+    for start in range(0, batches * bs, bs):
+        indices = np.arange(start, min(start + bs, n))
+        real = indices.size > 0
+        batch = table.collate(indices if real else np.zeros(1, dtype=np.int64)).to(device)
         with _autocast(recipe, device):
             logits = model(batch).float()
-        evaluators["ctr"].update(logits[:, 0], batch.labels[:, 0])
-        evaluators["cvr"].update(logits[:, 1], batch.labels[:, 1], mask=batch.cvr_mask)
+        keep = torch.full((batch.num_samples,), real, dtype=torch.bool, device=logits.device)
+        evaluators["ctr"].update(logits[:, 0], batch.labels[:, 0], mask=keep)
+        evaluators["cvr"].update(logits[:, 1], batch.labels[:, 1],
+                                 mask=batch.cvr_mask & keep)
     model.train()
     out: dict[str, float] = {}
     for task, ev in evaluators.items():
