@@ -101,6 +101,13 @@ class Stateful:
         if not path.exists():
             raise RuntimeError(f"checkpoint {directory} has no state for rank {rank}: it was "
                                "saved with a different number of workers")
+        extras = torch.load(path, weights_only=False)
+        groups = extras.pop("keyed_param_groups", [])
+        if len(groups) != len(self._keyed):
+            raise RuntimeError(
+                f"checkpoint {directory} holds {len(groups)} TorchRec-sharded optimizer(s), "
+                f"this run has {len(self._keyed)}: resume with the parallel section of the run "
+                "that saved it")
         state, _ = self._state()
         # A table-wise sharded table has no local shard on most ranks. The default planner
         # drops such ShardedTensors, then takes the dropped keys for a pre-2.4 checkpoint and
@@ -110,12 +117,6 @@ class Stateful:
                  planner=DefaultLoadPlanner(flatten_sharded_tensors=False))
         set_state_dict(self.model, self._plain, model_state_dict=state["model"],
                        optim_state_dict=state["optim"])
-        extras = torch.load(path, weights_only=False)
-        groups = extras.pop("keyed_param_groups", [])
-        if len(groups) != len(self._keyed):
-            raise RuntimeError(
-                f"checkpoint {directory} holds {len(groups)} TorchRec optimizer(s), this run "
-                f"has {len(self._keyed)}: resume with the recipe's parallel section unchanged")
         for i, (opt, param_groups) in enumerate(zip(self._keyed, groups, strict=True)):
             opt.load_state_dict({**state[f"keyed_optim{i}"], "param_groups": param_groups})
         set_rng_state(extras.pop("rng"))
