@@ -95,6 +95,9 @@ class GemModel(nn.Module):
         # Target-aware history tokens (as in DIN): item x candidate, elementwise, so the
         # candidate's affinity to each past event is one projection away from every layer.
         self.affinity_proj = nn.Linear(d, d)
+        # Elements of a product of two unit-norm rows are ~1/d; scaled by sqrt(d) they start
+        # as large as the other token inputs instead of ~sqrt(d) times smaller.
+        self.affinity_scale = d**0.5
         self.sparse_proj = nn.Linear(cfg.sparse_dim, d)
         self.dense_proj = nn.Linear(max(meta.dense_dim, 1), d)
         spec = SelfAttentionSpec(
@@ -151,7 +154,7 @@ class GemModel(nn.Module):
         x = (hist + self.action_embedding(batch.seq_action_types)
              + self.recency_embedding(recency_buckets(offsets, owner))
              + self.age_proj(batch.seq_age.unsqueeze(-1) / AGE_SCALE)
-             + self.affinity_proj(hist * ad[owner]))
+             + self.affinity_proj(hist * ad[owner] * self.affinity_scale))
         sparse = self.sparse_embeddings(batch.sparse).to_dict()
         feature_tokens = [self.sparse_proj(sparse[name]) for name in self.sparse_names]
         dense = batch.dense if batch.dense.shape[1] else batch.dense.new_zeros(ad.shape[0], 1)
