@@ -212,6 +212,27 @@ _quantize_autotuned = triton.autotune(
     prune_configs_by={"early_config_prune": _prune})(_quantize_kernel)
 
 
+def _scale_buffer(x: torch.Tensor, block: tuple[int, int], col_major: bool) -> torch.Tensor:
+    """One fp32 scale per block of ``x``; column-major when cuBLAS's blockwise GEMM reads it."""
+    sr, sc = scale_shape(x.shape[0], x.shape[1], block)
+    if col_major:
+        return torch.empty((sc, sr), dtype=torch.float32, device=x.device).t()
+    return torch.empty((sr, sc), dtype=torch.float32, device=x.device)
+
+
+def _hadamard_operand(x: torch.Tensor, hadamard: torch.Tensor | None
+                      ) -> tuple[int, torch.Tensor, float]:
+    """(block size, +-1 sign matrix, 1/sqrt(n)) for the kernels' fused rotation; block size 0
+    and ``x`` as a placeholder pointer when there is no rotation."""
+    if hadamard is None:
+        return 0, x, 1.0
+    hb = hadamard.shape[0]
+    if x.shape[1] % hb:
+        raise ValueError(f"columns {x.shape[1]} must be a multiple of the hadamard block {hb}")
+    signs = torch.sign(hadamard).to(device=x.device, dtype=torch.float32).contiguous()
+    return hb, signs, 1.0 / math.sqrt(hb)
+
+
 def quantize_triton(x: torch.Tensor, block: tuple[int, int], *, hadamard: torch.Tensor | None,
                     stochastic: bool, seed: int, scale_col_major: bool = False) -> BlockFp8:
     """``scale_col_major``: write the scales column-major (the layout cuBLAS blockwise wants
@@ -219,20 +240,8 @@ def quantize_triton(x: torch.Tensor, block: tuple[int, int], *, hadamard: torch.
     r, c = x.shape
     br, bc = block
     q = torch.empty((r, c), dtype=FP8_DTYPE, device=x.device)
-    sr, sc = scale_shape(r, c, block)
-    if scale_col_major:
-        s = torch.empty((sc, sr), dtype=torch.float32, device=x.device).t()
-    else:
-        s = torch.empty((sr, sc), dtype=torch.float32, device=x.device)
-    hb = 0
-    h = x  # placeholder pointer when no transform
-    inv_sqrt_n = 1.0
-    if hadamard is not None:
-        hb = hadamard.shape[0]
-        if c % hb:
-            raise ValueError(f"columns {c} must be a multiple of the hadamard block {hb}")
-        h = torch.sign(hadamard).to(device=x.device, dtype=torch.float32).contiguous()
-        inv_sqrt_n = 1.0 / math.sqrt(hb)
+    s = _scale_buffer(x, block, scale_col_major)
+    hb, h, inv_sqrt_n = _hadamard_operand(x, hadamard)
     interpret = os.environ.get("TRITON_INTERPRET") == "1"
     had_fp32 = interpret or x.dtype != torch.bfloat16
     args = (x, q, s, h, r, c, x.stride(0), x.stride(1), s.stride(0), s.stride(1), seed,
@@ -285,17 +294,9 @@ def rmsnorm_quantize(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
     r, c = x.shape
     br, bc = block
     q = torch.empty((r, c), dtype=FP8_DTYPE, device=x.device)
-    sr, sc = scale_shape(r, c, block)
-    s = (torch.empty((sc, sr), dtype=torch.float32, device=x.device).t() if scale_col_major
-         else torch.empty((sr, sc), dtype=torch.float32, device=x.device))
+    s = _scale_buffer(x, block, scale_col_major)
     rstd = torch.empty((r,), dtype=torch.float32, device=x.device)
-    hb, h, inv_sqrt_n = 0, x, 1.0
-    if hadamard is not None:
-        hb = hadamard.shape[0]
-        if c % hb:
-            raise ValueError(f"columns {c} must be a multiple of the hadamard block {hb}")
-        h = torch.sign(hadamard).to(device=x.device, dtype=torch.float32).contiguous()
-        inv_sqrt_n = 1.0 / math.sqrt(hb)
+    hb, h, inv_sqrt_n = _hadamard_operand(x, hadamard)
     interpret = os.environ.get("TRITON_INTERPRET") == "1"
     tr, tc = max(br, 32), max(bc, 128, hb)
     _rmsnorm_quantize_kernel[(triton.cdiv(r, tr),)](
