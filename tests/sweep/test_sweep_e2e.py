@@ -15,26 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 from mlflow.tracking import MlflowClient
 
 from tests.conftest import run_gemctl
+from tests.platform.test_cli import TINY
 
 pytestmark = pytest.mark.slow
-
-TINY = """
-name: tiny
-model: {{d_model: 16, num_heads: 2, pooled_queries: 2, dhen_layers: 1, expert_hidden: 32,
-         head_hidden: 32}}
-data:
-  source: synthetic
-  path: {data}
-  synthetic: {{num_samples: 2400, num_users: 300, num_items: 300,
-              seq_len: {{dist: lognormal, mean: 24, min: 1, max: 96}}}}
-loader: {{batching: bbs, local_batch_size: 128, base_batch_size: 32, buffer_full_batches: 2}}
-train: {{steps: 6, log_every: 2, warmup_steps: 2}}
-parallel: {{workers: 1}}
-tracking: {{experiment: sweep-e2e}}
-"""
 
 SPEC = """
 name: ablate
@@ -74,7 +61,12 @@ def sweep_runs(uri: str) -> tuple[list, list]:
 @pytest.fixture(scope="module")
 def swept(tmp_path_factory: pytest.TempPathFactory, mlflow_server: str) -> Swept:
     d = tmp_path_factory.mktemp("sweep")
-    (d / "tiny.yaml").write_text(TINY.format(data=d / "data"))
+    tree = yaml.safe_load(TINY.format(data=d / "data"))
+    # one worker per trial, and full attention (the CLI test's tiny recipe uses block64)
+    tree["model"].pop("attention")
+    tree["parallel"]["workers"] = 1
+    tree["tracking"]["experiment"] = "sweep-e2e"
+    (d / "tiny.yaml").write_text(yaml.safe_dump(tree))
     (d / "ablate.yaml").write_text(SPEC)
     env = {"MLFLOW_TRACKING_URI": mlflow_server}
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **env}

@@ -231,7 +231,7 @@ def to_arrow(arrays: SampleArrays, sparse_features: Sequence[SparseFeatureSpec])
         _list_array(arrays.seq_offsets, arrays.seq_age.astype(np.float32), pa.float32()),
         pa.array(arrays.ad_item_id.astype(np.int64), type=pa.int64()),
     ]
-    if arrays.seq_item_categories is not None and arrays.ad_category is not None:
+    if arrays.has_categories:
         seq_cats = arrays.seq_item_categories.astype(np.int64)
         cols += [
             _list_array(arrays.seq_offsets, seq_cats, pa.int64()),
