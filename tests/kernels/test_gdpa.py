@@ -261,9 +261,35 @@ def test_cover_empty_rows_gives_query_only_samples_an_item() -> None:
 
 
 @interpreter
-def test_triton_interpreter_fp16_d32() -> None:
-    _check_triton([9, 33, 0], [33, 2, 4], 1, 32, torch.float16, "cpu", "silu", "none",
-                  2e-3, 1e-2)
+@pytest.mark.parametrize("act", ["silu", "gelu_tanh", "identity"])
+def test_triton_interpreter_fp16_d32(act) -> None:
+    """fp16 keeps the scale on the scores (folds_scale is off): the other code path."""
+    _check_triton([9, 33, 0], [33, 2, 4], 1, 32, torch.float16, "cpu", act, "none",
+                  3e-3, 1e-2)
+
+
+@interpreter
+@pytest.mark.parametrize("scale", [0.01, 0.3, 40.0])
+def test_triton_interpreter_scale_folded_or_not(scale) -> None:
+    """gelu_tanh folds the scale into its coefficients inside [1/32, 32] and scales the
+    scores outside it; both match the reference."""
+    from gem_kernels.gdpa.activations import ACT_CODE, folds_scale
+
+    assert folds_scale(ACT_CODE["gelu_tanh"], scale, torch.float32) == (scale == 0.3)
+    ql, kl = [20, 0, 37, 3], [5, 9, 0, 17]
+    q, k, v, qo, ko = _inputs(ql, kl, 2, 16, torch.float32, "cpu", seed=3)
+    q, k = q / 4, k / 4  # keep scale * q.k inside the polynomial's range at scale 40
+    for t in (q, k, v):
+        t.requires_grad_(True)
+    out = gdpa(q, k, v, qo, ko, 37, 17, activation="gelu_tanh", scale=scale,
+               kernel="triton")
+    do = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
+    grads = torch.autograd.grad(out, (q, k, v), do)
+    ref = gdpa_reference(q, k, v, qo, ko, 37, 17, activation="gelu_tanh", scale=scale)
+    ref_grads = torch.autograd.grad(ref, (q, k, v), do)
+    assert _rel(out, ref) < 2e-3
+    for a, b in zip(grads, ref_grads, strict=True):
+        assert _rel(a, b) < 2e-2
 
 
 def test_backward_mode_follows_the_short_side() -> None:

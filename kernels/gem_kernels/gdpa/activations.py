@@ -2,12 +2,15 @@
 polynomial the Triton kernels use instead of the special-function ``tanh``.
 
 GELU-tanh is ``x * s(x)`` with ``s(x) = 0.5 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))``.
-``s(x) - 0.5`` is odd, so the kernels evaluate ``s(x) = 0.5 + x * P(x^2)`` on ``|x| <= R``
-(``P`` a least-squares fit, Horner on ordinary FMA units) on ``x`` clamped to ``[-R, R]``, so
-``x > R`` keeps ``s(R)`` (1 within 2e-5, far inside the error bound relative to ``x``) and only
-``x < -R`` needs a select (``s = 0``): one compare and one select per element instead of four
-operations for both tails. The fit and its error bound are fixed below and checked by the
-tests.
+``s(x) - 0.5`` is odd, so the kernels evaluate ``s(x) = 0.5 + x * P(x^2)`` on ``x`` clamped to
+``[-R, R]`` (``P`` of degree 7 in ``x^2``: 7 FMAs by Horner on ordinary ALUs). The fit is
+constrained to ``s(R) = 1`` and ``s'(R) = 0``, so the clamp alone gives both tails (``x > R``:
+``s = 1``; ``x < -R``: ``s = 0``) and the clamped derivative vanishes there: no compare, no
+select, in the forward or the backward. Every instruction per score element counts: the
+forward spends about as many issue slots on the activation as on the two matmuls.
+
+The kernels also fold the attention scale into the coefficients (``P`` evaluated on the raw
+dot product) and multiply the accumulator by the scale once per tile instead of every score.
 """
 
 from __future__ import annotations
@@ -23,22 +26,20 @@ ACTIVATIONS = ("silu", "gelu", "gelu_tanh", "identity")
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
 # --- GELU-tanh polynomial ---------------------------------------------------------------
-# P: least-squares fit of (s(x) - 0.5) / x on Chebyshev nodes of [0, R], in powers of x^2,
-# lowest first (degree 16 in x; 8 FMAs by Horner). Beyond x > R the clamped value s(R) =
-# 1 - 5.6e-6 stands in for 1; below x < -R, s = 0.
+# P: minimax fit (linear program on a dense grid) of the weighted error below on [0, R], in
+# powers of x^2, lowest first, under the constraints R P(R^2) = 1/2 and s'(R) = 0.
 GELU_POLY_R = 4.0
 GELU_POLY_COEFFS: tuple[float, ...] = (
-    0.39894118554, -0.066799666098, 0.010165806145, -0.0012219571409, 0.00011368564781,
-    -7.7733934599e-06, 3.594455799e-07, -9.8607252589e-09, 1.1979256476e-10,
+    0.39904659523, -0.066505301988, 0.009801466021, -0.0010699027792, 8.2027061132e-05,
+    -4.1033058629e-06, 1.1862356149e-07, -1.4904358417e-09,
 )
 # Error bound, checked in fp32 by the tests on a dense grid: for |x| <= GELU_POLY_VALID_RANGE,
 #   |gelu_poly(x) - gelu_tanh(x)| <= 2^-9 * max(|gelu_tanh(x)|, 2^-4),
 # i.e. below half a bf16 ulp of the exact value (values under 2^-4 in magnitude are held to
-# the absolute error 2^-13). Worst case 0.58 of that bound, at x = -4 where the polynomial
-# hands over to the asymptote. With QK-norm, |scale * q.k| <= sqrt(d) (11.3 for d = 128), so
-# the range covers every score the model can produce; beyond it the tails stay within the
-# same bound because gelu_tanh(x) -> x (x > 0, relative error 5.6e-6 from s(R)) and -> 0
-# (x < 0) faster than the bound.
+# the absolute error 2^-13). Worst case 0.65 of that bound in fp32. With QK-norm,
+# |scale * q.k| <= sqrt(d) (11.3 for d = 128), so the range covers every score the model can
+# produce. Beyond R the clamped s is 1 (x > R: relative error 5.6e-6) or, after fp32
+# rounding, ~1e-6 (x < -R: absolute error ~1e-6 |x|, inside the bound up to |x| ~ 100).
 GELU_POLY_VALID_RANGE = 12.0
 
 
@@ -50,8 +51,7 @@ def gelu_tanh_poly(x: torch.Tensor) -> torch.Tensor:
     p = torch.full_like(xf, GELU_POLY_COEFFS[-1])
     for c in GELU_POLY_COEFFS[-2::-1]:
         p = p * x2 + c
-    s = torch.where(xf < -GELU_POLY_R, 0.0, 0.5 + xc * p)
-    return (xf * s).to(x.dtype)
+    return (xf * (0.5 + xc * p)).to(x.dtype)
 
 
 def gelu_tanh_exact(x: torch.Tensor) -> torch.Tensor:
@@ -75,6 +75,19 @@ def apply_activation(x: torch.Tensor, activation: str) -> torch.Tensor:
 # Activation codes shared with the kernels.
 ACT_CODE = {"silu": 0, "gelu": 1, "gelu_tanh": 2, "identity": 3}
 
+# Folding the scale into the GELU coefficients raises scale to the 15th power: outside this
+# range fp32 would lose the top coefficients, and the kernels scale the scores instead.
+_FOLD_SCALE_RANGE = (1.0 / 32, 32.0)
+
+
+def folds_scale(act_code: int, scale: float, dtype: torch.dtype) -> bool:
+    """Whether the kernels apply ``scale`` after the second matmul (gelu_tanh, identity)
+    instead of to every score. Not for fp16: the unscaled act values (up to 1/scale times
+    larger) would reach fp16's range sooner."""
+    return (act_code in (2, 3) and dtype != torch.float16
+            and _FOLD_SCALE_RANGE[0] <= scale <= _FOLD_SCALE_RANGE[1])
+
+
 _R = tl.constexpr(GELU_POLY_R)
 _C0 = tl.constexpr(GELU_POLY_COEFFS[0])
 _C1 = tl.constexpr(GELU_POLY_COEFFS[1])
@@ -84,68 +97,109 @@ _C4 = tl.constexpr(GELU_POLY_COEFFS[4])
 _C5 = tl.constexpr(GELU_POLY_COEFFS[5])
 _C6 = tl.constexpr(GELU_POLY_COEFFS[6])
 _C7 = tl.constexpr(GELU_POLY_COEFFS[7])
-_C8 = tl.constexpr(GELU_POLY_COEFFS[8])
 
 
 @triton.jit
-def _gelu_poly_p(x2):
-    p = _C8 * x2 + _C7
-    p = p * x2 + _C6
-    p = p * x2 + _C5
-    p = p * x2 + _C4
-    p = p * x2 + _C3
-    p = p * x2 + _C2
-    p = p * x2 + _C1
-    p = p * x2 + _C0
-    return p
+def _gelu_coeffs(a):
+    """Coefficients of P for input x = u / a (c_j a^(2j+1)): s(u) = 0.5 + x P_a(x^2)."""
+    a2 = a * a
+    t0 = a
+    t1 = t0 * a2
+    t2 = t1 * a2
+    t3 = t2 * a2
+    t4 = t3 * a2
+    t5 = t4 * a2
+    t6 = t5 * a2
+    t7 = t6 * a2
+    return _C0 * t0, _C1 * t1, _C2 * t2, _C3 * t3, _C4 * t4, _C5 * t5, _C6 * t6, _C7 * t7
 
 
 @triton.jit
-def _gelu_poly_dp(x2):
-    """dP/d(x^2)."""
-    d = (8.0 * _C8) * x2 + 7.0 * _C7
-    d = d * x2 + 6.0 * _C6
-    d = d * x2 + 5.0 * _C5
-    d = d * x2 + 4.0 * _C4
-    d = d * x2 + 3.0 * _C3
-    d = d * x2 + 2.0 * _C2
-    d = d * x2 + _C1
+def _gelu_s(x, a):
+    """(s(u), x_clamped^2) for raw x = u / a."""
+    c0, c1, c2, c3, c4, c5, c6, c7 = _gelu_coeffs(a)
+    r = _R / a
+    xc = tl.minimum(tl.maximum(x, -r), r)
+    x2 = xc * xc
+    p = c7 * x2 + c6
+    p = p * x2 + c5
+    p = p * x2 + c4
+    p = p * x2 + c3
+    p = p * x2 + c2
+    p = p * x2 + c1
+    p = p * x2 + c0
+    return 0.5 + xc * p, x2
+
+
+@triton.jit
+def _gelu_ds(x2, a):
+    """ds/dx = sum_j (2j+1) c_j x^(2j), for raw x = u / a; 0 at the clamp by the fit."""
+    c0, c1, c2, c3, c4, c5, c6, c7 = _gelu_coeffs(a)
+    d = (15.0 * c7) * x2 + 13.0 * c6
+    d = d * x2 + 11.0 * c5
+    d = d * x2 + 9.0 * c4
+    d = d * x2 + 7.0 * c3
+    d = d * x2 + 5.0 * c2
+    d = d * x2 + 3.0 * c1
+    d = d * x2 + c0
     return d
 
 
 @triton.jit
-def act_fwd(x, ACT: tl.constexpr):
-    """act(x) for an fp32 tile."""
-    if ACT == 0:
-        return x * tl.sigmoid(x)
-    elif ACT == 1:
-        return 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))
-    elif ACT == 2:
-        xc = tl.minimum(tl.maximum(x, -_R), _R)
-        s = tl.where(x < -_R, 0.0, 0.5 + xc * _gelu_poly_p(xc * xc))
-        return x * s
+def out_scale(scale, FOLD: tl.constexpr):
+    """What the kernels multiply act(...)-side accumulators by (see act_fwd)."""
+    if FOLD:
+        return scale
     else:
-        return x
+        return 1.0
 
 
 @triton.jit
-def act_fwd_and_grad(x, ACT: tl.constexpr):
-    """(act(x), act'(x)) for an fp32 tile; for gelu_tanh the derivative of the polynomial."""
-    if ACT == 0:
-        sg = tl.sigmoid(x)
-        y = x * sg
-        return y, sg + y * (1.0 - sg)
-    elif ACT == 1:
-        cdf = 0.5 * (1.0 + tl.math.erf(x * 0.7071067811865476))
-        pdf = tl.exp(-0.5 * x * x) * 0.3989422804014327
-        return x * cdf, cdf + x * pdf
-    elif ACT == 2:
-        xc = tl.minimum(tl.maximum(x, -_R), _R)
-        x2 = xc * xc
-        inside = tl.abs(x) <= _R
-        p = _gelu_poly_p(x2)
-        s = tl.where(x < -_R, 0.0, 0.5 + xc * p)
-        ds = tl.where(inside, p + 2.0 * x2 * _gelu_poly_dp(x2), 0.0)
-        return x * s, s + x * ds
+def act_fwd(x, scale, ACT: tl.constexpr, FOLD: tl.constexpr):
+    """For an fp32 tile of raw dots x: act(scale * x) / out_scale(scale, FOLD). With FOLD
+    (gelu_tanh, identity) the scale lives in the coefficients and the caller multiplies its
+    accumulator by scale once; else the scores are scaled here."""
+    if FOLD:
+        if ACT == 2:
+            s, _ = _gelu_s(x, scale)
+            return x * s
+        else:
+            return x
     else:
-        return x, tl.full(x.shape, 1.0, tl.float32)
+        u = x * scale
+        if ACT == 0:
+            return u * tl.sigmoid(u)
+        elif ACT == 1:
+            return 0.5 * u * (1.0 + tl.math.erf(u * 0.7071067811865476))
+        elif ACT == 2:
+            s, _ = _gelu_s(u, 1.0)
+            return u * s
+        else:
+            return u
+
+
+@triton.jit
+def act_fwd_and_grad(x, scale, ACT: tl.constexpr, FOLD: tl.constexpr):
+    """(act_fwd(x, ...), act'(scale * x)) for an fp32 tile of raw dots; for gelu_tanh the
+    derivative of the polynomial (d/du [u s(u)] = s + x ds/dx, scale-free)."""
+    if FOLD:
+        if ACT == 2:
+            s, x2 = _gelu_s(x, scale)
+            return x * s, s + x * _gelu_ds(x2, scale)
+        else:
+            return x, tl.full(x.shape, 1.0, tl.float32)
+    else:
+        u = x * scale
+        if ACT == 0:
+            sg = tl.sigmoid(u)
+            y = u * sg
+            return y, sg + y * (1.0 - sg)
+        elif ACT == 1:
+            cdf = 0.5 * (1.0 + tl.math.erf(u * 0.7071067811865476))
+            pdf = tl.exp(-0.5 * u * u) * 0.3989422804014327
+            return u * cdf, cdf + u * pdf
+        elif ACT == 2:
+            s, x2 = _gelu_s(u, 1.0)
+            return u * s, s + u * _gelu_ds(x2, 1.0)
+        else:
+            return u, tl.full(u.shape, 1.0, tl.float32)

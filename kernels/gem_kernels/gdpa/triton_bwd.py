@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gem_kernels.gdpa.activations import act_fwd_and_grad
+from gem_kernels.gdpa.activations import act_fwd_and_grad, folds_scale, out_scale
 from gem_kernels.gdpa.triton_fwd import (
     TileConfig,
     _pow2_at_least,
@@ -96,7 +96,7 @@ def _gdpa_bwd_short_kv_kernel(Q, K, V, DO, DQ, DK32, DV32, items, prog_ptr,
                               stride_vh, stride_dot, stride_doh, scale, inv_max_kv,
                               ACT: tl.constexpr, NORM: tl.constexpr, D: tl.constexpr,
                               BM: tl.constexpr, BS: tl.constexpr, PREFETCH: tl.constexpr,
-                              PREC: tl.constexpr):
+                              PREC: tl.constexpr, FOLD: tl.constexpr):
     """Items are query blocks; the sample's KV (<= BS rows) is one tile. Stores dQ, adds
     partial dK, dV into fp32 buffers laid out like k / v."""
     pid = tl.program_id(0)
@@ -113,8 +113,8 @@ def _gdpa_bwd_short_kv_kernel(Q, K, V, DO, DQ, DK32, DV32, items, prog_ptr,
             do_next = load_rows(DO, nr0, nrlen, nblk, nh, stride_dot, stride_doh, BM, D)
         k = load_rows(K, c0, clen, 0, h, stride_kt, stride_kh, BS, D)
         v = load_rows(V, c0, clen, 0, h, stride_vt, stride_vh, BS, D)
-        s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale  # (BM, BS)
-        p, dact = act_fwd_and_grad(s, ACT)
+        s = tl.dot(q, tl.trans(k), input_precision=PREC)  # (BM, BS)
+        p, dact = act_fwd_and_grad(s, scale, ACT, FOLD)
         dp = tl.dot(do, tl.trans(v), input_precision=PREC)
         ds = (dp * dact).to(k.dtype)
         c = norm_factor(clen, inv_max_kv, NORM)
@@ -122,7 +122,8 @@ def _gdpa_bwd_short_kv_kernel(Q, K, V, DO, DQ, DK32, DV32, items, prog_ptr,
         store_rows(DQ, dq * (c * scale), r0, rlen, blk, h, stride_qt, stride_qh, BM, D)
         dv = tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PREC)
         dk = tl.dot(tl.trans(ds), q, input_precision=PREC)
-        _atomic_add_rows(DV32, dv * c, c0, clen, h, stride_vt, stride_vh, BS, D)
+        _atomic_add_rows(DV32, dv * (c * out_scale(scale, FOLD)), c0, clen, h, stride_vt,
+                         stride_vh, BS, D)
         _atomic_add_rows(DK32, dk * (c * scale), c0, clen, h, stride_kt, stride_kh, BS, D)
         if not PREFETCH:
             q_next = load_rows(Q, nr0, nrlen, nblk, nh, stride_qt, stride_qh, BM, D)
@@ -139,7 +140,7 @@ def _gdpa_bwd_short_q_kernel(Q, K, V, DO, DK, DV, DQ32, items, prog_ptr,
                              stride_vh, stride_dot, stride_doh, scale, inv_max_kv,
                              ACT: tl.constexpr, NORM: tl.constexpr, D: tl.constexpr,
                              BN: tl.constexpr, BS: tl.constexpr, PREFETCH: tl.constexpr,
-                             PREC: tl.constexpr):
+                             PREC: tl.constexpr, FOLD: tl.constexpr):
     """Items are key blocks; the sample's Q (<= BS rows) is one tile. Stores dK, dV, adds
     partial dQ into an fp32 buffer laid out like q."""
     pid = tl.program_id(0)
@@ -156,11 +157,12 @@ def _gdpa_bwd_short_q_kernel(Q, K, V, DO, DK, DV, DQ32, items, prog_ptr,
             v_next = load_rows(V, nr0, nrlen, nblk, nh, stride_vt, stride_vh, BN, D)
         q = load_rows(Q, c0, clen, 0, h, stride_qt, stride_qh, BS, D)
         do = load_rows(DO, c0, clen, 0, h, stride_dot, stride_doh, BS, D)
-        st = tl.dot(k, tl.trans(q), input_precision=PREC) * scale  # (BN, BS) = S^T
-        pt, dact = act_fwd_and_grad(st, ACT)
+        st = tl.dot(k, tl.trans(q), input_precision=PREC)  # (BN, BS) = S^T / scale
+        pt, dact = act_fwd_and_grad(st, scale, ACT, FOLD)
         c = norm_factor(rlen, inv_max_kv, NORM)  # rows are the sample's keys
         dv = tl.dot(pt.to(do.dtype), do, input_precision=PREC)
-        store_rows(DV, dv * c, r0, rlen, blk, h, stride_vt, stride_vh, BN, D)
+        store_rows(DV, dv * (c * out_scale(scale, FOLD)), r0, rlen, blk, h, stride_vt,
+                   stride_vh, BN, D)
         dpt = tl.dot(v, tl.trans(do), input_precision=PREC)
         dst = (dpt * dact).to(q.dtype)
         dk = tl.dot(dst, q, input_precision=PREC)
@@ -182,7 +184,8 @@ def _gdpa_dkdv_kernel(Q, K, V, DO, DK, DV, DQ, items, prog_ptr,
                       stride_dot, stride_doh, scale, inv_max_kv,
                       ACT: tl.constexpr, NORM: tl.constexpr, D: tl.constexpr,
                       BN: tl.constexpr, BM: tl.constexpr, STAGES: tl.constexpr,
-                      PREFETCH: tl.constexpr, PREC: tl.constexpr, WITH_DQ: tl.constexpr):
+                      PREFETCH: tl.constexpr, PREC: tl.constexpr, WITH_DQ: tl.constexpr,
+                      FOLD: tl.constexpr):
     """Items are key blocks (rows = keys, columns = queries); dK, dV share k's / v's strides.
     WITH_DQ (short KV: every item's key block holds all of its sample's keys) also stores each
     visited query tile's dQ = c scale dS K, which is then complete: the whole backward in one
@@ -211,8 +214,8 @@ def _gdpa_dkdv_kernel(Q, K, V, DO, DK, DV, DQ, items, prog_ptr,
             crow = (c0 + cols).to(tl.int64)[:, None]
             q = tl.load(q_base + crow * stride_qt, mask=cmask, other=0.0)
             do = tl.load(do_base + crow * stride_dot, mask=cmask, other=0.0)
-            st = tl.dot(k, tl.trans(q), input_precision=PREC) * scale  # (BN, BM) = S^T
-            pt, dact = act_fwd_and_grad(st, ACT)
+            st = tl.dot(k, tl.trans(q), input_precision=PREC)  # (BN, BM) = S^T / scale
+            pt, dact = act_fwd_and_grad(st, scale, ACT, FOLD)
             dv = tl.dot(pt.to(do.dtype), do, dv, input_precision=PREC)
             dpt = tl.dot(v, tl.trans(do), input_precision=PREC)
             dst = (dpt * dact).to(q.dtype)
@@ -224,7 +227,8 @@ def _gdpa_dkdv_kernel(Q, K, V, DO, DK, DV, DQ, items, prog_ptr,
                          dq.to(DQ.dtype.element_ty), mask=cmask)
         c = norm_factor(rlen, inv_max_kv, NORM)  # rows are the sample's keys
         store_rows(DK, dk * (c * scale), r0, rlen, blk, h, stride_kt, stride_kh, BN, D)
-        store_rows(DV, dv * c, r0, rlen, blk, h, stride_vt, stride_vh, BN, D)
+        store_rows(DV, dv * (c * out_scale(scale, FOLD)), r0, rlen, blk, h, stride_vt,
+                   stride_vh, BN, D)
         if not PREFETCH:
             k_next = load_rows(K, nr0, nrlen, nblk, nh, stride_kt, stride_kh, BN, D)
             v_next = load_rows(V, nr0, nrlen, nblk, nh, stride_vt, stride_vh, BN, D)
@@ -240,7 +244,7 @@ def _gdpa_dq_kernel(Q, K, V, DO, DQ, items, prog_ptr,
                     stride_dot, stride_doh, scale, inv_max_kv,
                     ACT: tl.constexpr, NORM: tl.constexpr, D: tl.constexpr,
                     BM: tl.constexpr, BN: tl.constexpr, STAGES: tl.constexpr,
-                    PREFETCH: tl.constexpr, PREC: tl.constexpr):
+                    PREFETCH: tl.constexpr, PREC: tl.constexpr, FOLD: tl.constexpr):
     """Items are query blocks; dQ shares q's strides."""
     pid = tl.program_id(0)
     start = tl.load(prog_ptr + pid)
@@ -265,8 +269,8 @@ def _gdpa_dq_kernel(Q, K, V, DO, DQ, items, prog_ptr,
             crow = (c0 + cols).to(tl.int64)[:, None]
             k = tl.load(k_base + crow * stride_kt, mask=cmask, other=0.0)
             v = tl.load(v_base + crow * stride_vt, mask=cmask, other=0.0)
-            s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale
-            _, dact = act_fwd_and_grad(s, ACT)
+            s = tl.dot(q, tl.trans(k), input_precision=PREC)
+            _, dact = act_fwd_and_grad(s, scale, ACT, FOLD)
             dp = tl.dot(do, tl.trans(v), input_precision=PREC)
             dq = tl.dot((dp * dact).to(k.dtype), k, dq, input_precision=PREC)
         c = norm_factor(clen, inv_max_kv, NORM)
@@ -296,7 +300,8 @@ def launch_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tens
             do.stride(0), do.stride(1), scale, inv_max_kv,
             ACT=act_code, NORM=norm_code, D=d, BN=cfg_kv.block_rows, BM=cfg_kv.block_cols,
             STAGES=cfg_kv.num_stages, PREFETCH=cfg_kv.prefetch, PREC=_prec(q),
-            WITH_DQ=False, num_warps=cfg_kv.num_warps,
+            WITH_DQ=False, FOLD=folds_scale(act_code, scale, q.dtype),
+            num_warps=cfg_kv.num_warps,
             num_stages=cfg_kv.num_stages)
     if sched_q.num_items:
         _gdpa_dq_kernel[(sched_q.num_programs,)](
@@ -305,7 +310,7 @@ def launch_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tens
             do.stride(0), do.stride(1), scale, inv_max_kv,
             ACT=act_code, NORM=norm_code, D=d, BM=cfg_q.block_rows, BN=cfg_q.block_cols,
             STAGES=cfg_q.num_stages, PREFETCH=cfg_q.prefetch, PREC=_prec(q),
-            num_warps=cfg_q.num_warps,
+            FOLD=folds_scale(act_code, scale, q.dtype), num_warps=cfg_q.num_warps,
             num_stages=cfg_q.num_stages)
     return dq, dk, dv
 
@@ -324,7 +329,8 @@ def launch_bwd_short_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: t
             do.stride(0), do.stride(1), scale, 1.0 / max(max_kv, 1),
             ACT=act_code, NORM=norm_code, D=q.shape[-1], BM=cfg.block_rows,
             BS=cfg.block_cols, PREFETCH=cfg.prefetch, PREC=_prec(q),
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+            FOLD=folds_scale(act_code, scale, q.dtype), num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages)
     return dq, dk32.to(k.dtype), dv32.to(v.dtype)
 
 
@@ -342,7 +348,8 @@ def launch_bwd_short_q(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: to
             do.stride(0), do.stride(1), scale, 1.0 / max(max_kv, 1),
             ACT=act_code, NORM=norm_code, D=q.shape[-1], BN=cfg.block_rows,
             BS=cfg.block_cols, PREFETCH=cfg.prefetch, PREC=_prec(q),
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+            FOLD=folds_scale(act_code, scale, q.dtype), num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages)
     return dq32.to(q.dtype), dk, dv
 
 
@@ -363,6 +370,7 @@ def launch_bwd_short_kv_stream(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
             do.stride(0), do.stride(1), scale, 1.0 / max(max_kv, 1),
             ACT=act_code, NORM=norm_code, D=q.shape[-1], BN=cfg.block_rows,
             BM=cfg.block_cols, STAGES=cfg.num_stages, PREFETCH=cfg.prefetch, PREC=_prec(q),
-            WITH_DQ=True, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+            WITH_DQ=True, FOLD=folds_scale(act_code, scale, q.dtype), num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages)
     # Query rows of samples with no KV belong to no item: their gradient is 0.
     return dq, dk, dv

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gem_kernels.gdpa.activations import act_fwd
+from gem_kernels.gdpa.activations import act_fwd, folds_scale, out_scale
 
 
 @dataclass(frozen=True)
@@ -105,7 +105,7 @@ def _gdpa_fwd_kernel(Q, K, V, Out, items, prog_ptr,
                      stride_ot, stride_oh, scale, inv_max_kv,
                      ACT: tl.constexpr, NORM: tl.constexpr, D: tl.constexpr,
                      BM: tl.constexpr, BN: tl.constexpr, STAGES: tl.constexpr,
-                     PREFETCH: tl.constexpr, PREC: tl.constexpr):
+                     PREFETCH: tl.constexpr, PREC: tl.constexpr, FOLD: tl.constexpr):
     pid = tl.program_id(0)
     start = tl.load(prog_ptr + pid)
     end = tl.load(prog_ptr + pid + 1)
@@ -128,11 +128,11 @@ def _gdpa_fwd_kernel(Q, K, V, Out, items, prog_ptr,
             crow = (c0 + cols).to(tl.int64)[:, None]
             k = tl.load(k_base + crow * stride_kt, mask=cmask, other=0.0)
             v = tl.load(v_base + crow * stride_vt, mask=cmask, other=0.0)
-            s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale
+            s = tl.dot(q, tl.trans(k), input_precision=PREC)
             # K and V rows past the sample are 0, so act(0) = 0 times v = 0: no mask needed.
-            p = act_fwd(s, ACT)
+            p = act_fwd(s, scale, ACT, FOLD)
             acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PREC)
-        acc = acc * norm_factor(clen, inv_max_kv, NORM)
+        acc = acc * (norm_factor(clen, inv_max_kv, NORM) * out_scale(scale, FOLD))
         store_rows(Out, acc, r0, rlen, blk, h, stride_ot, stride_oh, BM, D)
         if not PREFETCH:
             q_next = load_rows(Q, nr0, nrlen, nblk, nh, stride_qt, stride_qh, BM, D)
@@ -147,7 +147,7 @@ def _gdpa_fwd_kv_major_kernel(Q, K, V, Out, items, prog_ptr,
                               stride_vh, stride_ot, stride_oh, scale, inv_max_kv,
                               ACT: tl.constexpr, NORM: tl.constexpr, D: tl.constexpr,
                               BN: tl.constexpr, BM: tl.constexpr, STAGES: tl.constexpr,
-                              PREC: tl.constexpr):
+                              PREC: tl.constexpr, FOLD: tl.constexpr):
     """Short KV: each item holds one sample's whole KV (<= BN rows) for one head and streams
     the sample's query tiles through the software pipeline, so Q crosses HBM once and K, V
     once per item, and the long inner loop keeps loads in flight."""
@@ -161,7 +161,7 @@ def _gdpa_fwd_kv_major_kernel(Q, K, V, Out, items, prog_ptr,
         # K and V rows past the sample are 0: act(0) = 0, so they add nothing.
         k = load_rows(K, r0, rlen, blk, h, stride_kt, stride_kh, BN, D)
         v = load_rows(V, r0, rlen, blk, h, stride_vt, stride_vh, BN, D)
-        c = norm_factor(rlen, inv_max_kv, NORM)
+        c = norm_factor(rlen, inv_max_kv, NORM) * out_scale(scale, FOLD)
         q_base = Q + h * stride_qh + offs_d[None, :]
         o_base = Out + h * stride_oh + offs_d[None, :]
         for m0 in tl.range(0, clen, BM, num_stages=STAGES):
@@ -169,8 +169,8 @@ def _gdpa_fwd_kv_major_kernel(Q, K, V, Out, items, prog_ptr,
             cmask = (cols < clen)[:, None]
             crow = (c0 + cols).to(tl.int64)[:, None]
             q = tl.load(q_base + crow * stride_qt, mask=cmask, other=0.0)
-            s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale
-            p = act_fwd(s, ACT)
+            s = tl.dot(q, tl.trans(k), input_precision=PREC)
+            p = act_fwd(s, scale, ACT, FOLD)
             o = tl.dot(p.to(v.dtype), v, input_precision=PREC) * c
             tl.store(o_base + crow * stride_ot, o.to(Out.dtype.element_ty), mask=cmask)
 
@@ -188,7 +188,8 @@ def launch_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sched, cfg: Ti
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             out.stride(0), out.stride(1), scale, 1.0 / max(max_kv, 1),
             ACT=act_code, NORM=norm_code, D=q.shape[-1], BN=cfg.block_rows,
-            BM=cfg.block_cols, STAGES=cfg.num_stages, PREC=_prec(q), num_warps=cfg.num_warps,
+            BM=cfg.block_cols, STAGES=cfg.num_stages, PREC=_prec(q),
+            FOLD=folds_scale(act_code, scale, q.dtype), num_warps=cfg.num_warps,
             num_stages=cfg.num_stages)
         return out
     _gdpa_fwd_kernel[(sched.num_programs,)](
@@ -196,6 +197,7 @@ def launch_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sched, cfg: Ti
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         out.stride(0), out.stride(1), scale, 1.0 / max(max_kv, 1),
         ACT=act_code, NORM=norm_code, D=q.shape[-1], BM=cfg.block_rows, BN=cfg.block_cols,
-        STAGES=cfg.num_stages, PREFETCH=cfg.prefetch, PREC=_prec(q), num_warps=cfg.num_warps,
+        STAGES=cfg.num_stages, PREFETCH=cfg.prefetch, PREC=_prec(q),
+        FOLD=folds_scale(act_code, scale, q.dtype), num_warps=cfg.num_warps,
         num_stages=cfg.num_stages)
     return out
