@@ -224,6 +224,7 @@ def _check_triton(ql, kl, heads, dim, dtype, device, act, norm, fwd_tol, bwd_tol
     ([1, 3, 2, 0], [70, 0, 21, 4], "max_len", None),                # pooled: fused, short Q
     ([1, 3, 2], [50, 0, 21], "max_len", "short_q"),
     ([40, 17, 1, 0, 9], [3, 1, 0, 2, 16], "kv_len", "short_kv_atomic"),
+    ([70, 0, 5, 1, 33], [66, 9, 0, 1, 40], "kv_len", "one_pass"),
 ])
 def test_triton_interpreter_fp32(act, ql, kl, norm, bwd_mode) -> None:
     tol = 2e-3 if act == "gelu_tanh" else 1e-5  # polynomial vs exact tanh
@@ -242,6 +243,21 @@ def test_triton_interpreter_kv_major_forward_and_one_pass_backward(act, norm) ->
     cfg = TileConfig(16, 16, num_warps=4, num_stages=2, ctas_per_sm=1, kv_major=True)
     _check_triton([40, 17, 1, 0, 9, 5], [3, 1, 0, 2, 16, 0], 2, 16, torch.float32, "cpu", act,
                   norm, tol, 10 * tol, "short_kv", cfg)
+
+
+@interpreter
+@pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
+@pytest.mark.parametrize("flatten", [False, True])
+def test_triton_interpreter_tma_forward(act, flatten) -> None:
+    """Ragged TMA forward: rows past a sample read as 0 and are never written (samples with
+    no KV, several query and key tiles, a tile straddling the end of the tensor)."""
+    from gem_kernels.gdpa.triton_fwd import TileConfig
+
+    cfg = TileConfig(16, 16, num_warps=4, num_stages=2, ctas_per_sm=1, tma=True,
+                     flatten=flatten)
+    tol = 2e-3 if act == "gelu_tanh" else 1e-5
+    _check_triton([20, 0, 37, 3, 70], [5, 9, 0, 17, 66], 2, 16, torch.float32, "cpu", act,
+                  "kv_len", tol, 10 * tol, "two_kernel", cfg)
 
 
 def test_kv_major_forward_refuses_long_kv() -> None:

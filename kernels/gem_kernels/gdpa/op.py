@@ -17,6 +17,7 @@ from gem_kernels.gdpa.triton_bwd import (
     dkdv_config,
     dq_config,
     launch_bwd,
+    launch_bwd_one_pass,
     launch_bwd_short_kv,
     launch_bwd_short_kv_stream,
     launch_bwd_short_q,
@@ -76,7 +77,8 @@ SHORT_SIDE = 64  # a side this short fits one tile: the backward runs as one fus
 def backward_mode(max_q: int, max_kv: int) -> str:
     """'short_kv' (cross attention: one pass over Q per KV sample, no atomics), 'short_q'
     (pooled) or 'two_kernel' (self attention). 'short_kv_atomic' (one pass over query
-    blocks, dK and dV summed by atomics) is kept for comparison."""
+    blocks, dK and dV summed by atomics) and 'one_pass' (self: one pass over key blocks, dQ
+    summed by atomics) are kept for comparison."""
     if max_kv <= SHORT_SIDE:
         return "short_kv"
     if max_q <= SHORT_SIDE:
@@ -133,6 +135,11 @@ class GDPAFunction(torch.autograd.Function):
             sched = schedule_for(kv_offsets, q_offsets, heads, cfg, q.device)
             dq, dk, dv = launch_bwd_short_q(q, k, v, do, sched, cfg, act, norm_code, scale,
                                             max_kv)
+        elif mode == "one_pass":
+            cfg = dkdv_cfg or dkdv_config(max_q, max_kv, d)
+            sched = schedule_for(kv_offsets, q_offsets, heads, cfg, q.device)
+            dq, dk, dv = launch_bwd_one_pass(q, k, v, do, sched, cfg, act, norm_code, scale,
+                                             max_kv)
         else:
             cfg_kv = dkdv_cfg or dkdv_config(max_q, max_kv, d)
             cfg_q = dq_cfg or dq_config(max_q, max_kv, d)

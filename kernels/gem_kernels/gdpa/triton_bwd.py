@@ -187,9 +187,11 @@ def _gdpa_dkdv_kernel(Q, K, V, DO, DK, DV, DQ, items, prog_ptr,
                       PREFETCH: tl.constexpr, PREC: tl.constexpr, WITH_DQ: tl.constexpr,
                       FOLD: tl.constexpr):
     """Items are key blocks (rows = keys, columns = queries); dK, dV share k's / v's strides.
-    WITH_DQ (short KV: every item's key block holds all of its sample's keys) also stores each
-    visited query tile's dQ = c scale dS K, which is then complete: the whole backward in one
-    pass that reads Q and dO once, with no atomics and no fp32 buffers."""
+    WITH_DQ == 1 (short KV: every item's key block holds all of its sample's keys) also stores
+    each visited query tile's dQ = c scale dS K, which is then complete: the whole backward in
+    one pass that reads Q and dO once, with no atomics and no fp32 buffers. WITH_DQ == 2 adds
+    each tile's partial dQ into a zeroed fp32 buffer instead (long KV: one pass, S and act'
+    computed once, at the cost of fp32 atomics)."""
     pid = tl.program_id(0)
     start = tl.load(prog_ptr + pid)
     end = tl.load(prog_ptr + pid + 1)
@@ -220,11 +222,14 @@ def _gdpa_dkdv_kernel(Q, K, V, DO, DK, DV, DQ, items, prog_ptr,
             dpt = tl.dot(v, tl.trans(do), input_precision=PREC)
             dst = (dpt * dact).to(q.dtype)
             dk = tl.dot(dst, q, dk, input_precision=PREC)
-            if WITH_DQ:
+            if WITH_DQ != 0:
                 dq = tl.dot(tl.trans(dst), k, input_precision=PREC)
                 dq = dq * (norm_factor(rlen, inv_max_kv, NORM) * scale)
-                tl.store(DQ + crow * stride_qt + h * stride_qh + offs_d[None, :],
-                         dq.to(DQ.dtype.element_ty), mask=cmask)
+                dq_ptr = DQ + crow * stride_qt + h * stride_qh + offs_d[None, :]
+                if WITH_DQ == 1:
+                    tl.store(dq_ptr, dq.to(DQ.dtype.element_ty), mask=cmask)
+                else:
+                    tl.atomic_add(dq_ptr, dq, mask=cmask, sem="relaxed")
         c = norm_factor(rlen, inv_max_kv, NORM)  # rows are the sample's keys
         store_rows(DK, dk * (c * scale), r0, rlen, blk, h, stride_kt, stride_kh, BN, D)
         store_rows(DV, dv * (c * out_scale(scale, FOLD)), r0, rlen, blk, h, stride_vt,
@@ -300,7 +305,7 @@ def launch_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tens
             do.stride(0), do.stride(1), scale, inv_max_kv,
             ACT=act_code, NORM=norm_code, D=d, BN=cfg_kv.block_rows, BM=cfg_kv.block_cols,
             STAGES=cfg_kv.num_stages, PREFETCH=cfg_kv.prefetch, PREC=_prec(q),
-            WITH_DQ=False, FOLD=folds_scale(act_code, scale, q.dtype),
+            WITH_DQ=0, FOLD=folds_scale(act_code, scale, q.dtype),
             num_warps=cfg_kv.num_warps,
             num_stages=cfg_kv.num_stages)
     if sched_q.num_items:
@@ -370,7 +375,28 @@ def launch_bwd_short_kv_stream(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
             do.stride(0), do.stride(1), scale, 1.0 / max(max_kv, 1),
             ACT=act_code, NORM=norm_code, D=q.shape[-1], BN=cfg.block_rows,
             BM=cfg.block_cols, STAGES=cfg.num_stages, PREFETCH=cfg.prefetch, PREC=_prec(q),
-            WITH_DQ=True, FOLD=folds_scale(act_code, scale, q.dtype), num_warps=cfg.num_warps,
+            WITH_DQ=1, FOLD=folds_scale(act_code, scale, q.dtype), num_warps=cfg.num_warps,
             num_stages=cfg.num_stages)
     # Query rows of samples with no KV belong to no item: their gradient is 0.
     return dq, dk, dv
+
+
+def launch_bwd_one_pass(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
+                        sched_kv, cfg: TileConfig, act_code: int, norm_code: int,
+                        scale: float, max_kv: int
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Long-KV backward in one kernel over key blocks: dK, dV stored per item, dQ summed by
+    fp32 atomics (order-dependent in its last bits), then cast to q's dtype."""
+    dq32 = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    dk = torch.empty_like(k)
+    dv = torch.empty_like(v)
+    if sched_kv.num_items:
+        _gdpa_dkdv_kernel[(sched_kv.num_programs,)](
+            q, k, v, do, dk, dv, dq32, sched_kv.items, sched_kv.prog_ptr,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            do.stride(0), do.stride(1), scale, 1.0 / max(max_kv, 1),
+            ACT=act_code, NORM=norm_code, D=q.shape[-1], BN=cfg.block_rows,
+            BM=cfg.block_cols, STAGES=cfg.num_stages, PREFETCH=cfg.prefetch, PREC=_prec(q),
+            WITH_DQ=2, FOLD=folds_scale(act_code, scale, q.dtype), num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages)
+    return dq32.to(q.dtype), dk, dv

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from triton.tools.ragged_tma import create_ragged_descriptor
 
 from gem_kernels.gdpa.activations import act_fwd, folds_scale, out_scale
 
@@ -33,6 +34,13 @@ class TileConfig:
     # Forward only: items are a sample's whole KV (block_rows >= its length) per head and
     # stream the sample's query tiles of block_cols rows (for short KV: K, V loaded once).
     kv_major: bool = False
+    # Forward over query blocks only: load Q, K, V and store O through ragged TMA
+    # descriptors (rows past a sample read as 0 and are never written, in hardware; no
+    # address or mask arithmetic per element). Needs 16-byte aligned rows.
+    tma: bool = False
+    # Forward TMA kernel only: flatten the item and KV loops into one software pipeline, so
+    # the next item's first tiles load while the current item finishes.
+    flatten: bool = False
 
 
 def _pow2_at_least(n: int, lo: int, hi: int) -> int:
@@ -175,6 +183,60 @@ def _gdpa_fwd_kv_major_kernel(Q, K, V, Out, items, prog_ptr,
             tl.store(o_base + crow * stride_ot, o.to(Out.dtype.element_ty), mask=cmask)
 
 
+_BILLION = tl.constexpr(0x40000000)  # the ragged descriptor's row extent (2**30)
+
+
+@triton.jit
+def load_ragged_rows(desc, start, length, row, col, BLOCK: tl.constexpr, D: tl.constexpr):
+    """(BLOCK, D) tile of rows start+row.. of a sample of ``length`` rows through a ragged
+    descriptor (triton.tools.ragged_tma's index scheme): rows past the sample read as 0."""
+    x = desc.load([_BILLION, start + length, _BILLION - length + row, col])
+    return tl.reshape(x, [BLOCK, D])
+
+
+@triton.jit
+def store_ragged_rows(desc, start, length, row, col, x, BLOCK: tl.constexpr,
+                      D: tl.constexpr):
+    """Stores a (BLOCK, D) tile at rows start+row..; rows past the sample are skipped."""
+    desc.store([_BILLION, start + length, _BILLION - length + row, col],
+               tl.reshape(x, [1, 1, BLOCK, D]))
+
+
+@triton.jit
+def _gdpa_fwd_tma_kernel(q_desc, k_desc, v_desc, o_desc, items, prog_ptr, scale, inv_max_kv,
+                         ACT: tl.constexpr, NORM: tl.constexpr, D: tl.constexpr,
+                         BM: tl.constexpr, BN: tl.constexpr, STAGES: tl.constexpr,
+                         PREC: tl.constexpr, FOLD: tl.constexpr, FLATTEN: tl.constexpr):
+    """The query-block forward through ragged TMA descriptors over (rows, H * D) views: a
+    tile of a sample's rows reads rows past the sample as 0 (so act(0) V = 0 needs no mask)
+    and its store skips them."""
+    pid = tl.program_id(0)
+    start = tl.load(prog_ptr + pid)
+    end = tl.load(prog_ptr + pid + 1)
+    for it in tl.range(start, end, flatten=FLATTEN):
+        blk, h, r0, rlen, c0, clen = load_meta(items, it)
+        q = load_ragged_rows(q_desc, r0, rlen, blk * BM, h * D, BM, D)
+        acc = tl.zeros((BM, D), dtype=tl.float32)
+        for n0 in tl.range(0, clen, BN, num_stages=STAGES):
+            k = load_ragged_rows(k_desc, c0, clen, n0, h * D, BN, D)
+            v = load_ragged_rows(v_desc, c0, clen, n0, h * D, BN, D)
+            s = tl.dot(q, tl.trans(k), input_precision=PREC)
+            p = act_fwd(s, scale, ACT, FOLD)
+            acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PREC)
+        acc = acc * (norm_factor(clen, inv_max_kv, NORM) * out_scale(scale, FOLD))
+        store_ragged_rows(o_desc, r0, rlen, blk * BM, h * D, acc.to(o_desc.dtype), BM, D)
+
+
+def tma_ok(*tensors: torch.Tensor) -> bool:
+    """TMA needs 16-byte aligned bases and row strides (contiguous (rows, H, d) tensors)."""
+    return all(t.is_contiguous() and t.data_ptr() % 16 == 0
+               and (t.shape[1] * t.shape[2] * t.element_size()) % 16 == 0 for t in tensors)
+
+
+def _ragged_desc(x: torch.Tensor, rows: int) -> object:
+    return create_ragged_descriptor(x.view(x.shape[0], -1), [rows, x.shape[2]])
+
+
 def launch_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sched, cfg: TileConfig,
                act_code: int, norm_code: int, scale: float, max_kv: int) -> torch.Tensor:
     """Output (total_q, H, d); every row is written by exactly one item. A kv_major config
@@ -191,6 +253,15 @@ def launch_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sched, cfg: Ti
             BM=cfg.block_cols, STAGES=cfg.num_stages, PREC=_prec(q),
             FOLD=folds_scale(act_code, scale, q.dtype), num_warps=cfg.num_warps,
             num_stages=cfg.num_stages)
+        return out
+    if cfg.tma and tma_ok(q, k, v, out):
+        bm, bn, d = cfg.block_rows, cfg.block_cols, q.shape[-1]
+        _gdpa_fwd_tma_kernel[(sched.num_programs,)](
+            _ragged_desc(q, bm), _ragged_desc(k, bn), _ragged_desc(v, bn),
+            _ragged_desc(out, bm), sched.items, sched.prog_ptr, scale, 1.0 / max(max_kv, 1),
+            ACT=act_code, NORM=norm_code, D=d, BM=bm, BN=bn, STAGES=cfg.num_stages,
+            PREC=_prec(q), FOLD=folds_scale(act_code, scale, q.dtype), FLATTEN=cfg.flatten,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
         return out
     _gdpa_fwd_kernel[(sched.num_programs,)](
         q, k, v, out, sched.items, sched.prog_ptr,
