@@ -348,6 +348,21 @@ def test_triton_gpu(shape, dtype, dim, act) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("act", ["silu", "gelu_tanh", "identity"])
+@pytest.mark.parametrize("flatten", [False, True])
+def test_triton_gpu_tma_forward_and_one_pass_backward(act, flatten) -> None:
+    """The ragged-TMA forward and the atomic-dQ one-pass backward on the self shape."""
+    from gem_kernels.gdpa.triton_fwd import TileConfig
+
+    ql, kl = _gpu_lengths("self")
+    cfg = TileConfig(128, 64, num_warps=8, num_stages=3, ctas_per_sm=1, tma=True,
+                     flatten=flatten)
+    _check_triton(ql, kl, 2, 128, torch.bfloat16, "cuda", act, "kv_len", 2e-2, 4e-2,
+                  "one_pass", cfg)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("act", ACTS)
 def test_triton_gpu_fp32_gradients(act) -> None:
     tol = 2e-3 if act == "gelu_tanh" else 1e-4

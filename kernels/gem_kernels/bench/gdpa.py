@@ -381,6 +381,181 @@ def run_case(c: Case, phase: str, quick: bool, rows: list[BenchRow], meta: dict,
         del b
 
 
+# --- tuning: many configs timed in one GPU run ---------------------------------------------
+
+def _gpu_ms_graphed(fn) -> float:
+    """GPU time of fn's launches alone: captured once in a CUDA graph, replays timed (no host
+    launch cost inside the measurement)."""
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return time_ms(g.replay)
+
+
+def tune_public(cases: list[Case], emit) -> None:
+    """The public op's fwd / bwd / fwd+bwd as the benchmark times them, with the host time
+    per call (GPU kept busy) and, for the backward, the engine's floor: the host time of a
+    no-op autograd Function on the same inputs. Uses only the op's public API, so an older
+    checkout of the package can run it for a same-run before/after comparison."""
+    from gem_kernels.gdpa import gdpa
+
+    class _Noop(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v):
+            ctx.kv = (k.detach(), v.detach())  # handed back as gradients: no allocation
+            return q.clone()
+
+        @staticmethod
+        def backward(ctx, do):
+            return (do, *ctx.kv)
+
+    for c in cases:
+        def ours(q, k, v, c=c):
+            return gdpa(q, k, v, c.qo, c.ko, c.max_q, c.max_kv, activation=ACTIVATION,
+                        kernel="triton")
+
+        f, b, fb = _grad_fns(ours, (c.q, c.k, c.v), c.do)
+        for direction, fn in (("fwd", f), ("bwd", b), ("fwd+bwd", fb)):
+            ms = time_ms(fn)
+            row = fill_rates(BenchRow(c.name, "ours", direction, ms), c.flops[direction],
+                             c.bytes[direction])
+            emit({"case": c.name, "what": "public", "direction": direction, "ms": ms,
+                  "tflops": row.useful_tflops, "frac_hbm": row.frac_hbm,
+                  "host_us": host_us_per_call(fn)})
+        _, nb, _ = _grad_fns(_Noop.apply, (c.q, c.k, c.v), c.q)
+        emit({"case": c.name, "what": "autograd_noop_bwd", "host_us": host_us_per_call(nb)})
+
+
+CEILING_CONFIGS = ("ptr_128x64_w8_s3", "tma_128x64_w8_s3", "tma_128x128_w8_s2")
+
+
+def tune_kernels(cases: dict[str, Case], emit, deadline: float) -> None:
+    """Forward tile configs (pointer vs ragged-TMA loads, stages, flattened / warp-specialized
+    pipelines) with gelu_tanh and with identity (the same kernel without the activation: the
+    matmul pipeline's ceiling); backward modes and tiles; the cross backward kernel's GPU time
+    alone and its host time per call."""
+    from gem_kernels.gdpa.activations import ACT_CODE
+    from gem_kernels.gdpa.op import GDPAFunction, forward_schedule, schedule_for
+    from gem_kernels.gdpa.triton_bwd import (
+        TileConfig,
+        launch_bwd_short_kv_stream,
+        short_kv_stream_config,
+    )
+    from gem_kernels.gdpa.triton_fwd import launch_fwd
+
+    def timed(name: str, c: Case, direction: str, fn, **extra) -> None:
+        if time.monotonic() > deadline:
+            emit({"case": c.name, "what": name, "skipped": "time budget"})
+            return
+        try:
+            ms = time_ms(fn)
+        except Exception as e:  # one failing variant must not lose the others
+            emit({"case": c.name, "what": name, "error": f"{type(e).__name__}: {e}"[:400]})
+            torch.cuda.empty_cache()
+            return
+        row = fill_rates(BenchRow(c.name, name, direction, ms), c.flops[direction],
+                         c.bytes[direction])
+        emit({"case": c.name, "what": name, "direction": direction, "ms": ms,
+              "tflops": row.useful_tflops, "frac_hbm": row.frac_hbm, **extra})
+
+    c = cases["cross"]
+    act = ACT_CODE[ACTIVATION]
+    base = short_kv_stream_config(c.max_kv, c.dim)
+    for name, cfg in (("default", base), ("s3", replace(base, num_stages=3)),
+                      ("bm32_s3", replace(base, block_cols=32, num_stages=3)),
+                      ("bm128_w8", replace(base, block_cols=128, num_warps=8)),
+                      ("cta4", replace(base, ctas_per_sm=4))):
+        sched = schedule_for(c.ko, c.qo, c.heads, cfg, c.q.device, cover_empty_rows=True)
+
+        def launch(cfg=cfg, sched=sched):
+            return launch_bwd_short_kv_stream(c.q, c.k, c.v, c.do, sched, cfg, act, 0,
+                                              1.0 / math.sqrt(c.dim), c.max_kv)
+
+        try:
+            gpu = _gpu_ms_graphed(launch)
+            row = fill_rates(BenchRow(c.name, name, "bwd", gpu), c.flops["bwd"],
+                             c.bytes["bwd"])
+            emit({"case": c.name, "what": f"bwd_kernel_graphed_{name}", "direction": "bwd",
+                  "ms": gpu, "frac_hbm": row.frac_hbm, "launcher_host_us":
+                  host_us_per_call(launch)})
+        except Exception as e:
+            emit({"case": c.name, "what": f"bwd_kernel_graphed_{name}",
+                  "error": f"{type(e).__name__}: {e}"[:400]})
+
+    c = cases["self"]
+    scale = 1.0 / math.sqrt(c.dim)
+    T = TileConfig
+    fwd = {
+        "ptr_128x64_w8_s3": T(128, 64, 8, 3, 1, True),
+        "ptr_128x64_w8_s4": T(128, 64, 8, 4, 1, True),
+        "tma_128x64_w8_s2": T(128, 64, 8, 2, 1, False, tma=True),
+        "tma_128x64_w8_s3": T(128, 64, 8, 3, 1, False, tma=True),
+        "tma_128x64_w8_s4": T(128, 64, 8, 4, 1, False, tma=True),
+        "tma_128x128_w8_s2": T(128, 128, 8, 2, 1, False, tma=True),
+        "tma_128x128_w8_s3": T(128, 128, 8, 3, 1, False, tma=True),
+        "tma_128x64_w8_s3_flat": T(128, 64, 8, 3, 1, False, tma=True, flatten=True),
+        "tma_128x64_w8_s3_ws": T(128, 64, 8, 3, 1, False, tma=True, warp_specialize=True),
+        "tma_64x64_w4_s3_cta2": T(64, 64, 4, 3, 2, False, tma=True),
+    }
+    for name, cfg in fwd.items():
+        sched = forward_schedule(c.qo, c.ko, c.heads, cfg, c.max_kv, c.q.device)
+        acts = ("gelu_tanh", "identity") if name in CEILING_CONFIGS else ("gelu_tanh",)
+        for act in acts:
+            timed(f"fwd_{name}_{act}", c, "fwd",
+                  lambda cfg=cfg, sched=sched, act=act: launch_fwd(
+                      c.q, c.k, c.v, sched, cfg, ACT_CODE[act], 0, scale, c.max_kv),
+                  config=vars(cfg))
+
+    bwd = [
+        ("two_kernel_64x32_s3", "two_kernel", T(64, 32, 4, 3, 2, False),
+         T(64, 32, 4, 3, 2, False)),
+        ("two_kernel_64x64_s2", "two_kernel", T(64, 64, 4, 2, 2, False),
+         T(64, 64, 4, 2, 2, False)),
+        ("two_kernel_kv128x32w8_q64x32", "two_kernel", T(128, 32, 8, 3, 1, False),
+         T(64, 32, 4, 3, 2, False)),
+        ("one_pass_64x32_s3", "one_pass", T(64, 32, 4, 3, 2, False), None),
+        ("one_pass_64x64_s2", "one_pass", T(64, 64, 4, 2, 2, False), None),
+        ("one_pass_128x32_w8_s3", "one_pass", T(128, 32, 8, 3, 1, False), None),
+        ("one_pass_128x64_w8_s2", "one_pass", T(128, 64, 8, 2, 1, False), None),
+    ]
+    for name, mode, ckv, cq in bwd:
+        def op(q, k, v, ckv=ckv, cq=cq, mode=mode):
+            return GDPAFunction.apply(q, k, v, c.qo, c.ko, c.max_q, c.max_kv, ACTIVATION,
+                                      scale, 0, None, ckv, cq, mode)
+
+        try:
+            _, b, _ = _grad_fns(op, (c.q, c.k, c.v), c.do)
+        except Exception as e:
+            emit({"case": c.name, "what": f"bwd_{name}", "error": f"{e}"[:400]})
+            continue
+        timed(f"bwd_{name}", c, "bwd", b, mode=mode)
+        del b
+
+
+def tune(args) -> None:
+    import json
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    res: list[dict] = []
+
+    def emit(r: dict) -> None:
+        print(json.dumps(r), flush=True)
+        res.append(r)
+        (out / "gdpa_tune.json").write_text(json.dumps(res, indent=1))
+
+    deadline = time.monotonic() + args.budget_s
+    names = args.cases.split(",")
+    cases = {n: Case(n, 256, 4, 128) for n in names}
+    for c in cases.values():
+        c.free_padded()
+    tune_public(list(cases.values()), emit)
+    if not args.public_only:
+        tune_kernels(cases, emit, deadline)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="bench-out", help="directory for gdpa.json")
@@ -390,9 +565,16 @@ def main(argv: list[str] | None = None) -> None:
                     help="stop timing new variants after this many seconds")
     ap.add_argument("--no-baselines", action="store_true",
                     help="skip the padded baselines (tuning runs; not for published results)")
+    ap.add_argument("--tune", action="store_true",
+                    help="time tile configs, backward modes and host costs (gdpa_tune.json)")
+    ap.add_argument("--public-only", action="store_true",
+                    help="with --tune: only the public op's rows (runs on older checkouts)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("the GDPA benchmark needs a CUDA GPU")
+    if args.tune:
+        tune(args)
+        return
     deadline = time.monotonic() + args.budget_s
     batch, heads, dim = (64 if args.quick else 256), 4, 128
     rows: list[BenchRow] = []

@@ -41,6 +41,9 @@ class TileConfig:
     # Forward TMA kernel only: flatten the item and KV loops into one software pipeline, so
     # the next item's first tiles load while the current item finishes.
     flatten: bool = False
+    # Forward TMA kernel only: Triton's warp specialization of the KV loop (producer warps
+    # issue the loads, consumer warpgroups the matmuls and the activation).
+    warp_specialize: bool = False
 
 
 def _pow2_at_least(n: int, lo: int, hi: int) -> int:
@@ -206,7 +209,8 @@ def store_ragged_rows(desc, start, length, row, col, x, BLOCK: tl.constexpr,
 def _gdpa_fwd_tma_kernel(q_desc, k_desc, v_desc, o_desc, items, prog_ptr, scale, inv_max_kv,
                          ACT: tl.constexpr, NORM: tl.constexpr, D: tl.constexpr,
                          BM: tl.constexpr, BN: tl.constexpr, STAGES: tl.constexpr,
-                         PREC: tl.constexpr, FOLD: tl.constexpr, FLATTEN: tl.constexpr):
+                         PREC: tl.constexpr, FOLD: tl.constexpr, FLATTEN: tl.constexpr,
+                         WS: tl.constexpr):
     """The query-block forward through ragged TMA descriptors over (rows, H * D) views: a
     tile of a sample's rows reads rows past the sample as 0 (so act(0) V = 0 needs no mask)
     and its store skips them."""
@@ -217,7 +221,7 @@ def _gdpa_fwd_tma_kernel(q_desc, k_desc, v_desc, o_desc, items, prog_ptr, scale,
         blk, h, r0, rlen, c0, clen = load_meta(items, it)
         q = load_ragged_rows(q_desc, r0, rlen, blk * BM, h * D, BM, D)
         acc = tl.zeros((BM, D), dtype=tl.float32)
-        for n0 in tl.range(0, clen, BN, num_stages=STAGES):
+        for n0 in tl.range(0, clen, BN, num_stages=STAGES, warp_specialize=WS):
             k = load_ragged_rows(k_desc, c0, clen, n0, h * D, BN, D)
             v = load_ragged_rows(v_desc, c0, clen, n0, h * D, BN, D)
             s = tl.dot(q, tl.trans(k), input_precision=PREC)
@@ -261,7 +265,7 @@ def launch_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sched, cfg: Ti
             _ragged_desc(out, bm), sched.items, sched.prog_ptr, scale, 1.0 / max(max_kv, 1),
             ACT=act_code, NORM=norm_code, D=d, BM=bm, BN=bn, STAGES=cfg.num_stages,
             PREC=_prec(q), FOLD=folds_scale(act_code, scale, q.dtype), FLATTEN=cfg.flatten,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+            WS=cfg.warp_specialize, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
         return out
     _gdpa_fwd_kernel[(sched.num_programs,)](
         q, k, v, out, sched.items, sched.prog_ptr,
