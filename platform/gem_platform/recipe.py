@@ -94,7 +94,8 @@ class PrecisionConfig(_Strict):
     hadamard_block: int = Field(128, ge=32, le=128)
     stochastic_rounding: bool = False
     wgrad: Literal["bf16", "fp8"] = "bf16"
-    keep_last_bf16: int = Field(1, ge=0, description="last N linear layers stay in bf16")
+    keep_last_bf16: int = Field(
+        1, ge=0, description="the last N linear layers that would otherwise run in FP8 stay bf16")
     keep_bf16: list[str] = Field(default_factory=list, description="module name patterns")
 
     @model_validator(mode="after")

@@ -1,6 +1,7 @@
 """Model conversion to block-scaled FP8: swap nn.Linear for Fp8BlockLinear, except the layers
-that stay in bf16 (the last ``keep_last`` linear layers, which feed the sensitive CTR/CVR heads,
-and any layer whose name matches a ``keep`` pattern)."""
+that stay in bf16: the last ``keep_last`` layers that would otherwise run in FP8 (the ones
+feeding the sensitive CTR/CVR logits), any layer whose name matches a ``keep`` pattern, and any
+layer whose shape the configuration cannot run."""
 
 from __future__ import annotations
 
@@ -32,27 +33,35 @@ def convert_to_fp8(model: nn.Module, *, block: int = 128, hadamard: bool = False
                    seed: int = 0) -> list[str]:
     """Convert ``model``'s linear layers in place; returns the converted module names.
 
-    Layers are ordered as ``named_modules`` visits them (definition order). A layer whose shape
-    the configuration cannot run (in_features not a multiple of the block or of the Hadamard
-    block) stays bf16 and is logged. Parameters are shared, not copied, so an optimizer built
-    before the conversion keeps working.
+    Layers are ordered as ``named_modules`` visits them (definition order). ``keep_last``
+    counts only layers that would otherwise be converted: a final projection too narrow for
+    FP8 (a 2-logit output) stays bf16 by shape, so counting it would leave the layer before it
+    (the head's hidden layer, the largest single source of logit error) in FP8 and make
+    ``keep_last=1`` do nothing. A layer whose shape the configuration cannot run (in_features
+    not a multiple of the block or of the Hadamard block) stays bf16 and is logged. Parameters
+    are shared, not copied, so an optimizer built before the conversion keeps working.
     """
     cfg = Fp8Config(block=block, hadamard=hadamard, hadamard_block=hadamard_block,
                     stochastic_rounding=stochastic_rounding, wgrad=wgrad, seed=seed)
     keep = list(keep or [])
-    linears = [(n, m) for n, m in model.named_modules()
-               if isinstance(m, nn.Linear) and not isinstance(m, Fp8BlockLinear)]
     if keep_last < 0:
         raise ValueError(f"keep_last must be >= 0, got {keep_last}")
-    candidates = linears[:len(linears) - keep_last] if keep_last else linears
-    converted = []
-    for name, lin in candidates:
+    candidates = []
+    for name, lin in model.named_modules():
+        if not isinstance(lin, nn.Linear) or isinstance(lin, Fp8BlockLinear):
+            continue
         if _matches(name, keep):
             continue
         if not cfg.supports(lin.in_features, lin.out_features):
             log.info("fp8: %s (%d -> %d) stays bf16: shape not supported by %s",
                      name, lin.in_features, lin.out_features, cfg)
             continue
+        candidates.append((name, lin))
+    if keep_last:
+        for name, _ in candidates[-keep_last:]:
+            log.info("fp8: %s stays bf16 (one of the last %d FP8-capable layers)",
+                     name, keep_last)
+        candidates = candidates[:-keep_last]
+    for name, lin in candidates:
         _set_submodule(model, name, Fp8BlockLinear.from_linear(lin, cfg))
-        converted.append(name)
-    return converted
+    return [name for name, _ in candidates]
