@@ -219,7 +219,7 @@ def _check_triton(ql, kl, heads, dim, dtype, device, act, norm, fwd_tol, bwd_tol
 @pytest.mark.parametrize("act", ACTS)
 @pytest.mark.parametrize("ql,kl,norm,bwd_mode", [
     ([20, 0, 37, 1, 3], [5, 9, 0, 1, 17], "none", "two_kernel"),  # empty Q/KV, length 1
-    ([70, 0, 5, 1], [66, 9, 0, 1], "none", None),                   # self: two kernels
+    ([70, 0, 5, 1], [66, 9, 0, 1], "none", None),                   # self: one pass (TMA)
     ([40, 17, 1, 0], [3, 1, 0, 2], "kv_len", None),                 # cross: fused, short KV
     ([1, 3, 2, 0], [70, 0, 21, 4], "max_len", None),                # pooled: fused, short Q
     ([1, 3, 2], [50, 0, 21], "max_len", "short_q"),
@@ -247,17 +247,40 @@ def test_triton_interpreter_kv_major_forward_and_one_pass_backward(act, norm) ->
 
 @interpreter
 @pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
-@pytest.mark.parametrize("flatten", [False, True])
-def test_triton_interpreter_tma_forward(act, flatten) -> None:
+@pytest.mark.parametrize("flatten,prefetch", [(False, False), (True, False), (False, True)])
+def test_triton_interpreter_tma_forward(act, flatten, prefetch) -> None:
     """Ragged TMA forward: rows past a sample read as 0 and are never written (samples with
     no KV, several query and key tiles, a tile straddling the end of the tensor)."""
     from gem_kernels.gdpa.triton_fwd import TileConfig
 
-    cfg = TileConfig(16, 16, num_warps=4, num_stages=2, ctas_per_sm=1, tma=True,
-                     flatten=flatten)
+    cfg = TileConfig(16, 16, num_warps=4, num_stages=2, ctas_per_sm=1, prefetch=prefetch,
+                     tma=True, flatten=flatten)
     tol = 2e-3 if act == "gelu_tanh" else 1e-5
     _check_triton([20, 0, 37, 3, 70], [5, 9, 0, 17, 66], 2, 16, torch.float32, "cpu", act,
                   "kv_len", tol, 10 * tol, "two_kernel", cfg)
+
+
+@interpreter
+@pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
+def test_triton_interpreter_tma_one_pass_backward(act) -> None:
+    """Ragged-TMA one-pass backward (dQ by atomics): empty samples, several tiles each."""
+    from gem_kernels.gdpa.op import GDPAFunction
+    from gem_kernels.gdpa.triton_bwd import TileConfig
+
+    ql, kl = [20, 0, 37, 3, 70], [5, 9, 0, 17, 66]
+    q, k, v, qo, ko = _inputs(ql, kl, 2, 16, torch.float32, "cpu", seed=5)
+    for t in (q, k, v):
+        t.requires_grad_(True)
+    cfg = TileConfig(16, 16, num_warps=4, num_stages=2, tma=True)
+    out = GDPAFunction.apply(q, k, v, qo, ko, 70, 66, act, 0.25, 1, None, cfg, None,
+                             "one_pass")
+    do = torch.randn(out.shape, generator=torch.Generator().manual_seed(2))
+    grads = torch.autograd.grad(out, (q, k, v), do)
+    ref = gdpa_reference(q, k, v, qo, ko, 70, 66, activation=act, norm="kv_len")
+    ref_grads = torch.autograd.grad(ref, (q, k, v), do)
+    tol = 2e-2 if act == "gelu_tanh" else 1e-4
+    for a, b in zip(grads, ref_grads, strict=True):
+        assert _rel(a, b) < tol
 
 
 def test_kv_major_forward_refuses_long_kv() -> None:
@@ -286,10 +309,13 @@ def test_triton_interpreter_fp16_d32(act) -> None:
 
 @interpreter
 @pytest.mark.parametrize("scale", [0.01, 0.3, 40.0])
-def test_triton_interpreter_scale_folded_or_not(scale) -> None:
-    """gelu_tanh folds the scale into its coefficients inside [1/32, 32] and scales the
-    scores outside it; both match the reference."""
+@pytest.mark.parametrize("mode", ["const", "runtime", "scores"])
+def test_triton_interpreter_scale_folded_or_not(scale, mode) -> None:
+    """gelu_tanh folds the scale into its coefficients (compile-time or run-time) inside
+    [1/32, 32] and scales the scores outside it or when asked; all match the reference."""
     from gem_kernels.gdpa.activations import ACT_CODE, folds_scale
+    from gem_kernels.gdpa.op import GDPAFunction
+    from gem_kernels.gdpa.triton_bwd import TileConfig
 
     assert folds_scale(ACT_CODE["gelu_tanh"], scale, torch.float32) == (scale == 0.3)
     ql, kl = [20, 0, 37, 3], [5, 9, 0, 17]
@@ -297,8 +323,10 @@ def test_triton_interpreter_scale_folded_or_not(scale) -> None:
     q, k = q / 4, k / 4  # keep scale * q.k inside the polynomial's range at scale 40
     for t in (q, k, v):
         t.requires_grad_(True)
-    out = gdpa(q, k, v, qo, ko, 37, 17, activation="gelu_tanh", scale=scale,
-               kernel="triton")
+    fwd = TileConfig(16, 16, scale_mode=mode)
+    bwd = TileConfig(16, 16, scale_mode=mode)
+    out = GDPAFunction.apply(q, k, v, qo, ko, 37, 17, "gelu_tanh", scale, 0, fwd, bwd, bwd,
+                             "two_kernel")
     do = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
     grads = torch.autograd.grad(out, (q, k, v), do)
     ref = gdpa_reference(q, k, v, qo, ko, 37, 17, activation="gelu_tanh", scale=scale)
@@ -311,7 +339,7 @@ def test_triton_interpreter_scale_folded_or_not(scale) -> None:
 def test_backward_mode_follows_the_short_side() -> None:
     assert backward_mode(2048, 16) == "short_kv"
     assert backward_mode(8, 2048) == "short_q"
-    assert backward_mode(2048, 2048) == "two_kernel"
+    assert backward_mode(2048, 2048) == "one_pass"
 
 
 @interpreter
@@ -352,6 +380,7 @@ def test_triton_gpu(shape, dtype, dim, act) -> None:
 @pytest.mark.parametrize("flatten", [False, True])
 def test_triton_gpu_tma_forward_and_one_pass_backward(act, flatten) -> None:
     """The ragged-TMA forward and the atomic-dQ one-pass backward on the self shape."""
+    from gem_kernels.gdpa.op import GDPAFunction
     from gem_kernels.gdpa.triton_fwd import TileConfig
 
     ql, kl = _gpu_lengths("self")
@@ -359,6 +388,18 @@ def test_triton_gpu_tma_forward_and_one_pass_backward(act, flatten) -> None:
                      flatten=flatten)
     _check_triton(ql, kl, 2, 128, torch.bfloat16, "cuda", act, "kv_len", 2e-2, 4e-2,
                   "one_pass", cfg)
+    # and the TMA one-pass backward (TMA reduce-add of dQ) against the pointer one
+    q, k, v, qo, ko = _inputs(ql, kl, 2, 128, torch.bfloat16, "cuda", seed=11)
+    do = torch.randn(q.shape, device="cuda", dtype=torch.bfloat16)
+    grads = []
+    for tma in (False, True):
+        bcfg = TileConfig(128, 32, num_warps=8, num_stages=3, ctas_per_sm=1, tma=tma)
+        leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+        out = GDPAFunction.apply(*leaves, qo, ko, max(ql), max(kl), act, 128 ** -0.5, 1,
+                                 None, bcfg, None, "one_pass")
+        grads.append(torch.autograd.grad(out, leaves, do))
+    for a, b in zip(*grads, strict=True):
+        assert _rel(a, b) < 1e-2
 
 
 @pytest.mark.gpu

@@ -263,6 +263,7 @@ def run_case(c: Case, phase: str, quick: bool, rows: list[BenchRow], meta: dict,
     from gem_kernels.gdpa.triton_bwd import (
         dkdv_config,
         dq_config,
+        one_pass_config,
         short_kv_stream_config,
         short_q_config,
     )
@@ -275,6 +276,8 @@ def run_case(c: Case, phase: str, quick: bool, rows: list[BenchRow], meta: dict,
     mode = backward_mode(c.max_q, c.max_kv)
     if mode == "short_kv":
         cfg_kv = short_kv_stream_config(c.max_kv, c.dim)
+    elif mode == "one_pass":
+        cfg_kv = one_pass_config(c.max_q, c.max_kv, c.dim)
     elif mode == "short_q":
         cfg_kv = short_q_config(c.max_q, c.dim)
     if phase == "main":
@@ -416,7 +419,11 @@ def tune_public(cases: list[Case], emit) -> None:
             return gdpa(q, k, v, c.qo, c.ko, c.max_q, c.max_kv, activation=ACTIVATION,
                         kernel="triton")
 
-        f, b, fb = _grad_fns(ours, (c.q, c.k, c.v), c.do)
+        try:
+            f, b, fb = _grad_fns(ours, (c.q, c.k, c.v), c.do)
+        except Exception as e:
+            emit({"case": c.name, "what": "public", "error": f"{type(e).__name__}: {e}"[:400]})
+            continue
         for direction, fn in (("fwd", f), ("bwd", b), ("fwd+bwd", fb)):
             ms = time_ms(fn)
             row = fill_rates(BenchRow(c.name, "ours", direction, ms), c.flops[direction],
@@ -426,9 +433,6 @@ def tune_public(cases: list[Case], emit) -> None:
                   "host_us": host_us_per_call(fn)})
         _, nb, _ = _grad_fns(_Noop.apply, (c.q, c.k, c.v), c.q)
         emit({"case": c.name, "what": "autograd_noop_bwd", "host_us": host_us_per_call(nb)})
-
-
-CEILING_CONFIGS = ("ptr_128x64_w8_s3", "tma_128x64_w8_s3", "tma_128x128_w8_s2")
 
 
 def tune_kernels(cases: dict[str, Case], emit, deadline: float) -> None:
@@ -463,10 +467,10 @@ def tune_kernels(cases: dict[str, Case], emit, deadline: float) -> None:
     c = cases["cross"]
     act = ACT_CODE[ACTIVATION]
     base = short_kv_stream_config(c.max_kv, c.dim)
-    for name, cfg in (("default", base), ("s3", replace(base, num_stages=3)),
-                      ("bm32_s3", replace(base, block_cols=32, num_stages=3)),
-                      ("bm128_w8", replace(base, block_cols=128, num_warps=8)),
-                      ("cta4", replace(base, ctas_per_sm=4))):
+    for name, cfg in (("default", base), ("bm64_s2", replace(base, block_cols=64,
+                                                             num_stages=2)),
+                      ("bm32_s4", replace(base, num_stages=4)),
+                      ("bm16_s4", replace(base, block_cols=16, num_stages=4))):
         sched = schedule_for(c.ko, c.qo, c.heads, cfg, c.q.device, cover_empty_rows=True)
 
         def launch(cfg=cfg, sched=sched):
@@ -487,21 +491,23 @@ def tune_kernels(cases: dict[str, Case], emit, deadline: float) -> None:
     c = cases["self"]
     scale = 1.0 / math.sqrt(c.dim)
     T = TileConfig
-    fwd = {
-        "ptr_128x64_w8_s3": T(128, 64, 8, 3, 1, True),
-        "ptr_128x64_w8_s4": T(128, 64, 8, 4, 1, True),
-        "tma_128x64_w8_s2": T(128, 64, 8, 2, 1, False, tma=True),
-        "tma_128x64_w8_s3": T(128, 64, 8, 3, 1, False, tma=True),
-        "tma_128x64_w8_s4": T(128, 64, 8, 4, 1, False, tma=True),
-        "tma_128x128_w8_s2": T(128, 128, 8, 2, 1, False, tma=True),
-        "tma_128x128_w8_s3": T(128, 128, 8, 3, 1, False, tma=True),
-        "tma_128x64_w8_s3_flat": T(128, 64, 8, 3, 1, False, tma=True, flatten=True),
-        "tma_128x64_w8_s3_ws": T(128, 64, 8, 3, 1, False, tma=True, warp_specialize=True),
-        "tma_64x64_w4_s3_cta2": T(64, 64, 4, 3, 2, False, tma=True),
-    }
-    for name, cfg in fwd.items():
+    fwd = [
+        ("ptr_128x64_w8_s3", T(128, 64, 8, 3, 1, True), ("gelu_tanh",)),
+        ("ptr_128x64_w8_s3_runtime", T(128, 64, 8, 3, 1, True, scale_mode="runtime"),
+         ("gelu_tanh",)),
+        ("ptr_128x64_w8_s3_scores", T(128, 64, 8, 3, 1, True, scale_mode="scores"),
+         ("gelu_tanh",)),
+        ("tma_128x64_w8_s3", T(128, 64, 8, 3, 1, False, tma=True), ("gelu_tanh", "identity")),
+        ("tma_128x64_w8_s3_runtime", T(128, 64, 8, 3, 1, False, tma=True,
+                                       scale_mode="runtime"), ("gelu_tanh",)),
+        ("tma_128x64_w8_s3_scores", T(128, 64, 8, 3, 1, False, tma=True,
+                                      scale_mode="scores"), ("gelu_tanh", "identity")),
+        ("tma_128x64_w8_s3_prefetch", T(128, 64, 8, 3, 1, True, tma=True), ("gelu_tanh",)),
+        ("tma_128x64_w8_s4_prefetch", T(128, 64, 8, 4, 1, True, tma=True), ("gelu_tanh",)),
+        ("tma_128x64_w8_s2_prefetch", T(128, 64, 8, 2, 1, True, tma=True), ("gelu_tanh",)),
+    ]
+    for name, cfg, acts in fwd:
         sched = forward_schedule(c.qo, c.ko, c.heads, cfg, c.max_kv, c.q.device)
-        acts = ("gelu_tanh", "identity") if name in CEILING_CONFIGS else ("gelu_tanh",)
         for act in acts:
             timed(f"fwd_{name}_{act}", c, "fwd",
                   lambda cfg=cfg, sched=sched, act=act: launch_fwd(
@@ -510,29 +516,40 @@ def tune_kernels(cases: dict[str, Case], emit, deadline: float) -> None:
 
     bwd = [
         ("two_kernel_64x32_s3", "two_kernel", T(64, 32, 4, 3, 2, False),
-         T(64, 32, 4, 3, 2, False)),
-        ("two_kernel_64x64_s2", "two_kernel", T(64, 64, 4, 2, 2, False),
-         T(64, 64, 4, 2, 2, False)),
-        ("two_kernel_kv128x32w8_q64x32", "two_kernel", T(128, 32, 8, 3, 1, False),
-         T(64, 32, 4, 3, 2, False)),
-        ("one_pass_64x32_s3", "one_pass", T(64, 32, 4, 3, 2, False), None),
-        ("one_pass_64x64_s2", "one_pass", T(64, 64, 4, 2, 2, False), None),
-        ("one_pass_128x32_w8_s3", "one_pass", T(128, 32, 8, 3, 1, False), None),
-        ("one_pass_128x64_w8_s2", "one_pass", T(128, 64, 8, 2, 1, False), None),
+         T(64, 32, 4, 3, 2, False), ("gelu_tanh",)),
+        ("two_kernel_64x32_s3_scores", "two_kernel",
+         T(64, 32, 4, 3, 2, False, scale_mode="scores"),
+         T(64, 32, 4, 3, 2, False, scale_mode="scores"), ("gelu_tanh",)),
+        ("one_pass_128x32_w8_s3", "one_pass", T(128, 32, 8, 3, 1, False), None,
+         ("gelu_tanh",)),
+        ("one_pass_tma_128x32_w8_s3", "one_pass", T(128, 32, 8, 3, 1, False, tma=True), None,
+         ("gelu_tanh", "identity")),
+        ("one_pass_tma_128x32_w8_s3_scores", "one_pass",
+         T(128, 32, 8, 3, 1, False, tma=True, scale_mode="scores"), None, ("gelu_tanh",)),
+        ("one_pass_tma_128x32_w8_s2", "one_pass", T(128, 32, 8, 2, 1, False, tma=True), None,
+         ("gelu_tanh",)),
+        ("one_pass_tma_128x32_w8_s4", "one_pass", T(128, 32, 8, 4, 1, False, tma=True), None,
+         ("gelu_tanh",)),
+        ("one_pass_tma_128x64_w8_s2", "one_pass", T(128, 64, 8, 2, 1, False, tma=True), None,
+         ("gelu_tanh",)),
+        ("one_pass_tma_64x32_w4_s3_cta2", "one_pass", T(64, 32, 4, 3, 2, False, tma=True),
+         None, ("gelu_tanh",)),
+        ("one_pass_tma_64x64_w4_s3_cta2", "one_pass", T(64, 64, 4, 3, 2, False, tma=True),
+         None, ("gelu_tanh",)),
     ]
-    for name, mode, ckv, cq in bwd:
-        def op(q, k, v, ckv=ckv, cq=cq, mode=mode):
-            return GDPAFunction.apply(q, k, v, c.qo, c.ko, c.max_q, c.max_kv, ACTIVATION,
-                                      scale, 0, None, ckv, cq, mode)
+    for name, mode, ckv, cq, acts in bwd:
+        for act in acts:
+            def op(q, k, v, ckv=ckv, cq=cq, mode=mode, act=act):
+                return GDPAFunction.apply(q, k, v, c.qo, c.ko, c.max_q, c.max_kv, act,
+                                          scale, 0, None, ckv, cq, mode)
 
-        try:
-            _, b, _ = _grad_fns(op, (c.q, c.k, c.v), c.do)
-        except Exception as e:
-            emit({"case": c.name, "what": f"bwd_{name}", "error": f"{e}"[:400]})
-            continue
-        timed(f"bwd_{name}", c, "bwd", b, mode=mode)
-        del b
-
+            try:
+                _, b, _ = _grad_fns(op, (c.q, c.k, c.v), c.do)
+            except Exception as e:
+                emit({"case": c.name, "what": f"bwd_{name}_{act}", "error": f"{e}"[:400]})
+                continue
+            timed(f"bwd_{name}_{act}", c, "bwd", b, mode=mode)
+            del b
 
 def tune(args) -> None:
     import json

@@ -80,12 +80,27 @@ ACT_CODE = {"silu": 0, "gelu": 1, "gelu_tanh": 2, "identity": 3}
 _FOLD_SCALE_RANGE = (1.0 / 32, 32.0)
 
 
+SCALE_MODES = ("const", "runtime", "scores")
+
+
 def folds_scale(act_code: int, scale: float, dtype: torch.dtype) -> bool:
     """Whether the kernels apply ``scale`` after the second matmul (gelu_tanh, identity)
     instead of to every score. Not for fp16: the unscaled act values (up to 1/scale times
     larger) would reach fp16's range sooner."""
     return (act_code in (2, 3) and dtype != torch.float16
             and _FOLD_SCALE_RANGE[0] <= scale <= _FOLD_SCALE_RANGE[1])
+
+
+def scale_args(act_code: int, scale: float, dtype: torch.dtype,
+               mode: str = "const") -> tuple[bool, float]:
+    """(FOLD, CSCALE) kernel constants. mode 'const' folds the scale into compile-time
+    coefficients (immediate operands; one compiled kernel per scale value, which a model
+    fixes), 'runtime' computes them in the kernel from the scale argument, 'scores'
+    multiplies every score (no folding). CSCALE = 0.0 means 'use the runtime scale'."""
+    if mode not in SCALE_MODES:
+        raise ValueError(f"scale_mode must be one of {SCALE_MODES}; got {mode!r}")
+    fold = mode != "scores" and folds_scale(act_code, scale, dtype)
+    return fold, (float(scale) if fold and mode == "const" else 0.0)
 
 
 _R = tl.constexpr(GELU_POLY_R)
@@ -155,13 +170,17 @@ def out_scale(scale, FOLD: tl.constexpr):
 
 
 @triton.jit
-def act_fwd(x, scale, ACT: tl.constexpr, FOLD: tl.constexpr):
+def act_fwd(x, scale, ACT: tl.constexpr, FOLD: tl.constexpr, CSCALE: tl.constexpr):
     """For an fp32 tile of raw dots x: act(scale * x) / out_scale(scale, FOLD). With FOLD
-    (gelu_tanh, identity) the scale lives in the coefficients and the caller multiplies its
-    accumulator by scale once; else the scores are scaled here."""
+    (gelu_tanh, identity) the scale lives in the coefficients (compile-time ones from CSCALE
+    unless it is 0) and the caller multiplies its accumulator by scale once; else the scores
+    are scaled here."""
     if FOLD:
         if ACT == 2:
-            s, _ = _gelu_s(x, scale)
+            if CSCALE != 0.0:
+                s, _ = _gelu_s(x, CSCALE)
+            else:
+                s, _ = _gelu_s(x, scale)
             return x * s
         else:
             return x
@@ -179,13 +198,17 @@ def act_fwd(x, scale, ACT: tl.constexpr, FOLD: tl.constexpr):
 
 
 @triton.jit
-def act_fwd_and_grad(x, scale, ACT: tl.constexpr, FOLD: tl.constexpr):
+def act_fwd_and_grad(x, scale, ACT: tl.constexpr, FOLD: tl.constexpr, CSCALE: tl.constexpr):
     """(act_fwd(x, ...), act'(scale * x)) for an fp32 tile of raw dots; for gelu_tanh the
     derivative of the polynomial (d/du [u s(u)] = s + x ds/dx, scale-free)."""
     if FOLD:
         if ACT == 2:
-            s, x2 = _gelu_s(x, scale)
-            return x * s, s + x * _gelu_ds(x2, scale)
+            if CSCALE != 0.0:
+                s, x2 = _gelu_s(x, CSCALE)
+                return x * s, s + x * _gelu_ds(x2, CSCALE)
+            else:
+                s, x2 = _gelu_s(x, scale)
+                return x * s, s + x * _gelu_ds(x2, scale)
         else:
             return x, tl.full(x.shape, 1.0, tl.float32)
     else:

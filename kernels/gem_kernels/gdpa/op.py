@@ -21,6 +21,7 @@ from gem_kernels.gdpa.triton_bwd import (
     launch_bwd_short_kv,
     launch_bwd_short_kv_stream,
     launch_bwd_short_q,
+    one_pass_config,
     short_kv_config,
     short_kv_stream_config,
     short_q_config,
@@ -76,14 +77,15 @@ SHORT_SIDE = 64  # a side this short fits one tile: the backward runs as one fus
 
 def backward_mode(max_q: int, max_kv: int) -> str:
     """'short_kv' (cross attention: one pass over Q per KV sample, no atomics), 'short_q'
-    (pooled) or 'two_kernel' (self attention). 'short_kv_atomic' (one pass over query
-    blocks, dK and dV summed by atomics) and 'one_pass' (self: one pass over key blocks, dQ
+    (pooled) or 'one_pass' (self attention: one pass over key blocks, dQ summed in fp32 by
+    TMA reduce-add; S and act' computed once instead of twice). 'two_kernel' (dK/dV and dQ
+    kernels, deterministic) and 'short_kv_atomic' (one pass over query blocks, dK and dV
     summed by atomics) are kept for comparison."""
     if max_kv <= SHORT_SIDE:
         return "short_kv"
     if max_q <= SHORT_SIDE:
         return "short_q"
-    return "two_kernel"
+    return "one_pass"
 
 
 class GDPAFunction(torch.autograd.Function):
@@ -136,7 +138,7 @@ class GDPAFunction(torch.autograd.Function):
             dq, dk, dv = launch_bwd_short_q(q, k, v, do, sched, cfg, act, norm_code, scale,
                                             max_kv)
         elif mode == "one_pass":
-            cfg = dkdv_cfg or dkdv_config(max_q, max_kv, d)
+            cfg = dkdv_cfg or one_pass_config(max_q, max_kv, d)
             sched = schedule_for(kv_offsets, q_offsets, heads, cfg, q.device)
             dq, dk, dv = launch_bwd_one_pass(q, k, v, do, sched, cfg, act, norm_code, scale,
                                              max_kv)
