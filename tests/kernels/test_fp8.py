@@ -57,7 +57,7 @@ def _close_codes(q: BlockFp8, ref: BlockFp8) -> bool:
     return torch.equal(q.scale, ref.scale) and bool(((a - b).abs() <= step).all())
 
 
-def _outliers(r: int, c: int, seed: int, device: str = "cpu") -> torch.Tensor:
+def _outliers(r: int, c: int, seed: int, device: str = DEV) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(r, c, generator=g) * torch.exp(torch.randn(r, 1, generator=g))
     x[torch.rand(r, c, generator=g) < 0.01] *= 50.0  # sparse outliers
@@ -99,7 +99,7 @@ def test_quantize_dual_equals_two_quantizations(shape):
 
 
 def test_zero_and_tiny_blocks_do_not_break():
-    x = torch.zeros(64, 64)
+    x = torch.zeros(64, 64, device=DEV)
     x[:32, :32] = 1e-30
     q = quantize(x, (32, 32), kernel="triton")
     assert torch.isfinite(q.scale).all() and torch.isfinite(q.data.float()).all()
@@ -122,8 +122,8 @@ def test_hadamard_is_orthogonal(n):
 
 
 def test_hadamard_spreads_outliers_and_keeps_the_product():
-    q = hadamard_matrix(32, seed=3)
-    x = torch.zeros(1, 32)
+    q = hadamard_matrix(32, seed=3, device=DEV)
+    x = torch.zeros(1, 32, device=DEV)
     x[0, 0] = 8.0
     spread = apply_hadamard(x, q)
     assert torch.allclose(spread.abs(), torch.full_like(spread, 8.0 / 32**0.5))
@@ -145,7 +145,7 @@ def test_hadamard_spreads_outliers_and_keeps_the_product():
 
 def test_stochastic_rounding_is_unbiased():
     torch.manual_seed(0)
-    x = torch.rand(32, 32) * 3 + 0.1
+    x = (torch.rand(32, 32) * 3 + 0.1).to(DEV)
     x[0, 0] = 3.5  # every block shares amax 3.5 -> scale 2**-7 when stacked
     n = 48
     # n copies of x stacked: one launch, independent random numbers per copy, same scales
@@ -198,11 +198,11 @@ CFGS = [Fp8Config(block=32), Fp8Config(block=32, hadamard=True, hadamard_block=3
 @pytest.mark.parametrize("kernel", ["triton", "pytorch"])
 def test_linear_gradients_close_to_bf16(cfg, kernel):
     torch.manual_seed(0)
-    lin = torch.nn.Linear(128, 64)
-    x = torch.randn(4, 32, 128, requires_grad=True)
+    lin = torch.nn.Linear(128, 64, device=DEV)
+    x = torch.randn(4, 32, 128, device=DEV, requires_grad=True)
     fp8 = Fp8BlockLinear.from_linear(lin, cfg, kernel=kernel)
     assert fp8.weight is lin.weight
-    gy = torch.randn(4, 32, 64)
+    gy = torch.randn(4, 32, 64, device=DEV)
     y = fp8(x)
     y.backward(gy)
     dx, dw, db = x.grad.clone(), lin.weight.grad.clone(), lin.bias.grad.clone()
@@ -315,8 +315,8 @@ def test_gpu_linear_close_to_fp32(cfg):
 @pytest.mark.parametrize("had", [0, 64])
 def test_rmsnorm_quantize_fused_matches_reference(block, had):
     x = _outliers(70, 256, seed=12)
-    w = torch.rand(256) + 0.5
-    q = hadamard_matrix(had) if had else None
+    w = torch.rand(256, device=DEV) + 0.5
+    q = hadamard_matrix(had, device=DEV) if had else None
     got, rstd = rmsnorm_quantize(x, w, 1e-6, block, hadamard=q, kernel="triton")
     ref, rstd_ref = rmsnorm_quantize(x, w, 1e-6, block, hadamard=q, kernel="pytorch")
     assert torch.allclose(rstd, rstd_ref, rtol=1e-6)
@@ -332,12 +332,13 @@ def test_rmsnorm_quantize_fused_matches_reference(block, had):
 @pytest.mark.parametrize("kernel", ["triton", "pytorch"])
 def test_rmsnorm_linear_gradients_close_to_full_precision(cfg, kernel):
     torch.manual_seed(3)
-    norm, lin = torch.nn.RMSNorm(128, eps=1e-6), torch.nn.Linear(128, 64)
+    norm = torch.nn.RMSNorm(128, eps=1e-6, device=DEV)
+    lin = torch.nn.Linear(128, 64, device=DEV)
     with torch.no_grad():
         norm.weight.uniform_(0.5, 1.5)
     fused = Fp8RMSNormLinear.from_modules(norm, lin, cfg, kernel=kernel)
-    x = (torch.randn(2, 32, 128) * 3).requires_grad_()
-    gy = torch.randn(2, 32, 64)
+    x = (torch.randn(2, 32, 128, device=DEV) * 3).requires_grad_()
+    gy = torch.randn(2, 32, 64, device=DEV)
     fused(x).backward(gy)
     got = [x.grad.clone(), norm.weight.grad.clone(), lin.weight.grad.clone(),
            lin.bias.grad.clone()]
