@@ -255,9 +255,9 @@ def test_triton_interpreter_tma_forward(act, flatten, prefetch) -> None:
 
     cfg = TileConfig(16, 16, num_warps=4, num_stages=2, ctas_per_sm=1, prefetch=prefetch,
                      tma=True, flatten=flatten)
-    tol = 2e-3 if act == "gelu_tanh" else 1e-5
-    _check_triton([20, 0, 37, 3, 70], [5, 9, 0, 17, 66], 2, 16, torch.float32, "cpu", act,
-                  "kv_len", tol, 10 * tol, "two_kernel", cfg)
+    # fp16: the TMA kernels take 16-bit inputs (the interpreter's fp16 dot is exact enough)
+    _check_triton([20, 0, 37, 3, 70], [5, 9, 0, 17, 66], 2, 16, torch.float16, "cpu", act,
+                  "kv_len", 3e-3, 1e-2, "two_kernel", cfg)
 
 
 @interpreter
@@ -268,19 +268,19 @@ def test_triton_interpreter_tma_one_pass_backward(act) -> None:
     from gem_kernels.gdpa.triton_bwd import TileConfig
 
     ql, kl = [20, 0, 37, 3, 70], [5, 9, 0, 17, 66]
-    q, k, v, qo, ko = _inputs(ql, kl, 2, 16, torch.float32, "cpu", seed=5)
+    q, k, v, qo, ko = _inputs(ql, kl, 2, 16, torch.float16, "cpu", seed=5)
     for t in (q, k, v):
         t.requires_grad_(True)
     cfg = TileConfig(16, 16, num_warps=4, num_stages=2, tma=True)
     out = GDPAFunction.apply(q, k, v, qo, ko, 70, 66, act, 0.25, 1, None, cfg, None,
                              "one_pass")
-    do = torch.randn(out.shape, generator=torch.Generator().manual_seed(2))
+    do = torch.randn(out.shape, generator=torch.Generator().manual_seed(2)).half()
     grads = torch.autograd.grad(out, (q, k, v), do)
-    ref = gdpa_reference(q, k, v, qo, ko, 70, 66, activation=act, norm="kv_len")
-    ref_grads = torch.autograd.grad(ref, (q, k, v), do)
-    tol = 2e-2 if act == "gelu_tanh" else 1e-4
+    qf, kf, vf = (t.detach().float().requires_grad_(True) for t in (q, k, v))
+    ref = gdpa_reference(qf, kf, vf, qo, ko, 70, 66, activation=act, norm="kv_len")
+    ref_grads = torch.autograd.grad(ref, (qf, kf, vf), do.float())
     for a, b in zip(grads, ref_grads, strict=True):
-        assert _rel(a, b) < tol
+        assert _rel(a, b) < 2e-2
 
 
 def test_kv_major_forward_refuses_long_kv() -> None:
@@ -340,6 +340,7 @@ def test_backward_mode_follows_the_short_side() -> None:
     assert backward_mode(2048, 16) == "short_kv"
     assert backward_mode(8, 2048) == "short_q"
     assert backward_mode(2048, 2048) == "one_pass"
+    assert backward_mode(2048, 2048, torch.float32) == "two_kernel"
 
 
 @interpreter

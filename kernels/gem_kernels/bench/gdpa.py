@@ -175,18 +175,22 @@ def fwd_variants(case: str, quick: bool) -> list[tuple[str, dict]]:
     if quick:
         return flip
     if case == "self":
-        return flip + [("bm128_bn128_s3", {"block_cols": 128}),
-                       ("bm128_bn64_s4", {"num_stages": 4}),
-                       ("bm128_bn32_s4", {"block_cols": 32, "num_stages": 4}),
-                       ("bm128_bn64_s3_cta2", {"ctas_per_sm": 2}),
-                       ("bm128_bn64_w4_s3", {"num_warps": 4}),
-                       ("bm128_bn64_w4_s3_cta2", {"num_warps": 4, "ctas_per_sm": 2}),
-                       ("bm64_bn64_w4_s3_cta2", {"block_rows": 64, "num_warps": 4,
-                                                 "ctas_per_sm": 2}),
-                       ("bm64_bn128_w4_s3_cta2", {"block_rows": 64, "block_cols": 128,
-                                                  "num_warps": 4, "ctas_per_sm": 2}),
-                       ("bm256_bn64_w8_s3", {"block_rows": 256}),
-                       ("bm128_bn64_s3_cta3", {"ctas_per_sm": 3})]
+        # the default: K, V by ragged TMA, the next query tile prefetched by pointer loads;
+        # "pointer" is the previous default (pointer loads throughout), "pointer_scores" that
+        # kernel with the scale applied to every score (the activation before this change
+        # minus its select); "identity" rows are the same kernels without the activation:
+        # the matmul pipeline's ceiling
+        return flip + [("identity", {"activation": "identity"}),
+                       ("no_prefetch_identity", {"prefetch": False,
+                                                 "activation": "identity"}),
+                       ("pointer", {"tma": False}),
+                       ("pointer_scores", {"tma": False, "scale_mode": "scores"}),
+                       ("scores", {"scale_mode": "scores"}),
+                       ("runtime_scale", {"scale_mode": "runtime"}),
+                       ("s4", {"num_stages": 4}),
+                       ("bn128_s2", {"block_cols": 128, "num_stages": 2}),
+                       ("bm64_w4_cta2", {"block_rows": 64, "num_warps": 4,
+                                         "ctas_per_sm": 2})]
     if case == "cross":
         # the default is KV-major (whole KV per item, query tiles streamed); the q-major rows
         # are the previous default (query-block items) and its variants
@@ -206,11 +210,11 @@ def fwd_variants(case: str, quick: bool) -> list[tuple[str, dict]]:
 
 
 def bwd_variants(case: str, quick: bool, max_q: int, max_kv: int, dim: int):
-    """(name, bwd_mode, dkdv config, dq config) backward ablations."""
+    """(name, bwd_mode, dkdv config, dq config[, activation]) backward ablations."""
     from gem_kernels.gdpa.triton_bwd import (
-        TileConfig,
         dkdv_config,
         dq_config,
+        one_pass_config,
         short_kv_config,
         short_kv_stream_config,
         short_q_config,
@@ -222,28 +226,20 @@ def bwd_variants(case: str, quick: bool, max_q: int, max_kv: int, dim: int):
     if quick:
         return two if case != "self" else []
     if case == "self":
-        return [("bwd_prefetch", "two_kernel", replace(kv, prefetch=True),
-                 replace(q, prefetch=True)),
-                ("bwd_64x64_s2", "two_kernel", TileConfig(64, 64, 4, 2, 2, False),
-                 TileConfig(64, 64, 4, 2, 2, False)),
-                ("bwd_64x64_s3", "two_kernel", replace(kv, block_cols=64),
-                 replace(q, block_cols=64)),
-                ("bwd_64x32_s4", "two_kernel", replace(kv, num_stages=4),
-                 replace(q, num_stages=4)),
-                ("bwd_128x64_w8_s3_cta1", "two_kernel", TileConfig(128, 64, 8, 3, 1, False),
-                 TileConfig(128, 64, 8, 3, 1, False))]
+        op = one_pass_config(max_q, max_kv, dim)
+        return [("bwd_two_kernel", "two_kernel", kv, q),
+                ("bwd_one_pass_identity", "one_pass", op, None, "identity"),
+                ("bwd_one_pass_prefetch", "one_pass", replace(op, prefetch=True), None),
+                ("bwd_one_pass_tma", "one_pass", replace(op, tma=True), None),
+                ("bwd_one_pass_s4", "one_pass", replace(op, num_stages=4), None),
+                ("bwd_one_pass_scores", "one_pass", replace(op, scale_mode="scores"), None)]
     if case == "cross":
         f = short_kv_config(max_kv, dim)
         st = short_kv_stream_config(max_kv, dim)
         return two + [("bwd_atomic_default", "short_kv_atomic", None, f),
-                      ("bwd_atomic_cta4", "short_kv_atomic", None, replace(f, ctas_per_sm=4)),
-                      ("bwd_stream_s3", "short_kv", replace(st, num_stages=3), None),
-                      ("bwd_stream_s3_cta4", "short_kv", replace(st, num_stages=3,
-                                                                 ctas_per_sm=4), None),
-                      ("bwd_stream_bm128_s2_w8", "short_kv", replace(st, block_cols=128,
-                                                                     num_warps=8), None),
-                      ("bwd_stream_bm32_s3", "short_kv", replace(st, block_cols=32,
-                                                                 num_stages=3), None)]
+                      ("bwd_stream_bm64_s2", "short_kv", replace(st, block_cols=64,
+                                                                 num_stages=2), None),
+                      ("bwd_stream_bm32_s4", "short_kv", replace(st, num_stages=4), None)]
     f = short_q_config(max_q, dim)
     return two + [("bwd_fused_no_prefetch", "short_q", replace(f, prefetch=False), None),
                   ("bwd_fused_bn128_w8", "short_q", replace(f, block_rows=128, num_warps=8),
@@ -363,16 +359,18 @@ def run_case(c: Case, phase: str, quick: bool, rows: list[BenchRow], meta: dict,
     for name, over in fwd_variants(c.name, quick):
         if "prefetch" in over and over["prefetch"] is None:
             over = {**over, "prefetch": not cfg.prefetch}
+        vact = ACT_CODE[over.pop("activation", ACTIVATION)]
         vcfg = replace(cfg, **over)
         sched = forward_schedule(c.qo, c.ko, c.heads, vcfg, c.max_kv, c.q.device)
         record(f"ours_{name}", "fwd",
-               lambda vcfg=vcfg, sched=sched: launch_fwd(c.q, c.k, c.v, sched, vcfg, act, 0,
-                                                         scale, c.max_kv),
+               lambda vcfg=vcfg, sched=sched, vact=vact: launch_fwd(
+                   c.q, c.k, c.v, sched, vcfg, vact, 0, scale, c.max_kv),
                {"config": vars(vcfg)})
-    for name, mode, ckv, cq in bwd_variants(c.name, quick, c.max_q, c.max_kv, c.dim):
-        def op(q, k, v, ckv=ckv, cq=cq, mode=mode):
-            return GDPAFunction.apply(q, k, v, c.qo, c.ko, c.max_q, c.max_kv, ACTIVATION,
-                                      scale, 0, None, ckv, cq, mode)
+    for name, mode, ckv, cq, *vact in bwd_variants(c.name, quick, c.max_q, c.max_kv,
+                                                    c.dim):
+        def op(q, k, v, ckv=ckv, cq=cq, mode=mode, a=(vact or [ACTIVATION])[0]):
+            return GDPAFunction.apply(q, k, v, c.qo, c.ko, c.max_q, c.max_kv, a, scale, 0,
+                                      None, ckv, cq, mode)
 
         try:
             _, b, _ = _grad_fns(op, (c.q, c.k, c.v), c.do)

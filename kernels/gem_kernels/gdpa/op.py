@@ -75,17 +75,18 @@ def forward_schedule(q_offsets: torch.Tensor, kv_offsets: torch.Tensor, heads: i
 SHORT_SIDE = 64  # a side this short fits one tile: the backward runs as one fused kernel
 
 
-def backward_mode(max_q: int, max_kv: int) -> str:
+def backward_mode(max_q: int, max_kv: int, dtype: torch.dtype = torch.bfloat16) -> str:
     """'short_kv' (cross attention: one pass over Q per KV sample, no atomics), 'short_q'
-    (pooled) or 'one_pass' (self attention: one pass over key blocks, dQ summed in fp32 by
-    TMA reduce-add; S and act' computed once instead of twice). 'two_kernel' (dK/dV and dQ
-    kernels, deterministic) and 'short_kv_atomic' (one pass over query blocks, dK and dV
-    summed by atomics) are kept for comparison."""
+    (pooled) or, for self attention, 'one_pass' (one pass over key blocks, dQ summed in fp32
+    by atomics; S and act' computed once instead of twice) with 16-bit inputs and
+    'two_kernel' (dK/dV and dQ kernels, deterministic; smaller tiles) with fp32 ones, whose
+    one-pass tiles would not fit. 'short_kv_atomic' (one pass over query blocks, dK and dV
+    summed by atomics) is kept for comparison."""
     if max_kv <= SHORT_SIDE:
         return "short_kv"
     if max_q <= SHORT_SIDE:
         return "short_q"
-    return "one_pass"
+    return "one_pass" if dtype.itemsize == 2 else "two_kernel"
 
 
 class GDPAFunction(torch.autograd.Function):
@@ -106,7 +107,7 @@ class GDPAFunction(torch.autograd.Function):
                          norm_code, scale, max_kv)
         ctx.save_for_backward(q, k, v, q_offsets, kv_offsets)
         ctx.meta = (max_q, max_kv, activation, scale, norm_code, dkdv_cfg, dq_cfg,
-                    bwd_mode or backward_mode(max_q, max_kv))
+                    bwd_mode or backward_mode(max_q, max_kv, q.dtype))
         return out
 
     @staticmethod

@@ -63,9 +63,10 @@ def dq_config(max_q: int, max_kv: int, head_dim: int) -> TileConfig:
 
 
 def one_pass_config(max_q: int, max_kv: int, head_dim: int) -> TileConfig:
-    """One-pass backward: rows are key blocks (8 warps, 128 keys), columns query tiles."""
-    return TileConfig(128, 32, num_warps=8, num_stages=3, ctas_per_sm=1, prefetch=False,
-                      tma=True)
+    """One-pass backward: rows are key blocks (8 warps, 128 keys), columns query tiles.
+    H200 (self, log-normal mean 470, gelu_tanh): pointer loads 1.76 ms, ragged TMA 1.81,
+    the two-kernel backward 1.86."""
+    return TileConfig(128, 32, num_warps=8, num_stages=3, ctas_per_sm=1, prefetch=False)
 
 
 def short_kv_config(max_kv: int, head_dim: int) -> TileConfig:
@@ -456,7 +457,7 @@ def launch_bwd_one_pass(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: t
     dq32 = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
-    if sched_kv.num_items and cfg.tma and tma_ok(q, k, v, do, dk, dv, dq32):
+    if sched_kv.num_items and cfg.tma and tma_ok(q, k, v, do, dk, dv):
         fold, cscale = scale_args(act_code, scale, q.dtype, cfg.scale_mode)
         bn, bm = cfg.block_rows, cfg.block_cols
         _gdpa_bwd_one_pass_tma_kernel[(sched_kv.num_programs,)](
