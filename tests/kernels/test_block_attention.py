@@ -233,3 +233,64 @@ def test_triton_gpu_strided_views_and_every_row_written() -> None:
     a = block_attention(q, k, v, off, rope=RopeConfig())
     b = block_attention(q, k, v, off, rope=RopeConfig())
     assert torch.equal(a, b)  # deterministic, and no stale memory leaks in
+
+
+def _with_meta(dim: int, fwd: dict, bwd: dict, fn):  # noqa: ANN001, ANN202
+    """Run fn with the default launch settings of head_dim dim replaced (restored after)."""
+    from gem_kernels.block_attention import autograd as ba
+
+    saved = ba.DEFAULT_META[dim]
+    ba.DEFAULT_META[dim] = ({**saved[0], **fwd}, {**saved[1], **bwd})
+    try:
+        return fn()
+    finally:
+        ba.DEFAULT_META[dim] = saved
+
+
+def _out_and_grads(lengths, heads, dim, dtype, device, seed=4):  # noqa: ANN001, ANN202
+    q, k, v, off = _inputs(lengths, heads, dim, dtype, device, seed)
+    q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
+    out = block_attention(q, k, v, off, rope=RopeConfig(), kernel="triton")
+    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed + 1)).to(out)
+    return (out, *torch.autograd.grad(out, (q, k, v), dout))
+
+
+@interpreter
+def test_triton_interpreter_item_order_does_not_change_results() -> None:
+    """Strided and chunked item orders, plan rows read as a vector or as scalars: every
+    (block, head) item is computed the same way, so the outputs and gradients are identical,
+    bit for bit (7 blocks x 3 heads over 4 programs)."""
+    lengths = [70, 5, 64, 130, 1]
+    runs = [_with_meta(64, {"STRIDE": s, "VEC_PLAN": v}, {"STRIDE": s, "VEC_PLAN": v},
+                       lambda: _out_and_grads(lengths, 3, 64, torch.float16, "cpu"))
+            for s, v in ((True, True), (False, False), (True, False))]
+    for other in runs[1:]:
+        for a, b in zip(runs[0], other, strict=True):
+            assert torch.equal(a, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dim", [64, 128])
+def test_triton_gpu_launch_settings_do_not_change_results(dim) -> None:
+    """Item order, programs per SM (above what fits too) and pipelining depth change the
+    schedule only: outputs and gradients are identical, bit for bit. Eight warps lay the tiles
+    out differently (other reduction order), so they agree to rounding."""
+    lengths = [4096, 1000, 63, 65, 1] + lognormal_lengths(40, mean=300, max_len=4096, seed=7)
+    settings = [({"STRIDE": True, "VEC_PLAN": True, "CTAS": 1, "num_stages": 3,
+                  "num_warps": 4}, {"STRIDE": True, "VEC_PLAN": True, "num_warps": 4}),
+                ({"STRIDE": False, "VEC_PLAN": False, "CTAS": 8, "num_stages": 2,
+                  "num_warps": 4}, {"STRIDE": False, "CTAS": 8, "num_warps": 4}),
+                ({"STRIDE": True, "VEC_PLAN": False, "CTAS": 2, "num_stages": 3,
+                  "num_warps": 4}, {"STRIDE": True, "VEC_PLAN": False, "CTAS": 1,
+                                    "num_stages": 2, "num_warps": 4}),
+                ({"STRIDE": True, "CTAS": 1, "num_stages": 3, "num_warps": 8},
+                 {"STRIDE": True, "CTAS": 1, "num_stages": 2, "num_warps": 8})]
+    runs = [_with_meta(dim, f, b, lambda: _out_and_grads(lengths, 4, dim, torch.bfloat16,
+                                                          "cuda"))
+            for f, b in settings]
+    for other in runs[1:-1]:
+        for a, b in zip(runs[0], other, strict=True):
+            assert torch.equal(a, b)
+    for a, b in zip(runs[0], runs[-1], strict=True):
+        assert _rel(b, a) < 1e-2

@@ -32,6 +32,9 @@ and writes dq, dk, dv (RoPE tables are tiny and L2-resident); the same count for
 so frac_hbm is the fraction of the roofline each variant reaches.
 The "layer" cases time a self-attention layer (QKV projection, attention, output projection),
 forward+backward, with block64 (ours) against sliding-window JFA and SDPA on blocks.
+The head_dim 64 case times ours (its launch settings tuned like the others) against SDPA only.
+``--sweep`` times every launch setting the autotuner chooses from, per case and RoPE mode, next
+to a device copy of the same byte count (the practical ceiling) and an empty graph replay.
 """
 
 from __future__ import annotations
@@ -84,7 +87,8 @@ def _cases(quick: bool) -> list[Case]:
     tail = _multiple_of(lognormal_lengths(64, 1024, 4096, min_len=8, sigma=1.0, seed=0), 128)
     return [Case("fixed_B16_L4096_H4", [4096] * 16, 4),
             Case("longtail_B64_max4096_H4", tail, 4),
-            Case("longtail_B64_max4096_H8", tail, 8)]
+            Case("longtail_B64_max4096_H8", tail, 8),
+            Case("longtail_B64_max4096_H8_d64", tail, 8, 64)]
 
 
 def _multiple_of(lengths: list[int], m: int) -> list[int]:
@@ -290,7 +294,7 @@ def _fwd_bwd(fn: Callable, x: Inputs) -> Callable:
     return run
 
 
-def graph_ms(fn: Callable[[], object]) -> float:
+def graph_ms(fn: Callable[[], object], rep_ms: float = 300) -> float:
     """Median ms of fn replayed as one CUDA graph: device time without host launch overhead."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -301,7 +305,7 @@ def graph_ms(fn: Callable[[], object]) -> float:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
-    return time_ms(graph.replay)
+    return time_ms(graph.replay, rep_ms=rep_ms)
 
 
 def _measure(fn: Callable[[], object], case: str, variant: str, direction: str, flops: float,
@@ -373,49 +377,101 @@ def bench_layer(x: Inputs, attn: dict[str, Callable], rows: list[BenchRow], note
             traceback.print_exc()
 
 
-SWEEP_LAUNCH = [  # (CTAS, num_warps, num_stages)
-    (2, 4, 2), (2, 4, 3), (4, 4, 2), (1, 8, 1), (1, 8, 2), (2, 8, 2)]
+def _sweep_cases(quick: bool) -> list[Case]:
+    return _cases(quick) + ([] if quick else [Case("fixed_B16_L4096_H8_d64", [4096] * 16, 8,
+                                                     64)])
 
 
-def sweep_forward(cases: list[Case], out: Path) -> None:
-    """Time the forward kernel under every launch setting and code variant (HOIST: block-relative
-    RoPE table held in registers; SPLIT_PV: P V in two column halves), per RoPE mode."""
+def _name(meta: dict) -> str:
+    name = f"c{meta['CTAS']}w{meta['num_warps']}s{meta['num_stages']}"
+    return name + "".join(f"_{k.lower()}" for k in ("STRIDE", "VEC_PLAN", "HOIST", "SPLIT_PV")
+                          if meta.get(k))
+
+
+def _ceilings(x: Inputs, rows: list[BenchRow]) -> None:
+    """What the memory system gives this case's byte count: one device copy of the same bytes
+    (read + write = the forward's q, k, v, o), and the replay floor of a one-kernel graph."""
+    c = x.case
+    tok_bytes = x.total * c.heads * c.dim * 2
+    src = torch.empty(tok_bytes, dtype=DTYPE, device=x.q.device).normal_()  # 2 x q's bytes
+    dst = torch.empty_like(src)
+    rows.append(fill_rates(BenchRow(c.name, "copy_same_bytes", "fwd[graph]",
+                                    graph_ms(lambda: dst.copy_(src))), None, 4 * tok_bytes))
+    tiny = torch.empty(1, device=x.q.device)
+    rows.append(BenchRow(c.name, "one_tiny_kernel", "fwd[graph]", graph_ms(tiny.zero_)))
+    print(f"{c.name:30s} copy of the same bytes {rows[-2].ms * 1e3:7.1f} us "
+          f"(hbm {rows[-2].frac_hbm:.3f}); one tiny kernel {rows[-1].ms * 1e3:5.1f} us",
+          flush=True)
+
+
+def sweep(cases: list[Case], out: Path) -> None:
+    """Time the forward under every setting of the autotuner's space (autograd.TUNE_SPACE)
+    per RoPE mode, and the backward likewise (fwd+bwd minus the default forward), with longer
+    timing than the autotuner, next to the copy ceiling of each case."""
     from gem_kernels.block_attention import autograd as ba
 
     ba.use_autotune(True)
     rows: list[BenchRow] = []
+    modes = {"rel": (attn_ours, True, True), "norope": (attn_ours_norope, False, False),
+             "abs": (attn_ours_abs, True, False)}
     for case in cases:
         x = Inputs(case, torch.device("cuda"))
         tok_bytes = x.total * case.heads * case.dim * 2
         fl = block_flops(case.lengths, case.heads, case.dim)
-        modes = {"norope": (attn_ours_norope, False, False), "rel": (attn_ours, True, True),
-                 "abs": (attn_ours_abs, True, False)}
+        _ceilings(x, rows)
         for mode, (make, rope, rel) in modes.items():
+            if case.dim == 64 and mode == "abs":
+                continue
             fn = make(x)
             key = ("fwd", case.dim, case.heads, rope, rel, False, DTYPE)
-            for ctas, warps, stages in SWEEP_LAUNCH:
-                for hoist in ((False, True) if rel else (False,)):
-                    for split in (False, True):
-                        meta = {"CTAS": ctas, "num_warps": warps, "num_stages": stages,
-                                "HOIST": hoist, "SPLIT_PV": split}
-                        ba.TUNED[key] = meta
-                        name = (f"{mode}_c{ctas}w{warps}s{stages}" + ("_hoist" if hoist else "")
-                                + ("_split" if split else ""))
-                        try:
-                            ms = graph_ms(lambda fn=fn, x=x: fn(x.q, x.k, x.v))
-                        except Exception as e:  # noqa: BLE001 - out of resources and the like
-                            print(case.name, name, "failed:", type(e).__name__, str(e)[:120])
-                            continue
-                        rows.append(fill_rates(BenchRow(case.name, name, "fwd[graph]", ms), fl,
-                                               4 * tok_bytes))
-                        print(f"{case.name:28s} {name:32s} {ms * 1e3:8.1f} us  "
-                              f"hbm {rows[-1].frac_hbm:.3f}", flush=True)
+            for meta in ba.TUNE_SPACE["fwd"][case.dim]:
+                meta = {k: v for k, v in meta.items() if k != "HOIST" or (rope and rel)}
+                if meta in [r.extra.get("meta") for r in rows if r.case == case.name
+                            and r.variant.startswith(mode + "_")]:
+                    continue
+                ba.TUNED[key] = meta
+                name = f"{mode}_{_name(meta)}"
+                try:
+                    ms = graph_ms(lambda fn=fn, x=x: fn(x.q, x.k, x.v), rep_ms=100)
+                except Exception as e:  # noqa: BLE001 - out of resources and the like
+                    print(case.name, name, "failed:", type(e).__name__, str(e)[:160])
+                    continue
+                row = fill_rates(BenchRow(case.name, name, "fwd[graph]", ms), fl, 4 * tok_bytes)
+                row.extra["meta"] = meta
+                rows.append(row)
+                print(f"{case.name:30s} {name:40s} {ms * 1e3:8.1f} us  hbm {row.frac_hbm:.3f}",
+                      flush=True)
             ba.TUNED.pop(key, None)
-        write_json(rows, out / "block_attention_sweep.json", {"launch": SWEEP_LAUNCH})
+        fn = attn_ours(x)
+        ba.TUNED[("fwd", case.dim, case.heads, True, True, False, DTYPE)] = \
+            ba.DEFAULT_META[case.dim][0]
+        fwd_ms = graph_ms(_fwd(fn, x), rep_ms=100)
+        key = ("bwd", case.dim, case.heads, True, True, False, DTYPE)
+        if case.heads == 8 or case.dim == 128 and case.name.startswith("fixed"):
+            for meta in ba.TUNE_SPACE["bwd"][case.dim]:
+                ba.TUNED[key] = meta
+                name = f"rel_bwd_{_name(meta)}"
+                try:
+                    ms = graph_ms(_fwd_bwd(fn, x), rep_ms=100) - fwd_ms
+                except Exception as e:  # noqa: BLE001
+                    print(case.name, name, "failed:", type(e).__name__, str(e)[:160])
+                    continue
+                row = fill_rates(BenchRow(case.name, name, "bwd[graph]", ms), 2.5 * fl,
+                                 7 * tok_bytes)
+                row.extra["meta"] = meta
+                rows.append(row)
+                print(f"{case.name:30s} {name:40s} {ms * 1e3:8.1f} us  hbm {row.frac_hbm:.3f}",
+                      flush=True)
+            ba.TUNED.pop(key, None)
+        write_json(rows, out / "block_attention_sweep.json",
+                   {w: {str(d): v for d, v in sp.items()} for w, sp in ba.TUNE_SPACE.items()})
+        del x, fn
+        torch.cuda.empty_cache()
     for case in cases:
         mine = [r for r in rows if r.case == case.name]
-        for mode in ("norope", "rel", "abs"):
-            best = min((r for r in mine if r.variant.startswith(mode + "_")),
+        for mode in ("rel", "norope", "abs", "rel_bwd"):
+            best = min((r for r in mine if r.variant.startswith(mode + "_")
+                        and (mode == "rel_bwd") == ("_bwd_" in r.variant)),
                        key=lambda r: r.ms, default=None)
             if best is not None:
                 print(f"best {case.name} {mode}: {best.variant} {best.ms * 1e3:.1f} us "
@@ -428,12 +484,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--quick", action="store_true", help="small inputs, fewer cases")
     p.add_argument("--no-layer", action="store_true", help="skip the self-attention layer")
     p.add_argument("--sweep", action="store_true",
-                   help="only time every forward launch setting and variant (no baselines)")
+                   help="only time every launch setting of the autotuner's space per case, "
+                        "head_dim 64 included (no baselines)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("this benchmark needs a CUDA GPU")
     if args.sweep:
-        sweep_forward(_cases(args.quick), Path(args.out))
+        sweep(_sweep_cases(args.quick), Path(args.out))
         return
     from gem_kernels.block_attention import autograd as ba_autograd
 
@@ -460,9 +517,13 @@ def main(argv: list[str] | None = None) -> None:
             "blocks": x.num_blocks, "max_len": max(case.lengths),
             "mean_len": round(x.total / len(case.lengths), 1),
             "partial_blocks": sum(1 for n in case.lengths if n % BLOCK)}
-        bench_attention(x, variants, rows, notes)
-        if not args.no_layer:
-            bench_layer(x, layer, rows, notes)
+        if case.dim == 64:  # launch settings for head_dim 64: ours against SDPA only
+            bench_attention(x, {k: variants[k] for k in ("ours", "ours_norope", "sdpa_blocks")},
+                            rows, notes)
+        else:
+            bench_attention(x, variants, rows, notes)
+            if not args.no_layer:
+                bench_layer(x, layer, rows, notes)
         notes["tuned_launch"] = {str(k): v for k, v in ba_autograd.TUNED.items()}
         write_json(rows, out, notes)  # after every case, so a cut-off run still reports
         del x

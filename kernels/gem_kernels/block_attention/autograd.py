@@ -15,24 +15,51 @@ from gem_kernels.block_attention.rope import Rope, RopeConfig, rope_tables_for
 _PLAN_MAX_BATCH = 16384  # the plan is one program over the whole batch up to this size
 _INTERPRET_META = {"CTAS": 1, "num_warps": 4}
 
-# Launch settings (CTAS: persistent programs per SM). num_stages >= 2 pipelines the persistent
-# loop. Registers (ptxas, sm_90, d=128, RoPE, 4 warps): 255 per thread in both kernels, so two
-# programs fit on an SM; the forward with RoPE spills unless the block-relative table is
-# hoisted (HOIST) and P V is split in column halves (SPLIT_PV). 8-warp forwards ran 1.4-1.9x
-# slower on the H200. Measured best there (docs/bench/block_attention.json, bench --sweep).
+# Launch settings. CTAS: at most that many persistent programs per SM (fewer when its registers
+# or shared memory hold fewer, see _resident_per_sm). STRIDE: program p takes items p, p + P, ...
+# (else one contiguous chunk each). VEC_PLAN: how the plan row is read, which decides how far
+# Triton's pipeliner prefetches (triton_kernels._plan_entry). HOIST keeps the block-relative
+# RoPE table in registers; SPLIT_PV does P V in two column halves. Defaults: what the autotuner
+# chose with RoPE on the H200 (docs/bench/block_attention.json, tuned_launch; bench --sweep
+# times every setting longer). Striding gained 3-4% on the forward over chunks (long-tail
+# B64 H4: 73.3 vs 76.0 us); the two-deep prefetch (VEC_PLAN at num_stages=3, one program per
+# SM at head_dim 128) ran 19-23% slower than two programs per SM that overlap each other's
+# loads.
 DEFAULT_META = {
-    64: ({"CTAS": 4, "num_warps": 4, "num_stages": 2, "HOIST": True, "SPLIT_PV": True},
-         {"CTAS": 2, "num_warps": 4, "num_stages": 2}),
-    128: ({"CTAS": 2, "num_warps": 4, "num_stages": 3, "HOIST": True, "SPLIT_PV": True},
-          {"CTAS": 2, "num_warps": 4, "num_stages": 1}),
+    64: ({"CTAS": 4, "num_warps": 4, "num_stages": 3, "HOIST": True, "SPLIT_PV": True,
+          "STRIDE": True, "VEC_PLAN": False},
+         {"CTAS": 2, "num_warps": 4, "num_stages": 2, "STRIDE": True, "VEC_PLAN": False}),
+    128: ({"CTAS": 2, "num_warps": 4, "num_stages": 3, "HOIST": True, "SPLIT_PV": True,
+           "STRIDE": True, "VEC_PLAN": False},
+          {"CTAS": 2, "num_warps": 4, "num_stages": 1, "STRIDE": True, "VEC_PLAN": False}),
 }
+
+def _fwd(ctas: int, stages: int, vec: bool, stride: bool = True, hoist: bool = True,
+         split: bool = True, warps: int = 4) -> dict:
+    return {"CTAS": ctas, "num_warps": warps, "num_stages": stages, "HOIST": hoist,
+            "SPLIT_PV": split, "STRIDE": stride, "VEC_PLAN": vec}
+
+
+def _bwd(ctas: int, stages: int, vec: bool, stride: bool, warps: int = 4) -> dict:
+    return {"CTAS": ctas, "num_warps": warps, "num_stages": stages, "STRIDE": stride,
+            "VEC_PLAN": vec}
+
+
+# What use_autotune times per head_dim: the settings that came out best (or close) in a sweep
+# of the H200, the previous defaults among them.
 TUNE_SPACE = {
-    "fwd": [{"CTAS": c, "num_warps": w, "num_stages": s, "HOIST": hoist, "SPLIT_PV": split}
-            for c, w, s in ((2, 4, 3), (2, 4, 2), (4, 4, 2), (2, 4, 1))
-            for hoist in (False, True) for split in (True, False)],
-    "bwd": [{"CTAS": c, "num_warps": w, "num_stages": s}
-            for c, w, s in ((2, 4, 1), (1, 4, 2), (2, 4, 2), (1, 8, 2), (2, 8, 1), (1, 8, 1),
-                            (3, 4, 1))],
+    "fwd": {
+        128: [_fwd(2, 3, False, stride, hoist) for stride in (True, False)
+              for hoist in (True, False)]
+        + [_fwd(2, 3, False, split=False), _fwd(2, 2, True), _fwd(2, 2, True, stride=False),
+           _fwd(1, 3, True)],
+        64: [_fwd(3, 3, True, split=False), _fwd(3, 3, True), _fwd(4, 2, True),
+             _fwd(4, 2, False, stride=False), _fwd(4, 3, False)],
+    },
+    "bwd": {
+        128: [_bwd(2, 1, vec, stride) for vec in (True, False) for stride in (True, False)],
+        64: [_bwd(2, 2, True, True), _bwd(2, 2, True, False), _bwd(2, 2, False, True)],
+    },
 }
 TUNED: dict[tuple, dict] = {}
 _AUTOTUNE = False
@@ -57,14 +84,15 @@ def triton_supported(q: torch.Tensor, block: int) -> bool:
 
 def build_plan(offsets: torch.Tensor, total_tokens: int, block: int
                ) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """(max_blocks, 3) int32 [start token, length, first position] per block, the real block
-    count as a 1-element device tensor, and max_blocks, an upper bound known without a sync."""
+    """(max_blocks, 4) int32 [start token, length, first position, 0] per block, the real
+    block count as a 1-element device tensor, and max_blocks, an upper bound known without a
+    sync."""
     batch = offsets.numel() - 1
     if batch > _PLAN_MAX_BATCH:
         raise ValueError(f"block_attention supports batches up to {_PLAN_MAX_BATCH} sequences "
                          f"per call; got {batch}")
     max_blocks = total_tokens // block + batch
-    plan = torch.empty(max(max_blocks, 1), 3, dtype=torch.int32, device=offsets.device)
+    plan = torch.empty(max(max_blocks, 1), 4, dtype=torch.int32, device=offsets.device)
     nblk = torch.empty(1, dtype=torch.int32, device=offsets.device)
     bb = max(triton.next_power_of_2(max(batch, 1)), 16)
     tk.plan_kernel[(1,)](offsets, plan, nblk, batch, BLOCK=block, BB=bb,
@@ -96,24 +124,63 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-def _grid(max_items: int, device: torch.device):
+_RESIDENT: dict[tuple, int] = {}
+
+
+def _resident_per_sm(which: str, kernel, args: tuple, consts: dict,  # noqa: ANN001
+                     meta: dict, device: torch.device) -> int:
+    """How many programs of this compiled kernel one SM holds at once (registers, shared
+    memory, threads). The grid is persistent: programs beyond that would run as a second wave
+    after the first, doubling the tail instead of sharing the work (the pipelined forward at
+    head_dim 128 takes 128 KiB of shared memory, so one program per SM)."""
+    key = (which, args[0].dtype, device, tuple(sorted(consts.items())),
+           tuple(sorted(meta.items())))
+    fit = _RESIDENT.get(key)
+    if fit is None:
+        compiled = kernel.warmup(*args, grid=(1,), **consts, **meta)
+        compiled = compiled.result() if hasattr(compiled, "result") else compiled
+        compiled._init_handles()
+        props = torch.cuda.get_device_properties(device)
+        threads = meta["num_warps"] * props.warp_size
+        regs = -(-max(compiled.n_regs, 1) // 8) * 8 * threads  # allocated in 8-register steps
+        fit = min(getattr(props, "regs_per_multiprocessor", 65536) // regs,
+                  props.max_threads_per_multi_processor // threads)
+        if compiled.metadata.shared:  # the driver reserves 1 KiB per program on sm_80+
+            fit = min(fit, props.shared_memory_per_multiprocessor
+                      // (compiled.metadata.shared + 1024))
+        fit = _RESIDENT[key] = max(fit, 1)
+    return fit
+
+
+def _grid(which: str, kernel, args: tuple, consts: dict, meta: dict,  # noqa: ANN001
+          max_items: int, device: torch.device) -> tuple[int]:
+    """At most CTAS programs per SM, and no more than fit on it at once."""
     if _interpreting():
-        return lambda meta: (max(min(max_items, 4), 1),)
-    sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
-    return lambda meta: (max(min(max_items, sms * meta["CTAS"]), 1),)
+        return (max(min(max_items, 4), 1),)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    per_sm = min(meta["CTAS"], _resident_per_sm(which, kernel, args, consts, meta,
+                                                torch.device("cuda", index)))
+    return (max(min(max_items, _sm_count(index) * per_sm), 1),)
 
 
-def _tune(kernel, grid, args: tuple, consts: dict, space: list[dict]) -> dict:  # noqa: ANN001
+def _tune(which: str, kernel, args: tuple, consts: dict, space: list[dict],  # noqa: ANN001
+          max_items: int, device: torch.device) -> dict:
     from triton.testing import do_bench
 
     if not (consts["ROPE"] and consts["REL"]):  # HOIST only matters for the one shared table
-        space = [m for m in space if not m.get("HOIST")]
+        unique = []
+        for m in space:
+            m = {**m, "HOIST": False} if "HOIST" in m else m
+            if m not in unique:
+                unique.append(m)
+        space = unique
     best, best_ms = None, float("inf")
     for meta in space:
         try:
+            grid = _grid(which, kernel, args, consts, meta, max_items, device)
             kernel[grid](*args, **consts, **meta)
-            ms = do_bench(lambda meta=meta: kernel[grid](*args, **consts, **meta),
-                          warmup=5, rep=25, return_mode="median")
+            ms = do_bench(lambda meta=meta, grid=grid: kernel[grid](*args, **consts, **meta),
+                          warmup=10, rep=50, return_mode="median")
         except triton.runtime.errors.OutOfResources:
             continue
         if ms < best_ms:
@@ -123,20 +190,22 @@ def _tune(kernel, grid, args: tuple, consts: dict, space: list[dict]) -> dict:  
     return best
 
 
-def _launch(which: str, kernel, args: tuple, consts: dict, grid, heads: int,  # noqa: ANN001
-            dtype: torch.dtype, autotune: bool) -> None:
-    if _interpreting():
-        extra = {"HOIST": True, "SPLIT_PV": True} if which == "fwd" else {}  # default path
-        kernel[grid](*args, **consts, **_INTERPRET_META, **extra)
-        return
+def _launch(which: str, kernel, args: tuple, consts: dict, max_items: int,  # noqa: ANN001
+            device: torch.device, heads: int, autotune: bool) -> None:
     d = consts["D"]
     meta = DEFAULT_META[d][0 if which == "fwd" else 1]
+    if _interpreting():  # the default code path, small launch
+        meta = {**meta, **_INTERPRET_META}
+        kernel[_grid(which, kernel, args, consts, meta, max_items, device)](*args, **consts,
+                                                                            **meta)
+        return
     if autotune:
-        key = (which, d, heads, consts["ROPE"], consts["REL"], consts["CAUSAL"], dtype)
+        key = (which, d, heads, consts["ROPE"], consts["REL"], consts["CAUSAL"], args[0].dtype)
         if key not in TUNED:
-            TUNED[key] = _tune(kernel, grid, args, consts, TUNE_SPACE[which])
+            TUNED[key] = _tune(which, kernel, args, consts, TUNE_SPACE[which][d], max_items,
+                               device)
         meta = TUNED[key]
-    kernel[grid](*args, **consts, **meta)
+    kernel[_grid(which, kernel, args, consts, meta, max_items, device)](*args, **consts, **meta)
 
 
 def _strides(x: torch.Tensor) -> tuple[int, int]:
@@ -154,8 +223,8 @@ class _BlockAttention(torch.autograd.Function):
                 *_strides(q), *_strides(k), *_strides(v), *_strides(o), heads,
                 scale * tk.LOG2E)
         consts = {"BLOCK": block, "D": dim, "ROPE": rope, "CAUSAL": causal, "REL": rel}
-        _launch("fwd", tk.fwd_kernel, args, consts, _grid(max_blocks * heads, q.device), heads,
-                q.dtype, _AUTOTUNE)
+        _launch("fwd", tk.fwd_kernel, args, consts, max_blocks * heads, q.device, heads,
+                _AUTOTUNE)
         ctx.save_for_backward(q, k, v, plan, nblk, cos, sin)
         ctx.meta = (block, rel, scale, causal, max_blocks, _AUTOTUNE)
         return o
@@ -174,8 +243,8 @@ class _BlockAttention(torch.autograd.Function):
                 *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dq), heads,
                 scale * tk.LOG2E, scale)
         consts = {"BLOCK": block, "D": dim, "ROPE": rope, "CAUSAL": causal, "REL": rel}
-        _launch("bwd", tk.bwd_kernel, args, consts, _grid(max_blocks * heads, q.device), heads,
-                q.dtype, autotune)
+        _launch("bwd", tk.bwd_kernel, args, consts, max_blocks * heads, q.device, heads,
+                autotune)
         return dq, dk, dv, None, None, None, None, None, None, None
 
 

@@ -4,17 +4,21 @@ Each (block, head) pair is an independent BLOCK x BLOCK problem whose q, k, v fi
 so a tile is read once, its scores and exact softmax are computed in one pass (no online
 rescaling, no logsumexp in HBM) and its output is written once. The backward recomputes the
 softmax from q and k and gets the rowsum(dO * O) term as rowsum(P * dP), so it reads neither O
-nor any saved statistic. Both kernels run a persistent grid: each program takes one contiguous
-chunk of the (block, head) work items, head fastest, so the chunks are balanced to within one
-item and a program walks the heads of a block over the same rows and RoPE table rows.
+nor any saved statistic. Both kernels run a persistent grid over the (block, head) work items,
+head fastest, in one of two orders: a contiguous chunk per program (a program walks the heads of
+a block over the same rows), or ``STRIDE``: program p takes items p, p + P, p + 2P, ... (P
+programs). Items cost about the same, so a run takes as many rounds as its busiest program has
+items; with chunks, ceil(items / P) items per program leave whole programs idle (3776 items on
+264 programs: 251 programs of 15, 12 idle), while striding keeps every program busy until the
+last round, which only n mod P programs run (each then gets a larger share of the bandwidth).
 
 RoPE (rotate-half convention, see rope.py) is applied to the q and k tiles right after the load,
 in the input dtype (tables stored in it, as eager RoPE in bf16 models does; it keeps the tiles
 small and the table traffic low); the backward applies the inverse rotation to the
 fp32 dq and dk accumulators just before the store. q and k are handled as two halves of
 head_dim/2 columns each, so the rotation is elementwise and the score is the sum of two
-half-width dots. With num_stages >= 2 Triton pipelines the persistent loop: the next work
-item's tiles are loaded while the current one is computed.
+half-width dots. With num_stages >= 2 Triton's pipeliner copies the tiles into shared memory
+asynchronously (cp.async); how far ahead depends on how the plan row is read (_plan_entry).
 
 Block-relative RoPE (``REL``): a RoPE score depends only on the distance between query and key,
 R(p)q . R(p')k = q . R(p' - p)k, and both always lie in the same block, so rotating by the slot
@@ -37,7 +41,8 @@ LOG2E = 1.4426950408889634
 
 @triton.jit
 def plan_kernel(OFF, PLAN, NBLK, B, BLOCK: tl.constexpr, BB: tl.constexpr):
-    """One program: per block (start token, length, position of its first token)."""
+    """One program: per block (start token, length, position of its first token, 0); four
+    int32 per row so that a row is one aligned 16-byte load (see _plan_entry)."""
     i = tl.arange(0, BB)
     m = i < B
     s = tl.load(OFF + i, mask=m, other=0).to(tl.int32)
@@ -49,9 +54,31 @@ def plan_kernel(OFF, PLAN, NBLK, B, BLOCK: tl.constexpr, BB: tl.constexpr):
     for j in range(0, tl.max(nb, 0)):
         mj = m & (j < nb)
         blk = first + j
-        tl.store(PLAN + blk * 3, s + j * BLOCK, mask=mj)
-        tl.store(PLAN + blk * 3 + 1, tl.minimum(n - j * BLOCK, BLOCK), mask=mj)
-        tl.store(PLAN + blk * 3 + 2, tl.zeros_like(s) + j * BLOCK, mask=mj)
+        tl.store(PLAN + blk * 4, s + j * BLOCK, mask=mj)
+        tl.store(PLAN + blk * 4 + 1, tl.minimum(n - j * BLOCK, BLOCK), mask=mj)
+        tl.store(PLAN + blk * 4 + 2, tl.zeros_like(s) + j * BLOCK, mask=mj)
+        tl.store(PLAN + blk * 4 + 3, tl.zeros_like(s), mask=mj)
+
+
+@triton.jit
+def _plan_entry(PLAN, blk, VEC_PLAN: tl.constexpr):
+    """(start token, length, first position) of block blk.
+
+    How the row is read steers Triton's software pipeliner (sm_90). Read as one 4-element
+    vector (VEC_PLAN), the row is prefetched with the tiles, and num_stages=3 keeps the q, k, v
+    tiles of the next two items in flight while one computes (128 KiB of shared memory at
+    head_dim 128: one program per SM). Read as scalars, the next item's tiles are issued once
+    the current item is computed and are waited for at the top of the next iteration (82 KiB:
+    two programs per SM, which overlap each other's loads). A launch setting
+    (autograd.TUNE_SPACE): on the H200 the scalar read with two programs per SM was the faster
+    forward at head_dim 128 (long-tail B64 H4 with RoPE: 73.3 vs 87.5 us), about even at 64.
+    """
+    if VEC_PLAN:
+        i = tl.arange(0, 4)
+        e = tl.load(PLAN + blk * 4 + i)
+        return (tl.sum(tl.where(i == 0, e, 0), 0), tl.sum(tl.where(i == 1, e, 0), 0),
+                tl.sum(tl.where(i == 2, e, 0), 0))
+    return tl.load(PLAN + blk * 4), tl.load(PLAN + blk * 4 + 1), tl.load(PLAN + blk * 4 + 2)
 
 
 @triton.jit
@@ -61,15 +88,14 @@ def _rotate(x1, x2, c, s):
 
 
 @triton.jit
-def _rope_tile(COS, SIN, PLAN, blk, rows, cols, rmask, HALF: tl.constexpr, REL: tl.constexpr):
+def _rope_tile(COS, SIN, pos0, rows, cols, rmask, HALF: tl.constexpr, REL: tl.constexpr):
     """cos/sin (BLOCK, D/2) for one block: rows 0..BLOCK-1 of the table when block-relative,
-    else the rows of the block's positions in the sequence."""
+    else the rows of the block's positions in the sequence (pos0: its first position)."""
     if REL:
         t = rows[:, None] * HALF + cols[None, :]
         c = tl.load(COS + t)
         s = tl.load(SIN + t)
     else:
-        pos0 = tl.load(PLAN + blk * 3 + 2)
         t = (pos0 + rows)[:, None] * HALF + cols[None, :]
         c = tl.load(COS + t, mask=rmask[:, None], other=0.0, eviction_policy="evict_last")
         s = tl.load(SIN + t, mask=rmask[:, None], other=0.0, eviction_policy="evict_last")
@@ -82,6 +108,19 @@ def _load_tile_halves(X, row_off, h_off, cols, rmask, HALF: tl.constexpr):
     x1 = tl.load(p, mask=rmask[:, None], other=0.0)
     x2 = tl.load(p + HALF, mask=rmask[:, None], other=0.0)
     return x1, x2
+
+
+@triton.jit
+def _item_range(NBLK, H, STRIDE: tl.constexpr):
+    """(first, end, step) of this program's work items; see the module docstring."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    n_items = tl.load(NBLK) * H
+    if STRIDE:
+        return pid, n_items, nprog
+    chunk = tl.cdiv(n_items, nprog)
+    first = pid * chunk
+    return first, tl.minimum(first + chunk, n_items), 1
 
 
 @triton.jit
@@ -105,16 +144,10 @@ def fwd_kernel(Q, K, V, Out, PLAN, NBLK, COS, SIN,
                H, qk_scale,
                BLOCK: tl.constexpr, D: tl.constexpr, ROPE: tl.constexpr,
                CAUSAL: tl.constexpr, CTAS: tl.constexpr, REL: tl.constexpr = False,
-               HOIST: tl.constexpr = False, SPLIT_PV: tl.constexpr = False):
+               HOIST: tl.constexpr = False, SPLIT_PV: tl.constexpr = False,
+               STRIDE: tl.constexpr = False, VEC_PLAN: tl.constexpr = False):
     HALF: tl.constexpr = D // 2
-    pid = tl.program_id(0)
-    nprog = tl.num_programs(0)
-    n_items = tl.load(NBLK) * H
-    # Contiguous chunk of work items per program: balanced to within one item, and
-    # consecutive items are the heads of one block (same rows, same RoPE table rows).
-    chunk = tl.cdiv(n_items, nprog)
-    first = pid * chunk
-    last = tl.minimum(first + chunk, n_items)
+    first, end, step = _item_range(NBLK, H, STRIDE)
     rows = tl.arange(0, BLOCK)
     cols = tl.arange(0, HALF)
     dcols = tl.arange(0, D)
@@ -122,11 +155,10 @@ def fwd_kernel(Q, K, V, Out, PLAN, NBLK, COS, SIN,
     if ROPE and REL and HOIST:  # one table for every block: load it once per program
         c0 = tl.load(COS + rows[:, None] * HALF + cols[None, :])
         s0 = tl.load(SIN + rows[:, None] * HALF + cols[None, :])
-    for w in range(first, last):
+    for w in range(first, end, step):
         blk = w // H
         h = w % H
-        start = tl.load(PLAN + blk * 3)
-        length = tl.load(PLAN + blk * 3 + 1)
+        start, length, pos0 = _plan_entry(PLAN, blk, VEC_PLAN)
         tok = (start + rows).to(tl.int64)
         rmask = rows < length
         q1, q2 = _load_tile_halves(Q, tok * sq_t, h * sq_h, cols, rmask, HALF)
@@ -138,7 +170,7 @@ def fwd_kernel(Q, K, V, Out, PLAN, NBLK, COS, SIN,
             if REL and HOIST:
                 c, sn = c0, s0
             else:
-                c, sn = _rope_tile(COS, SIN, PLAN, blk, rows, cols, rmask, HALF, REL)
+                c, sn = _rope_tile(COS, SIN, pos0, rows, cols, rmask, HALF, REL)
             q1, q2 = _rotate(q1, q2, c, sn)
             k1, k2 = _rotate(k1, k2, c, sn)
         p = _scores_to_probs(q1, q2, k1, k2, rows, length, qk_scale, CAUSAL).to(dtype)
@@ -159,26 +191,19 @@ def bwd_kernel(Q, K, V, DO, DQ, DK, DV, PLAN, NBLK, COS, SIN,
                sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sdo_t, sdo_h, sg_t, sg_h,
                H, qk_scale, sm_scale,
                BLOCK: tl.constexpr, D: tl.constexpr, ROPE: tl.constexpr,
-               CAUSAL: tl.constexpr, CTAS: tl.constexpr, REL: tl.constexpr = False):
+               CAUSAL: tl.constexpr, CTAS: tl.constexpr, REL: tl.constexpr = False,
+               STRIDE: tl.constexpr = False, VEC_PLAN: tl.constexpr = False):
     """dq, dk, dv share one layout (sg_t, sg_h); dq and dk leave rotated back by RoPE^T."""
     HALF: tl.constexpr = D // 2
-    pid = tl.program_id(0)
-    nprog = tl.num_programs(0)
-    n_items = tl.load(NBLK) * H
-    # Contiguous chunk of work items per program: balanced to within one item, and
-    # consecutive items are the heads of one block (same rows, same RoPE table rows).
-    chunk = tl.cdiv(n_items, nprog)
-    first = pid * chunk
-    last = tl.minimum(first + chunk, n_items)
+    first, end, step = _item_range(NBLK, H, STRIDE)
     rows = tl.arange(0, BLOCK)
     cols = tl.arange(0, HALF)
     dcols = tl.arange(0, D)
     dtype = Q.dtype.element_ty
-    for w in range(first, last):
+    for w in range(first, end, step):
         blk = w // H
         h = w % H
-        start = tl.load(PLAN + blk * 3)
-        length = tl.load(PLAN + blk * 3 + 1)
+        start, length, pos0 = _plan_entry(PLAN, blk, VEC_PLAN)
         tok = (start + rows).to(tl.int64)
         rmask = rows < length
         q1, q2 = _load_tile_halves(Q, tok * sq_t, h * sq_h, cols, rmask, HALF)
@@ -188,7 +213,7 @@ def bwd_kernel(Q, K, V, DO, DQ, DK, DV, PLAN, NBLK, COS, SIN,
         do = tl.load(DO + (tok * sdo_t)[:, None] + h * sdo_h + dcols[None, :],
                      mask=rmask[:, None], other=0.0)
         if ROPE:
-            c, sn = _rope_tile(COS, SIN, PLAN, blk, rows, cols, rmask, HALF, REL)
+            c, sn = _rope_tile(COS, SIN, pos0, rows, cols, rmask, HALF, REL)
             q1, q2 = _rotate(q1, q2, c, sn)
             k1, k2 = _rotate(k1, k2, c, sn)
         p = _scores_to_probs(q1, q2, k1, k2, rows, length, qk_scale, CAUSAL)
@@ -207,7 +232,7 @@ def bwd_kernel(Q, K, V, DO, DQ, DK, DV, PLAN, NBLK, COS, SIN,
         if ROPE:
             # Inverse rotation (RoPE^T, angle -> -angle) with the same angles as the forward;
             # tables re-read (L1/L2) rather than kept live through the whole tile.
-            cf, sf = _rope_tile(COS, SIN, PLAN, blk, rows, cols, rmask, HALF, REL)
+            cf, sf = _rope_tile(COS, SIN, pos0, rows, cols, rmask, HALF, REL)
             cf, sf = cf.to(tl.float32), sf.to(tl.float32)
             dq1, dq2 = _rotate(dq1, dq2, cf, -sf)
         tl.store(DQ + g + cols[None, :], dq1.to(dtype), mask=gm)
