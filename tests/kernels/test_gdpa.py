@@ -21,7 +21,9 @@ from gem_kernels.gdpa import gdpa, gdpa_reference  # noqa: E402
 from gem_kernels.gdpa.activations import (  # noqa: E402
     GELU_POLY_VALID_RANGE,
     gelu_tanh_exact,
+    gelu_tanh_exact_grad,
     gelu_tanh_poly,
+    gelu_tanh_poly_grad,
 )
 from gem_kernels.gdpa.op import GDPAFunction, backward_mode  # noqa: E402
 from gem_kernels.gdpa.schedule import build_items, build_schedule, deal, imbalance  # noqa: E402
@@ -122,6 +124,17 @@ def test_gelu_tanh_polynomial_below_bf16_resolution_over_documented_range() -> N
     assert (err <= bound).all(), float((err / bound).max())
     # and it really is below what bf16 itself can resolve: rounding exact to bf16 errs more
     assert err.max() < (exact.to(torch.bfloat16).double() - exact).abs().max()
+
+
+def test_gelu_tanh_backward_derivative_close_to_exact() -> None:
+    """The backward's g = s + t s (1 - s) from the polynomial's s stays within 3 half-ulps
+    of bf16 of the exact derivative (it is then cast with dS to bf16 anyway)."""
+    x = torch.linspace(-GELU_POLY_VALID_RANGE, GELU_POLY_VALID_RANGE, 1_000_001)
+    exact = gelu_tanh_exact_grad(x.double())
+    err = (gelu_tanh_poly_grad(x).double() - exact).abs()
+    bound = exact.abs().clamp_min(2.0 ** -4) * 2.0 ** -9
+    assert (err <= 3 * bound).all(), float((err / bound).max())
+    assert err.max() < 4e-4
 
 
 # --- schedule ------------------------------------------------------------------------------

@@ -11,6 +11,13 @@ forward spends about as many issue slots on the activation as on the two matmuls
 
 The kernels also fold the attention scale into the coefficients (``P`` evaluated on the raw
 dot product) and multiply the accumulator by the scale once per tile instead of every score.
+
+The backward needs ``g(x) = d/dx [x s(x)]``. Differentiating the exact form gives
+``g = s + t s (1 - s)`` with ``t = 2 sqrt(2/pi) x (1 + 3 * 0.044715 x^2)``: from the
+polynomial's ``s`` that is 4 instructions per score (the polynomial's own derivative took 8)
+and it is 3x closer to the exact derivative (max error 3.5e-4 vs 1.2e-3 on [-12, 12]; the
+derivative of a minimax fit errs more than the fit). Past the clamp ``s`` is 1 (or ~0), so
+``s (1 - s)`` vanishes and ``g`` is 1 (or ~0) as it should be.
 """
 
 from __future__ import annotations
@@ -52,6 +59,29 @@ def gelu_tanh_poly(x: torch.Tensor) -> torch.Tensor:
     for c in GELU_POLY_COEFFS[-2::-1]:
         p = p * x2 + c
     return (xf * (0.5 + xc * p)).to(x.dtype)
+
+
+_GRAD_T1 = 2.0 * _SQRT_2_OVER_PI
+_GRAD_T3 = 2.0 * _SQRT_2_OVER_PI * 3.0 * 0.044715
+
+
+def gelu_tanh_poly_grad(x: torch.Tensor) -> torch.Tensor:
+    """d/dx gelu_tanh as the Triton backward evaluates it from the polynomial's s (fp32)."""
+    xf = x.float()
+    xc = xf.clamp(-GELU_POLY_R, GELU_POLY_R)
+    x2 = xc * xc
+    p = torch.full_like(xf, GELU_POLY_COEFFS[-1])
+    for c in GELU_POLY_COEFFS[-2::-1]:
+        p = p * x2 + c
+    s = 0.5 + xc * p
+    t = xc * (_GRAD_T3 * x2 + _GRAD_T1)
+    return (t * (s - s * s) + s).to(x.dtype)
+
+
+def gelu_tanh_exact_grad(x: torch.Tensor) -> torch.Tensor:
+    t = torch.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x * x * x))
+    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * _SQRT_2_OVER_PI \
+        * (1.0 + 3.0 * 0.044715 * x * x)
 
 
 def gelu_tanh_exact(x: torch.Tensor) -> torch.Tensor:
@@ -131,7 +161,7 @@ def _gelu_coeffs(a):
 
 @triton.jit
 def _gelu_s(x, a):
-    """(s(u), x_clamped^2) for raw x = u / a."""
+    """(s(u), x clamped to the polynomial's range) for raw x = u / a."""
     c0, c1, c2, c3, c4, c5, c6, c7 = _gelu_coeffs(a)
     r = _R / a
     xc = tl.minimum(tl.maximum(x, -r), r)
@@ -143,21 +173,19 @@ def _gelu_s(x, a):
     p = p * x2 + c2
     p = p * x2 + c1
     p = p * x2 + c0
-    return 0.5 + xc * p, x2
+    return 0.5 + xc * p, xc
+
+
+_T1 = tl.constexpr(_GRAD_T1)
+_T3 = tl.constexpr(_GRAD_T3)
 
 
 @triton.jit
-def _gelu_ds(x2, a):
-    """ds/dx = sum_j (2j+1) c_j x^(2j), for raw x = u / a; 0 at the clamp by the fit."""
-    c0, c1, c2, c3, c4, c5, c6, c7 = _gelu_coeffs(a)
-    d = (15.0 * c7) * x2 + 13.0 * c6
-    d = d * x2 + 11.0 * c5
-    d = d * x2 + 9.0 * c4
-    d = d * x2 + 7.0 * c3
-    d = d * x2 + 5.0 * c2
-    d = d * x2 + 3.0 * c1
-    d = d * x2 + c0
-    return d
+def _gelu_grad(x, s, a):
+    """d/du [u s(u)] = s + t s (1 - s), t = 2 sqrt(2/pi) u (1 + 3 * 0.044715 u^2), for raw
+    x = u / a (s from _gelu_s); x is the clamped x: past the clamp s (1 - s) is ~0."""
+    t = x * ((_T3 * a * a * a) * (x * x) + _T1 * a)
+    return t * (s - s * s) + s
 
 
 @triton.jit
@@ -200,15 +228,15 @@ def act_fwd(x, scale, ACT: tl.constexpr, FOLD: tl.constexpr, CSCALE: tl.constexp
 @triton.jit
 def act_fwd_and_grad(x, scale, ACT: tl.constexpr, FOLD: tl.constexpr, CSCALE: tl.constexpr):
     """(act_fwd(x, ...), act'(scale * x)) for an fp32 tile of raw dots; for gelu_tanh the
-    derivative of the polynomial (d/du [u s(u)] = s + x ds/dx, scale-free)."""
+    exact form's derivative evaluated from the polynomial's s (see _gelu_grad)."""
     if FOLD:
         if ACT == 2:
             if CSCALE != 0.0:
-                s, x2 = _gelu_s(x, CSCALE)
-                return x * s, s + x * _gelu_ds(x2, CSCALE)
+                s, xc = _gelu_s(x, CSCALE)
+                return x * s, _gelu_grad(xc, s, CSCALE)
             else:
-                s, x2 = _gelu_s(x, scale)
-                return x * s, s + x * _gelu_ds(x2, scale)
+                s, xc = _gelu_s(x, scale)
+                return x * s, _gelu_grad(xc, s, scale)
         else:
             return x, tl.full(x.shape, 1.0, tl.float32)
     else:
@@ -222,7 +250,7 @@ def act_fwd_and_grad(x, scale, ACT: tl.constexpr, FOLD: tl.constexpr, CSCALE: tl
             pdf = tl.exp(-0.5 * u * u) * 0.3989422804014327
             return u * cdf, cdf + u * pdf
         elif ACT == 2:
-            s, x2 = _gelu_s(u, 1.0)
-            return u * s, s + u * _gelu_ds(x2, 1.0)
+            s, uc = _gelu_s(u, 1.0)
+            return u * s, _gelu_grad(uc, s, 1.0)
         else:
             return u, tl.full(u.shape, 1.0, tl.float32)
