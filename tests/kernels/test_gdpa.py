@@ -296,6 +296,63 @@ def test_triton_interpreter_tma_one_pass_backward(act) -> None:
         assert _rel(a, b) < 2e-2
 
 
+@interpreter
+@pytest.mark.parametrize("act,dtype", [("silu", torch.float32), ("gelu_tanh", torch.float32),
+                                       ("gelu_tanh", torch.float16)])
+def test_triton_interpreter_phased_one_pass_backward(act, dtype) -> None:
+    """The phased one-pass backward (first / middle / last key blocks as three launches, dQ
+    never zeroed nor cast separately): samples of 1, 2 and 5 key blocks, a query-only sample
+    (its dQ must be written as 0), a key-only one; same gradients as the atomic one-pass."""
+    from gem_kernels.gdpa.triton_bwd import TileConfig
+
+    ql, kl = [20, 0, 37, 3, 70, 6], [5, 9, 0, 17, 66, 16]
+    q, k, v, qo, ko = _inputs(ql, kl, 2, 16, dtype, "cpu", seed=8)
+    do = torch.randn(q.shape, generator=torch.Generator().manual_seed(4)).to(dtype)
+    cfg = TileConfig(16, 16, num_warps=4, num_stages=2)
+    got = {}
+    for mode in ("one_pass_phased", "one_pass"):
+        leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+        out = GDPAFunction.apply(*leaves, qo, ko, 70, 66, act, 0.25, 1, None, cfg, None, mode)
+        got[mode] = torch.autograd.grad(out, leaves, do)
+    qf, kf, vf = (t.detach().float().requires_grad_(True) for t in (q, k, v))
+    ref = gdpa_reference(qf, kf, vf, qo, ko, 70, 66, activation=act, scale=0.25,
+                         norm="kv_len")
+    ref_grads = torch.autograd.grad(ref, (qf, kf, vf), do.float())
+    tol = 1e-5 if (act, dtype) == ("silu", torch.float32) else 1e-2
+    for a, b, r in zip(got["one_pass_phased"], got["one_pass"], ref_grads, strict=True):
+        assert torch.isfinite(a).all()
+        assert _rel(a, r) < tol
+        assert _rel(a, b) < 1e-3
+    assert torch.equal(got["one_pass_phased"][0][20:57].float(), torch.zeros(37, 2, 16))
+    assert got["one_pass_phased"][0][57:60].abs().sum() > 0  # 2-block sample got its dQ
+
+
+def test_block_sets_partition_each_samples_row_blocks() -> None:
+    rows, cols = torch.tensor([5, 0, 40, 17, 66]), torch.tensor([3, 4, 0, 9, 1])
+    every, _ = build_items(rows, cols, 16, 16, 2, cover_empty_rows=True)
+    parts = [build_items(rows, cols, 16, 16, 2, cover_empty_rows=(b == "first"),
+                         blocks=b)[0] for b in ("first", "middle", "last")]
+    assert sorted(map(tuple, torch.cat(parts).tolist())) == sorted(map(tuple, every.tolist()))
+    first, middle, last = parts
+    assert (first[:, 1] == 0).all() and (middle[:, 1] > 0).all() and (last[:, 1] > 0).all()
+    assert sorted(set(last[:, 0].tolist())) == [2, 3, 4]  # the samples of 2+ blocks
+    assert sorted(set(middle[:, 0].tolist())) == [2, 4]  # 3 and 5 blocks
+    empty = build_schedule(torch.tensor([0, 5]), torch.tensor([0, 3]), 16, 16, 2, 4, "cpu",
+                           blocks="middle")
+    assert empty.num_items == 0 and empty.num_programs == 0
+    with pytest.raises(ValueError, match="blocks must be one of"):
+        build_items(rows, cols, 16, 16, 2, blocks="odd")
+
+
+def test_tuner_off_the_gpu_runs_the_default_and_caches_nothing() -> None:
+    from gem_kernels.gdpa.tuning import Tuner
+
+    calls = []
+    tuner = Tuner()
+    assert tuner.pick(("k",), ["a", "b"], calls.append, torch.device("cpu")) == "a"
+    assert calls == [] and tuner.records == {}
+
+
 def test_kv_major_forward_refuses_long_kv() -> None:
     from gem_kernels.gdpa.op import forward_schedule
     from gem_kernels.gdpa.triton_fwd import TileConfig
@@ -414,6 +471,31 @@ def test_triton_gpu_tma_forward_and_one_pass_backward(act, flatten) -> None:
         grads.append(torch.autograd.grad(out, leaves, do))
     for a, b in zip(*grads, strict=True):
         assert _rel(a, b) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
+def test_triton_gpu_phased_backward_and_tuner(act) -> None:
+    """The phased one-pass backward matches the atomic one on the self shape (bf16, d=128,
+    default tiles: samples of 1-4 key blocks); the op's first default call times both plans
+    and records the timings."""
+    from gem_kernels.gdpa.op import TUNER
+
+    ql, kl = _gpu_lengths("self")
+    q, k, v, qo, ko = _inputs(ql, kl, 2, 128, torch.bfloat16, "cuda", seed=12)
+    do = torch.randn(q.shape, device="cuda", dtype=torch.bfloat16)
+    grads = []
+    for mode in ("one_pass", "one_pass_phased", None):
+        leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+        out = GDPAFunction.apply(*leaves, qo, ko, max(ql), max(kl), act, 128 ** -0.5, 0,
+                                 None, None, None, mode)
+        grads.append(torch.autograd.grad(out, leaves, do))
+    for a, b, c in zip(*grads, strict=True):
+        assert _rel(b, a) < 1e-2 and _rel(c, a) < 1e-2
+    recs = [r for key, r in TUNER.records.items() if key[0] == "one_pass" and act in key]
+    assert recs and len(recs[0].timings) == 3
+    assert any(isinstance(ms, float) for _, ms in recs[0].timings)
 
 
 @pytest.mark.gpu

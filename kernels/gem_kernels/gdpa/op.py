@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+from dataclasses import replace
 
 import torch
 
@@ -18,6 +19,7 @@ from gem_kernels.gdpa.triton_bwd import (
     dq_config,
     launch_bwd,
     launch_bwd_one_pass,
+    launch_bwd_one_pass_phased,
     launch_bwd_short_kv,
     launch_bwd_short_kv_stream,
     launch_bwd_short_q,
@@ -27,11 +29,30 @@ from gem_kernels.gdpa.triton_bwd import (
     short_q_config,
 )
 from gem_kernels.gdpa.triton_fwd import TileConfig, fwd_config, launch_fwd
+from gem_kernels.gdpa.tuning import Tuner, length_bucket
 
 _NORM_CODE = {"none": 0, "kv_len": 1, "max_len": 2}
 
 
 _CACHE = ScheduleCache()
+TUNER = Tuner()
+
+# The heuristics are pure functions of a few ints: cached, so that a call builds no config.
+_fwd_config = functools.lru_cache(maxsize=1024)(fwd_config)
+_one_pass_config = functools.lru_cache(maxsize=1024)(one_pass_config)
+_short_kv_stream_config = functools.lru_cache(maxsize=1024)(short_kv_stream_config)
+_short_kv_config = functools.lru_cache(maxsize=1024)(short_kv_config)
+_short_q_config = functools.lru_cache(maxsize=1024)(short_q_config)
+_dkdv_config = functools.lru_cache(maxsize=1024)(dkdv_config)
+_dq_config = functools.lru_cache(maxsize=1024)(dq_config)
+
+
+def _as_offsets(offsets: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """int64 offsets on ``device``; the tensor itself when it already is (the schedule cache
+    recognises offsets by identity)."""
+    if offsets.dtype is torch.int64 and offsets.device == device:
+        return offsets
+    return offsets.to(device, torch.int64)
 
 
 def num_sms(device: torch.device) -> int:
@@ -48,15 +69,17 @@ def _cuda_sms(index: int) -> int:
 
 def schedule_for(rows_offsets: torch.Tensor, cols_offsets: torch.Tensor, heads: int,
                  cfg: TileConfig, device: torch.device,
-                 cover_empty_rows: bool = False) -> Schedule:
-    """Persistent schedule of (sample, row block, head) items, cached per offsets pair."""
-    key = (cfg.block_rows, cfg.block_cols, cfg.ctas_per_sm, heads, device, cover_empty_rows)
+                 cover_empty_rows: bool = False, blocks: str = "all") -> Schedule:
+    """Persistent schedule of (sample, row block, head) items, cached per offsets pair;
+    blocks selects a subset of each sample's row blocks (see schedule.build_items)."""
+    key = (cfg.block_rows, cfg.block_cols, cfg.ctas_per_sm, heads, device, cover_empty_rows,
+           blocks)
 
     def build() -> Schedule:
         sms = num_sms(device)
         return build_schedule(rows_offsets, cols_offsets, cfg.block_rows, cfg.block_cols,
                               heads, sms * cfg.ctas_per_sm, device, num_sms=sms,
-                              cover_empty_rows=cover_empty_rows)
+                              cover_empty_rows=cover_empty_rows, blocks=blocks)
 
     return _CACHE.get(key, rows_offsets, cols_offsets, build)
 
@@ -81,12 +104,69 @@ def backward_mode(max_q: int, max_kv: int, dtype: torch.dtype = torch.bfloat16) 
     by atomics; S and act' computed once instead of twice) with 16-bit inputs and
     'two_kernel' (dK/dV and dQ kernels, deterministic; smaller tiles) with fp32 ones, whose
     one-pass tiles would not fit. 'short_kv_atomic' (one pass over query blocks, dK and dV
-    summed by atomics) is kept for comparison."""
+    summed by atomics) is kept for comparison. 'one_pass_phased' is the one-pass backward as
+    three launches (first, middle, last key blocks: no zeroed fp32 buffer, no final cast);
+    with default configs the op times it against 'one_pass' on its first call per shape
+    class and keeps the faster (see one_pass_candidates)."""
     if max_kv <= SHORT_SIDE:
         return "short_kv"
     if max_q <= SHORT_SIDE:
         return "short_q"
     return "one_pass" if dtype.itemsize == 2 else "two_kernel"
+
+
+def one_pass_candidates(max_q: int, max_kv: int, d: int) -> tuple[tuple[str, TileConfig], ...]:
+    """(mode, config) plans of the long-KV backward, the heuristic default first: the
+    atomic one-pass kernel, the phased one (3 and 2 pipeline stages: its last phase streams
+    a third tile, the fp32 partial dQ, which 3 stages may not fit in shared memory)."""
+    cfg = _one_pass_config(max_q, max_kv, d)
+    return (("one_pass", cfg), ("one_pass_phased", cfg),
+            ("one_pass_phased", replace(cfg, num_stages=2)))
+
+
+def run_backward(mode: str, cfg: TileConfig | None, cfg_q: TileConfig | None, q, k, v, do,
+                 q_offsets, kv_offsets, max_q, max_kv, act, norm_code, scale):
+    """(dq, dk, dv) by one backward plan; cfg / cfg_q None: the heuristic configs."""
+    d, heads = q.shape[-1], q.shape[1]
+    if mode == "short_kv":
+        cfg = cfg or _short_kv_stream_config(max_kv, d)
+        if max_kv > cfg.block_rows:
+            raise ValueError(f"short_kv backward needs max_kv <= {cfg.block_rows}")
+        sched = schedule_for(kv_offsets, q_offsets, heads, cfg, q.device,
+                             cover_empty_rows=True)
+        return launch_bwd_short_kv_stream(q, k, v, do, sched, cfg, act, norm_code, scale,
+                                          max_kv)
+    if mode == "short_kv_atomic":
+        cfg = cfg_q or _short_kv_config(max_kv, d)
+        if max_kv > cfg.block_cols:
+            raise ValueError(f"short_kv backward needs max_kv <= {cfg.block_cols}")
+        sched = schedule_for(q_offsets, kv_offsets, heads, cfg, q.device)
+        return launch_bwd_short_kv(q, k, v, do, sched, cfg, act, norm_code, scale, max_kv)
+    if mode == "short_q":
+        cfg = cfg or _short_q_config(max_q, d)
+        if max_q > cfg.block_cols:
+            raise ValueError(f"short_q backward needs max_q <= {cfg.block_cols}")
+        sched = schedule_for(kv_offsets, q_offsets, heads, cfg, q.device)
+        return launch_bwd_short_q(q, k, v, do, sched, cfg, act, norm_code, scale, max_kv)
+    if mode == "one_pass":
+        cfg = cfg or _one_pass_config(max_q, max_kv, d)
+        sched = schedule_for(kv_offsets, q_offsets, heads, cfg, q.device)
+        return launch_bwd_one_pass(q, k, v, do, sched, cfg, act, norm_code, scale, max_kv)
+    if mode == "one_pass_phased":
+        cfg = cfg or _one_pass_config(max_q, max_kv, d)
+        scheds = [schedule_for(kv_offsets, q_offsets, heads, cfg, q.device,
+                               cover_empty_rows=(b == "first"), blocks=b)
+                  for b in ("first", "middle", "last")]
+        return launch_bwd_one_pass_phased(q, k, v, do, scheds, cfg, act, norm_code, scale,
+                                          max_kv)
+    if mode != "two_kernel":
+        raise ValueError(f"unknown backward mode {mode!r}")
+    cfg_kv = cfg or _dkdv_config(max_q, max_kv, d)
+    cfg_q = cfg_q or _dq_config(max_q, max_kv, d)
+    sched_kv = schedule_for(kv_offsets, q_offsets, heads, cfg_kv, q.device)
+    sched_q = schedule_for(q_offsets, kv_offsets, heads, cfg_q, q.device)
+    return launch_bwd(q, k, v, do, sched_kv, cfg_kv, sched_q, cfg_q, act, norm_code, scale,
+                      max_kv)
 
 
 class GDPAFunction(torch.autograd.Function):
@@ -98,58 +178,32 @@ class GDPAFunction(torch.autograd.Function):
     def forward(ctx, q, k, v, q_offsets, kv_offsets, max_q, max_kv, activation, scale,
                 norm_code, fwd_cfg=None, dkdv_cfg=None, dq_cfg=None, bwd_mode=None):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        q_offsets = q_offsets.to(q.device, torch.int64)
-        kv_offsets = kv_offsets.to(q.device, torch.int64)
+        q_offsets = _as_offsets(q_offsets, q.device)
+        kv_offsets = _as_offsets(kv_offsets, q.device)
         d, heads = q.shape[-1], q.shape[1]
-        cfg = fwd_cfg or fwd_config(max_q, max_kv, d)
+        cfg = fwd_cfg or _fwd_config(max_q, max_kv, d)
         sched = forward_schedule(q_offsets, kv_offsets, heads, cfg, max_kv, q.device)
         out = launch_fwd(q, k, v, sched, cfg, ACT_CODE[activation],
                          norm_code, scale, max_kv)
         ctx.save_for_backward(q, k, v, q_offsets, kv_offsets)
         ctx.meta = (max_q, max_kv, activation, scale, norm_code, dkdv_cfg, dq_cfg,
-                    bwd_mode or backward_mode(max_q, max_kv, q.dtype))
+                    bwd_mode, bwd_mode or backward_mode(max_q, max_kv, q.dtype))
         return out
 
     @staticmethod
     def backward(ctx, do):
         q, k, v, q_offsets, kv_offsets = ctx.saved_tensors
-        max_q, max_kv, activation, scale, norm_code, dkdv_cfg, dq_cfg, mode = ctx.meta
-        d, heads = q.shape[-1], q.shape[1]
+        max_q, max_kv, activation, scale, norm_code, dkdv_cfg, dq_cfg, asked, mode = ctx.meta
         act, do = ACT_CODE[activation], do.contiguous()
-        if mode == "short_kv":
-            cfg = dkdv_cfg or short_kv_stream_config(max_kv, d)
-            if max_kv > cfg.block_rows:
-                raise ValueError(f"short_kv backward needs max_kv <= {cfg.block_rows}")
-            sched = schedule_for(kv_offsets, q_offsets, heads, cfg, q.device,
-                                 cover_empty_rows=True)
-            dq, dk, dv = launch_bwd_short_kv_stream(q, k, v, do, sched, cfg, act, norm_code,
-                                                    scale, max_kv)
-        elif mode == "short_kv_atomic":
-            cfg = dq_cfg or short_kv_config(max_kv, d)
-            if max_kv > cfg.block_cols:
-                raise ValueError(f"short_kv backward needs max_kv <= {cfg.block_cols}")
-            sched = schedule_for(q_offsets, kv_offsets, heads, cfg, q.device)
-            dq, dk, dv = launch_bwd_short_kv(q, k, v, do, sched, cfg, act, norm_code, scale,
-                                             max_kv)
-        elif mode == "short_q":
-            cfg = dkdv_cfg or short_q_config(max_q, d)
-            if max_q > cfg.block_cols:
-                raise ValueError(f"short_q backward needs max_q <= {cfg.block_cols}")
-            sched = schedule_for(kv_offsets, q_offsets, heads, cfg, q.device)
-            dq, dk, dv = launch_bwd_short_q(q, k, v, do, sched, cfg, act, norm_code, scale,
-                                            max_kv)
-        elif mode == "one_pass":
-            cfg = dkdv_cfg or one_pass_config(max_q, max_kv, d)
-            sched = schedule_for(kv_offsets, q_offsets, heads, cfg, q.device)
-            dq, dk, dv = launch_bwd_one_pass(q, k, v, do, sched, cfg, act, norm_code, scale,
-                                             max_kv)
-        else:
-            cfg_kv = dkdv_cfg or dkdv_config(max_q, max_kv, d)
-            cfg_q = dq_cfg or dq_config(max_q, max_kv, d)
-            sched_kv = schedule_for(kv_offsets, q_offsets, heads, cfg_kv, q.device)
-            sched_q = schedule_for(q_offsets, kv_offsets, heads, cfg_q, q.device)
-            dq, dk, dv = launch_bwd(q, k, v, do, sched_kv, cfg_kv, sched_q, cfg_q, act,
-                                    norm_code, scale, max_kv)
+        args = (q, k, v, do, q_offsets, kv_offsets, max_q, max_kv, act, norm_code, scale)
+        if mode == "one_pass" and asked is None and dkdv_cfg is None:
+            d = q.shape[-1]
+            key = ("one_pass", length_bucket(max_q), length_bucket(max_kv), d, q.dtype,
+                   activation, q.device)
+            mode, dkdv_cfg = TUNER.pick(
+                key, one_pass_candidates(max_q, max_kv, d),
+                lambda c: run_backward(c[0], c[1], None, *args), q.device)
+        dq, dk, dv = run_backward(mode, dkdv_cfg, dq_cfg, *args)
         return (dq, dk, dv) + (None,) * 11
 
 
@@ -200,8 +254,8 @@ def gdpa_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: t
     """The Triton forward alone (no autograd node): inference and no-grad calls skip the
     autograd Function's host overhead, which short shapes do not hide."""
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    q_offsets = q_offsets.to(q.device, torch.int64)
-    kv_offsets = kv_offsets.to(q.device, torch.int64)
-    cfg = cfg or fwd_config(max_q, max_kv, q.shape[-1])
+    q_offsets = _as_offsets(q_offsets, q.device)
+    kv_offsets = _as_offsets(kv_offsets, q.device)
+    cfg = cfg or _fwd_config(max_q, max_kv, q.shape[-1])
     sched = forward_schedule(q_offsets, kv_offsets, q.shape[1], cfg, max_kv, q.device)
     return launch_fwd(q, k, v, sched, cfg, ACT_CODE[activation], norm_code, scale, max_kv)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import heapq
 import weakref
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
@@ -43,12 +44,20 @@ def item_work(col_lengths: torch.Tensor, block_cols: int) -> torch.Tensor:
     return torch.div(col_lengths + block_cols - 1, block_cols, rounding_mode="floor") + 1
 
 
+BLOCK_SETS = ("all", "first", "middle", "last")
+
+
 def build_items(row_lengths: torch.Tensor, col_lengths: torch.Tensor, block_rows: int,
-                block_cols: int, heads: int, cover_empty_rows: bool = False
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+                block_cols: int, heads: int, cover_empty_rows: bool = False,
+                blocks: str = "all") -> tuple[torch.Tensor, torch.Tensor]:
     """All (sample, row block, head) items with at least one row, and their work (CPU).
     cover_empty_rows: a sample with no rows but some columns still gets one (empty) item, for
-    kernels that write per-column outputs (a one-pass backward must zero their gradient)."""
+    kernels that write per-column outputs (a one-pass backward must zero their gradient).
+    blocks: which of a sample's row blocks: 'all', 'first' (block 0), 'middle' (neither the
+    first nor the last) or 'last' (the last of two or more); the phased backward runs the
+    three sets as three launches so that their order is the stream's."""
+    if blocks not in BLOCK_SETS:
+        raise ValueError(f"blocks must be one of {BLOCK_SETS}; got {blocks!r}")
     row_lengths = row_lengths.to("cpu", torch.int64)
     col_lengths = col_lengths.to("cpu", torch.int64)
     nblk = torch.div(row_lengths + block_rows - 1, block_rows, rounding_mode="floor")
@@ -58,6 +67,12 @@ def build_items(row_lengths: torch.Tensor, col_lengths: torch.Tensor, block_rows
     sample = torch.repeat_interleave(torch.arange(nblk.numel()), nblk, output_size=total)
     first = torch.cumsum(nblk, 0) - nblk
     blk = torch.arange(total) - first[sample]
+    if blocks != "all":
+        last = nblk[sample] - 1
+        keep = {"first": blk == 0, "middle": (blk > 0) & (blk < last),
+                "last": (blk == last) & (blk > 0)}[blocks]
+        sample, blk = sample[keep], blk[keep]
+        total = int(sample.numel())
     work = item_work(col_lengths[sample], block_cols)
     h = torch.arange(heads).repeat(total)
     items = torch.stack([sample.repeat_interleave(heads), blk.repeat_interleave(heads), h], 1)
@@ -135,15 +150,16 @@ def imbalance(work: torch.Tensor, prog: torch.Tensor, num_programs: int,
 def build_schedule(row_offsets: torch.Tensor, col_offsets: torch.Tensor, block_rows: int,
                    block_cols: int, heads: int, max_programs: int,
                    device: torch.device | str, snake: bool = True,
-                   num_sms: int | None = None, cover_empty_rows: bool = False) -> Schedule:
+                   num_sms: int | None = None, cover_empty_rows: bool = False,
+                   blocks: str = "all") -> Schedule:
     """snake=False keeps the natural item order dealt round-robin (the unbalanced baseline);
-    num_sms: see ``deal``; cover_empty_rows: see ``build_items``."""
+    num_sms: see ``deal``; cover_empty_rows, blocks: see ``build_items``."""
     row_offsets = row_offsets.to("cpu", torch.int64)
     col_offsets = col_offsets.to("cpu", torch.int64)
     row_len = row_offsets[1:] - row_offsets[:-1]
     col_len = col_offsets[1:] - col_offsets[:-1]
     items, work = build_items(row_len, col_len, block_rows, block_cols, heads,
-                              cover_empty_rows)
+                              cover_empty_rows, blocks)
     n = items.shape[0]
     p = max(1, min(max_programs, n))
     prog = deal(work, p, snake, num_sms)
@@ -169,19 +185,25 @@ def build_schedule(row_offsets: torch.Tensor, col_offsets: torch.Tensor, block_r
 
 class ScheduleCache:
     """Reuses schedules while the same offsets tensors (same object, unmodified) come back,
-    e.g. across the layers of one batch; a new batch rebuilds."""
+    e.g. across the layers of one batch; a new batch rebuilds. Looked up by the offsets'
+    ids (one dict probe per call), confirmed by weak references and version counters."""
 
     def __init__(self, size: int = 16) -> None:
-        self._entries: list[tuple[tuple, weakref.ref, weakref.ref, int, int, Schedule]] = []
+        self._entries: OrderedDict[tuple, tuple[weakref.ref, weakref.ref, int, int,
+                                                Schedule]] = OrderedDict()
         self._size = size
 
     def get(self, key: tuple, rows: torch.Tensor, cols: torch.Tensor, build) -> Schedule:
-        for k, r, c, rv, cv, sched in self._entries:
-            if k == key and r() is rows and c() is cols and rows._version == rv \
-                    and cols._version == cv:
+        full = (key, id(rows), id(cols))
+        hit = self._entries.get(full)
+        if hit is not None:
+            r, c, rv, cv, sched = hit
+            if r() is rows and c() is cols and rows._version == rv and cols._version == cv:
                 return sched
         sched = build()
-        self._entries.append((key, weakref.ref(rows), weakref.ref(cols), rows._version,
-                              cols._version, sched))
-        del self._entries[:-self._size]
+        self._entries[full] = (weakref.ref(rows), weakref.ref(cols), rows._version,
+                               cols._version, sched)
+        self._entries.move_to_end(full)
+        while len(self._entries) > self._size:
+            self._entries.popitem(last=False)
         return sched

@@ -192,7 +192,7 @@ def _gdpa_bwd_short_q_kernel(Q, K, V, DO, DK, DV, DQ32, items, prog_ptr,
 
 
 @triton.jit
-def _gdpa_dkdv_kernel(Q, K, V, DO, DK, DV, DQ, items, prog_ptr,
+def _gdpa_dkdv_kernel(Q, K, V, DO, DK, DV, DQ, DQ32, items, prog_ptr,
                       stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
                       stride_dot, stride_doh, scale, inv_max_kv,
                       ACT: tl.constexpr, NORM: tl.constexpr, D: tl.constexpr,
@@ -204,7 +204,12 @@ def _gdpa_dkdv_kernel(Q, K, V, DO, DK, DV, DQ, items, prog_ptr,
     each visited query tile's dQ = c scale dS K, which is then complete: the whole backward in
     one pass that reads Q and dO once, with no atomics and no fp32 buffers. WITH_DQ == 2 adds
     each tile's partial dQ into a zeroed fp32 buffer instead (long KV: one pass, S and act'
-    computed once, at the cost of fp32 atomics)."""
+    computed once, at the cost of fp32 atomics). The phased long-KV backward runs a sample's
+    key blocks as three launches instead, so that no fp32 buffer needs zeroing or a final
+    cast: WITH_DQ == 3 (first key block) stores its partial dQ into DQ32 in fp32, or, when
+    the block holds all of the sample's keys, the finished dQ into DQ; WITH_DQ == 2 (middle
+    blocks) adds into DQ32; WITH_DQ == 4 (last block) adds DQ32's sum to its own partial and
+    stores the finished dQ into DQ. DQ32 shares q's strides."""
     pid = tl.program_id(0)
     start = tl.load(prog_ptr + pid)
     end = tl.load(prog_ptr + pid + 1)
@@ -238,11 +243,18 @@ def _gdpa_dkdv_kernel(Q, K, V, DO, DK, DV, DQ, items, prog_ptr,
             if WITH_DQ != 0:
                 dq = tl.dot(tl.trans(dst), k, input_precision=PREC)
                 dq = dq * (norm_factor(rlen, inv_max_kv, NORM) * scale)
-                dq_ptr = DQ + crow * stride_qt + h * stride_qh + offs_d[None, :]
+                dq_offs = crow * stride_qt + h * stride_qh + offs_d[None, :]
                 if WITH_DQ == 1:
-                    tl.store(dq_ptr, dq.to(DQ.dtype.element_ty), mask=cmask)
+                    tl.store(DQ + dq_offs, dq.to(DQ.dtype.element_ty), mask=cmask)
+                elif WITH_DQ == 2:
+                    tl.atomic_add(DQ32 + dq_offs, dq, mask=cmask, sem="relaxed")
+                elif WITH_DQ == 3:
+                    tl.store(DQ + dq_offs, dq.to(DQ.dtype.element_ty),
+                             mask=cmask & (rlen <= BN))
+                    tl.store(DQ32 + dq_offs, dq, mask=cmask & (rlen > BN))
                 else:
-                    tl.atomic_add(dq_ptr, dq, mask=cmask, sem="relaxed")
+                    part = tl.load(DQ32 + dq_offs, mask=cmask, other=0.0)
+                    tl.store(DQ + dq_offs, (dq + part).to(DQ.dtype.element_ty), mask=cmask)
         c = norm_factor(rlen, inv_max_kv, NORM)  # rows are the sample's keys
         store_rows(DK, dk * (c * scale), r0, rlen, blk, h, stride_kt, stride_kh, BN, D)
         store_rows(DV, dv * (c * out_scale(scale, FOLD)), r0, rlen, blk, h, stride_vt,
@@ -363,7 +375,7 @@ def launch_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tens
     if sched_kv.num_items:
         fold, cscale = scale_args(act_code, scale, q.dtype, cfg_kv.scale_mode)
         _gdpa_dkdv_kernel[(sched_kv.num_programs,)](
-            q, k, v, do, dk, dv, dq, sched_kv.items, sched_kv.prog_ptr,
+            q, k, v, do, dk, dv, dq, dq, sched_kv.items, sched_kv.prog_ptr,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             do.stride(0), do.stride(1), scale, inv_max_kv,
             ACT=act_code, NORM=norm_code, D=d, BN=cfg_kv.block_rows, BM=cfg_kv.block_cols,
@@ -437,7 +449,7 @@ def launch_bwd_short_kv_stream(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     if sched_kv.num_items:
         fold, cscale = scale_args(act_code, scale, q.dtype, cfg.scale_mode)
         _gdpa_dkdv_kernel[(sched_kv.num_programs,)](
-            q, k, v, do, dk, dv, dq, sched_kv.items, sched_kv.prog_ptr,
+            q, k, v, do, dk, dv, dq, dq, sched_kv.items, sched_kv.prog_ptr,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             do.stride(0), do.stride(1), scale, 1.0 / max(max_kv, 1),
             ACT=act_code, NORM=norm_code, D=q.shape[-1], BN=cfg.block_rows,
@@ -472,7 +484,7 @@ def launch_bwd_one_pass(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: t
     if sched_kv.num_items:
         fold, cscale = scale_args(act_code, scale, q.dtype, cfg.scale_mode)
         _gdpa_dkdv_kernel[(sched_kv.num_programs,)](
-            q, k, v, do, dk, dv, dq32, sched_kv.items, sched_kv.prog_ptr,
+            q, k, v, do, dk, dv, dq32, dq32, sched_kv.items, sched_kv.prog_ptr,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             do.stride(0), do.stride(1), scale, 1.0 / max(max_kv, 1),
             ACT=act_code, NORM=norm_code, D=q.shape[-1], BN=cfg.block_rows,
@@ -480,3 +492,32 @@ def launch_bwd_one_pass(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: t
             WITH_DQ=2, FOLD=fold, CSCALE=cscale, num_warps=cfg.num_warps,
             num_stages=cfg.num_stages)
     return dq32.to(q.dtype), dk, dv
+
+
+def launch_bwd_one_pass_phased(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                               do: torch.Tensor, scheds, cfg: TileConfig, act_code: int,
+                               norm_code: int, scale: float, max_kv: int
+                               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Long-KV one-pass backward as three launches over the 'first', 'middle' and 'last' key
+    blocks of each sample (``scheds``, in that order; the first built with
+    cover_empty_rows): the first stores its partial dQ (the finished one for one-block
+    samples), the middle ones add theirs by fp32 atomics, the last adds the sum and stores dQ
+    in q's dtype. The stream orders the phases, so the fp32 buffer needs no zeroing and dQ
+    no separate cast (two passes over a (total_q, H, d) fp32 buffer saved)."""
+    dq = torch.empty_like(q)
+    dk = torch.empty_like(k)
+    dv = torch.empty_like(v)
+    dq32 = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+    fold, cscale = scale_args(act_code, scale, q.dtype, cfg.scale_mode)
+    for sched, with_dq in zip(scheds, (3, 2, 4), strict=True):
+        if not sched.num_items:
+            continue
+        _gdpa_dkdv_kernel[(sched.num_programs,)](
+            q, k, v, do, dk, dv, dq, dq32, sched.items, sched.prog_ptr,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            do.stride(0), do.stride(1), scale, 1.0 / max(max_kv, 1),
+            ACT=act_code, NORM=norm_code, D=q.shape[-1], BN=cfg.block_rows,
+            BM=cfg.block_cols, STAGES=cfg.num_stages, PREFETCH=cfg.prefetch, PREC=_prec(q),
+            WITH_DQ=with_dq, FOLD=fold, CSCALE=cscale, num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages)
+    return dq, dk, dv
