@@ -2,40 +2,36 @@
 under torch.compile, on self (long Q = KV), cross (long Q, 16 KV tokens) and pooled (8 query
 tokens, long KV) attention with log-normal jagged lengths; forward, backward and both.
 
-docs/bench/gdpa.json was produced on the H200 (commit "GDPA defaults from the H200 tuning
-run") by:
     PYTHONPATH=kernels:platform python -m gem_kernels.bench.gdpa --out $OUT --budget-s 120
-(--budget-s only stops starting new variants after 120 s; every variant finished).
-meta.cases.<case>.ours_host_us_per_call is the host time to issue one call of the public op
-with the GPU kept busy: where it exceeds the GPU time (the short shapes' backward and
-fwd+bwd, which go through autograd), the row measures the host, and it moves with the load on
-the machine's CPU. Cross backward: the committed row is 0.218 ms with 243 us of host per
-call; the same kernel's GPU time alone (CUDA graph replay, --tune) is 0.114 ms (69% of HBM),
-and the public op timed 0.114 ms in a --tune run where the host took 126 us per call.
+(--budget-s only stops starting new variants after that many seconds; the errors of each case
+in gdpa.json name any variant it skipped.)
 
-Self attention, what moved (same H200; ablation rows of the committed run unless noted): the
-previous kernel (public op of the older checkout, same run) 0.572 ms forward; the GELU
-polynomial constrained to s(R) = 1, s'(R) = 0 (no selects) 0.542 ("pointer_scores"); the
-scale folded into compile-time coefficients 0.531 ("pointer"; folded at run time instead:
-0.601 in a --tune run, cause not isolated); K, V by ragged TMA with the next query tile
-prefetched by ordinary loads 0.474 ms (379 TF/s; without the prefetch 0.525). The same kernel
-with the identity activation ("identity") runs 0.333 ms: the activation is ~30% of the
-forward. The backward runs in one pass over key blocks (dQ by fp32 atomics; S and act'
-computed once): 1.77 ms against 1.88 for the two-kernel backward and 2.03 for the previous
-kernels. Its matmul pipeline alone (identity activation) takes 1.53 ms (236 TF/s); with
-gelu_tanh fwd+bwd is 2.21 ms (244 TF/s) where 250 TF/s needs 2.16.
+What each row measures. Every main row (ours = the public op ``gdpa`` with its defaults, and
+the two baselines: the padded reference eager and under torch.compile) times three callables:
+fwd (the op under no_grad), bwd (torch.autograd.grad of an output made once, retained) and
+fwd+bwd (forward and grad together). For each:
+- ms (and useful_tflops, frac_hbm, ratio_to_baseline): median time of the callable as a
+  program calls it (CUDA events around back-to-back calls), host work included: where the
+  host needs longer to issue a call than the GPU needs to run it, this column measures the
+  host.
+- extra.ms_gpu (useful_tflops_gpu, frac_hbm_gpu, ratio_to_baseline_gpu): the same callable
+  captured once in a CUDA graph (warmed up on the capture stream; for bwd the output is made
+  on that stream, so its backward is captured too) and the replays timed: the GPU work alone,
+  no host work inside the measurement. This is the kernels' bandwidth / throughput, and what
+  a training step sees when the op's host work overlaps other GPU work or the step is
+  graphed. A callable that cannot be captured has ms_gpu null and extra.gpu_note saying why.
+- extra.host_us_per_call: host time to issue one call with the GPU kept busy (the floor
+  under which the eager column cannot go).
+The second printed table shows these columns side by side. Backward ablation rows of the
+short shapes (cross, pooled) also carry ms_gpu (their eager rows are host-bound); the other
+ablation rows are eager, launcher-level timings of one kernel variant.
 
-Reading the short shapes: their kernels run 70-250 us, so rows timed through autograd (every
-backward and fwd+bwd row) include host-side launch and autograd overhead that the GPU does not
-hide (--tune reports the autograd engine's own floor: a no-op Function's backward costs
-55-85 us of host per call). The public op's no-grad forward ("ours" fwd) skips the autograd
-node and times as the launcher does.
-
---tune times tile configs, scale modes, backward modes and the cross backward kernel's
-graphed GPU time in one run (gdpa_tune.json); with --public-only it uses only the public op
-and runs on an older checkout for a same-run before/after comparison:
-    PYTHONPATH=<old>/kernels:platform python kernels/gem_kernels/bench/gdpa.py --tune \
-        --public-only --cases self,cross --out $OUT/base
+The self-attention backward: the op chooses in-run between two plans with the same result
+(gem_kernels.gdpa.tuning; meta.cases.self.backward_tuning lists what it timed): the atomic
+one-pass kernel (one launch over key blocks, dQ summed into a zeroed fp32 buffer by atomics,
+then cast) and the phased one (the first, middle and last key blocks of every sample as three
+launches: no zeroing, no cast). Rows bwd_one_pass / bwd_phased time each plan; *_identity are
+the same plans without the activation (the matmul pipeline's ceiling).
 
 Counting: useful FLOPs = 4 * sum_b(Lq_b * Lkv_b) * H * d forward (two matmuls over real
 tokens only), backward = 2x forward (four matmuls; ours runs five: S is recomputed),
@@ -44,6 +40,12 @@ backward reads q, k, v, do and writes dq, dk, dv. The padded baselines are timed
 already-padded tensors (padding not counted against them) and counted with the same useful
 FLOPs and bytes. Schedules are built once per batch (cached across calls, as across layers);
 their CPU build time is reported separately.
+
+--tune times tile configs, scale modes, backward modes and the cross backward kernel's
+graphed GPU time in one run (gdpa_tune.json); with --public-only it uses only the public op
+and runs on an older checkout for a same-run before/after comparison:
+    PYTHONPATH=<old>/kernels:platform python kernels/gem_kernels/bench/gdpa.py --tune \
+        --public-only --cases self,cross --out $OUT/base
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ import torch
 
 from gem_kernels.bench.common import (
     H200_BF16_TFLOPS,
+    H200_HBM_TBS,
     BenchRow,
     add_ratios,
     fill_rates,
@@ -137,6 +140,61 @@ def _grad_fns(fwd, inputs, do):
     return fwd_only, bwd, both
 
 
+def _replay_ms(fn, stream: torch.cuda.Stream) -> float:
+    """Warm fn up on ``stream``, capture one call in a CUDA graph there, time the replays."""
+    with torch.cuda.stream(stream):
+        fn()
+        fn()
+    stream.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=stream):
+        fn()
+    torch.cuda.synchronize()
+    return time_ms(g.replay)
+
+
+def graphed_ms(fwd, inputs, do, directions) -> dict[str, float | str]:
+    """GPU time of the callables that the eager rows time (fwd under no_grad;
+    torch.autograd.grad(out, leaves, do, retain_graph=True) of an output made beforehand;
+    forward and grad together), each captured once in a CUDA graph and replayed: no host work
+    inside the measurement. The output for bwd is made on the capture stream, so that its
+    backward (which runs on its forward's stream) is captured. A callable that cannot be
+    captured gets 'not captured: <why>' instead of a time."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    leaves = [t.detach().requires_grad_(True) for t in inputs]
+
+    def make(direction: str):
+        if direction == "fwd":
+            def f():
+                with torch.no_grad():
+                    return fwd(*inputs)
+            return f
+        if direction == "bwd":
+            out = fwd(*leaves)
+            return lambda: torch.autograd.grad(out, leaves, do, retain_graph=True)
+        return lambda: torch.autograd.grad(fwd(*leaves), leaves, do)
+
+    res: dict[str, float | str] = {}
+    for direction in directions:
+        try:
+            with torch.cuda.stream(stream):
+                fn = make(direction)
+            res[direction] = _replay_ms(fn, stream)
+        except Exception as e:  # reported in the row instead of a time
+            res[direction] = f"not captured: {type(e).__name__}: {e}"[:300]
+        fn = None
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+    return res
+
+
+def _plan_name(plan) -> str:
+    mode, cfg = plan
+    return (f"{mode}_{cfg.block_rows}x{cfg.block_cols}_w{cfg.num_warps}_s{cfg.num_stages}"
+            + ("_tma" if cfg.tma else ""))
+
+
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30))
 
@@ -195,37 +253,22 @@ def fwd_variants(case: str, quick: bool) -> list[tuple[str, dict]]:
         return flip
     if case == "self":
         # the default: K, V by ragged TMA, the next query tile prefetched by pointer loads;
-        # "pointer" is the previous default (pointer loads throughout), "pointer_scores" that
-        # kernel with the scale applied to every score (the activation before this change
-        # minus its select); "identity" rows are the same kernels without the activation:
-        # the matmul pipeline's ceiling
+        # "pointer": pointer loads throughout; "scores": the scale applied to every score
+        # instead of folded into the polynomial; "identity": the same kernel without the
+        # activation (the matmul pipeline's ceiling)
         return flip + [("identity", {"activation": "identity"}),
-                       ("no_prefetch_identity", {"prefetch": False,
-                                                 "activation": "identity"}),
                        ("pointer", {"tma": False}),
-                       ("pointer_scores", {"tma": False, "scale_mode": "scores"}),
                        ("scores", {"scale_mode": "scores"}),
-                       ("runtime_scale", {"scale_mode": "runtime"}),
-                       ("s4", {"num_stages": 4}),
-                       ("bn128_s2", {"block_cols": 128, "num_stages": 2}),
-                       ("bm64_w4_cta2", {"block_rows": 64, "num_warps": 4,
-                                         "ctas_per_sm": 2})]
+                       ("s4", {"num_stages": 4})]
     if case == "cross":
         # the default is KV-major (whole KV per item, query tiles streamed); the q-major rows
         # are the previous default (query-block items) and its variants
         qm = {"kv_major": False, "block_rows": 64, "block_cols": 16, "num_stages": 1,
               "ctas_per_sm": 4, "prefetch": False}
         return [("qmajor_bm64_cta4", qm),
-                ("qmajor_bm64_cta4_prefetch", {**qm, "prefetch": True}),
-                ("qmajor_bm64_cta8", {**qm, "ctas_per_sm": 8}),
-                ("kvmajor_bm64_s2_cta4", {"num_stages": 2}),
                 ("kvmajor_bm64_s3_cta2", {"ctas_per_sm": 2}),
-                ("kvmajor_bm64_s4_cta4", {"num_stages": 4}),
-                ("kvmajor_bm32_s3_cta4", {"block_cols": 32}),
-                ("kvmajor_bm128_s3_w8", {"block_cols": 128, "num_warps": 8, "ctas_per_sm": 1})]
-    return flip + [("bn128_s3", {"block_cols": 128}),
-                   ("bn64_s4", {"num_stages": 4}),
-                   ("bn64_s3_cta2_w8", {"ctas_per_sm": 2, "num_warps": 8})]
+                ("kvmajor_bm64_s4_cta4", {"num_stages": 4})]
+    return flip + [("bn64_s4", {"num_stages": 4})]
 
 
 def bwd_variants(case: str, quick: bool, max_q: int, max_kv: int, dim: int):
@@ -246,12 +289,17 @@ def bwd_variants(case: str, quick: bool, max_q: int, max_kv: int, dim: int):
         return two if case != "self" else []
     if case == "self":
         op = one_pass_config(max_q, max_kv, dim)
+        # the two plans the op chooses between (atomic dQ: the previous default; phased),
+        # each also without the activation (the matmul pipeline's ceiling)
         return [("bwd_two_kernel", "two_kernel", kv, q),
+                ("bwd_one_pass", "one_pass", op, None),
                 ("bwd_one_pass_identity", "one_pass", op, None, "identity"),
-                ("bwd_one_pass_prefetch", "one_pass", replace(op, prefetch=True), None),
-                ("bwd_one_pass_tma", "one_pass", replace(op, tma=True), None),
-                ("bwd_one_pass_s4", "one_pass", replace(op, num_stages=4), None),
-                ("bwd_one_pass_scores", "one_pass", replace(op, scale_mode="scores"), None)]
+                ("bwd_phased", "one_pass_phased", op, None),
+                ("bwd_phased_s2", "one_pass_phased", replace(op, num_stages=2), None),
+                ("bwd_one_pass_64x32", "one_pass", replace(op, block_rows=64), None),
+                ("bwd_phased_64x32", "one_pass_phased", replace(op, block_rows=64), None),
+                ("bwd_phased_identity", "one_pass_phased", op, None, "identity"),
+                ("bwd_one_pass_tma", "one_pass", replace(op, tma=True), None)]
     if case == "cross":
         f = short_kv_config(max_kv, dim)
         st = short_kv_stream_config(max_kv, dim)
@@ -260,8 +308,7 @@ def bwd_variants(case: str, quick: bool, max_q: int, max_kv: int, dim: int):
                                                                  num_stages=2), None),
                       ("bwd_stream_bm32_s4", "short_kv", replace(st, num_stages=4), None)]
     f = short_q_config(max_q, dim)
-    return two + [("bwd_fused_no_prefetch", "short_q", replace(f, prefetch=False), None),
-                  ("bwd_fused_bn128_w8", "short_q", replace(f, block_rows=128, num_warps=8),
+    return two + [("bwd_fused_bn128_w8", "short_q", replace(f, block_rows=128, num_warps=8),
                    None),
                   ("bwd_fused_cta4", "short_q", replace(f, ctas_per_sm=4), None)]
 
@@ -306,19 +353,54 @@ def run_case(c: Case, phase: str, quick: bool, rows: list[BenchRow], meta: dict,
             "schedule_dq": sched_stats(c, cfg_q, True, sms), "errors": {}}
     info = meta["cases"][c.name]
 
-    def record(variant: str, direction: str, fn, extra: dict | None = None) -> None:
+    def record(variant: str, direction: str, fn, extra: dict | None = None
+               ) -> BenchRow | None:
         if time.monotonic() > deadline:
             info["errors"][f"{variant}/{direction}"] = "skipped: time budget"
-            return
+            return None
         try:
             ms = time_ms(fn)
         except Exception as e:  # one failing variant must not lose the others
             info["errors"][f"{variant}/{direction}"] = f"{type(e).__name__}: {e}"[:500]
             torch.cuda.empty_cache()
-            return
+            return None
         row = BenchRow(case=c.name, variant=variant, direction=direction, ms=ms,
                        extra=extra or {})
         rows.append(fill_rates(row, c.flops[direction], c.bytes[direction]))
+        return row
+
+    def record_main(variant: str, fwd, inputs, do, host_calls: int) -> None:
+        """Eager rows (as the op is called), then the same callables' host time per call
+        and their graph-replay GPU time, added to each row's extra."""
+        try:
+            f, b, fb = _grad_fns(fwd, inputs, do)
+        except Exception as e:
+            info["errors"][variant] = f"{type(e).__name__}: {e}"[:500]
+            return
+        got = {}
+        for direction, fn in (("fwd", f), ("bwd", b), ("fwd+bwd", fb)):
+            row = record(variant, direction, fn)
+            if row is not None:
+                try:
+                    row.extra["host_us_per_call"] = round(host_us_per_call(fn, host_calls), 1)
+                except Exception as e:
+                    row.extra["host_us_per_call"] = f"{type(e).__name__}: {e}"[:300]
+                got[direction] = row
+        del f, b, fb
+        torch.cuda.empty_cache()
+        if not got:
+            return
+        for direction, ms in graphed_ms(fwd, inputs, do, list(got)).items():
+            extra = got[direction].extra
+            if isinstance(ms, str):
+                extra["ms_gpu"] = None
+                extra["gpu_note"] = ms
+                continue
+            gpu = fill_rates(BenchRow(c.name, variant, direction, ms), c.flops[direction],
+                             c.bytes[direction])
+            extra["ms_gpu"] = ms
+            extra["useful_tflops_gpu"] = gpu.useful_tflops
+            extra["frac_hbm_gpu"] = gpu.frac_hbm
 
     # --- ours: the public op (default configs) -----------------------------------------
     def ours(q, k, v):
@@ -335,18 +417,16 @@ def run_case(c: Case, phase: str, quick: bool, rows: list[BenchRow], meta: dict,
             info["errors"]["check"] = f"{type(e).__name__}: {e}"[:500]
         torch.cuda.empty_cache()
 
-        try:
-            f, b, fb = _grad_fns(ours, (c.q, c.k, c.v), c.do)
-            for direction, fn in (("fwd", f), ("bwd", b), ("fwd+bwd", fb)):
-                record("ours", direction, fn)
-            # host time to issue one call (GPU kept busy): a row whose GPU time is below it
-            # is host-bound
-            info["ours_host_us_per_call"] = {
-                d: round(host_us_per_call(fn), 1)
-                for d, fn in (("fwd", f), ("bwd", b), ("fwd+bwd", fb))}
-            del f, b, fb
-        except Exception as e:
-            info["errors"]["ours"] = f"{type(e).__name__}: {e}"[:500]
+        record_main("ours", ours, (c.q, c.k, c.v), c.do, 50)
+        info["ours_host_us_per_call"] = {
+            r.direction: r.extra.get("host_us_per_call") for r in rows
+            if r.case == c.name and r.variant == "ours"}
+        from gem_kernels.gdpa.op import TUNER
+
+        info["backward_tuning"] = [
+            {"key": [str(x) for x in key], "choice": _plan_name(rec.choice),
+             "timings_ms": {_plan_name(cand): ms for cand, ms in rec.timings}}
+            for key, rec in TUNER.records.items()]
 
         # --- baselines on padded tensors ----------------------------------------------------
         compiled = torch.compile(padded, dynamic=False)
@@ -356,15 +436,14 @@ def run_case(c: Case, phase: str, quick: bool, rows: list[BenchRow], meta: dict,
             if time.monotonic() > deadline:
                 info["errors"][variant] = "skipped: time budget"
                 continue
-            try:
-                f, b, fb = _grad_fns(fn, (c.qp, c.kp, c.vp), c.dop)
-            except Exception as e:
-                info["errors"][variant] = f"{type(e).__name__}: {e}"[:500]
-                continue
-            for direction, g in (("fwd", f), ("bwd", b), ("fwd+bwd", fb)):
-                record(variant, direction, g)
-            del f, b, fb
+            record_main(variant, fn, (c.qp, c.kp, c.vp), c.dop, 10)
             torch.cuda.empty_cache()
+        base = {r.direction: r.extra.get("ms_gpu") for r in rows
+                if r.case == c.name and r.variant == "padded_compile"}
+        for r in rows:
+            if r.case == c.name and r.variant == "ours" and base.get(r.direction) \
+                    and r.extra.get("ms_gpu"):
+                r.extra["ratio_to_baseline_gpu"] = base[r.direction] / r.extra["ms_gpu"]
         return
 
     # --- forward ablations: schedule order, prefetch, tile shapes ----------------------
@@ -396,9 +475,38 @@ def run_case(c: Case, phase: str, quick: bool, rows: list[BenchRow], meta: dict,
         except Exception as e:
             info["errors"][f"ours_{name}"] = f"{type(e).__name__}: {e}"[:500]
             continue
-        record(f"ours_{name}", "bwd", b, {"mode": mode, "dkdv": ckv and vars(ckv),
-                                           "dq": cq and vars(cq)})
+        row = record(f"ours_{name}", "bwd", b, {"mode": mode, "dkdv": ckv and vars(ckv),
+                                                 "dq": cq and vars(cq)})
         del b
+        if row is not None and c.name != "self":  # short kernels: the eager row is host-bound
+            ms = graphed_ms(op, (c.q, c.k, c.v), c.do, ["bwd"])["bwd"]
+            row.extra["ms_gpu"] = ms if isinstance(ms, float) else None
+            if isinstance(ms, float):
+                row.extra["frac_hbm_gpu"] = c.bytes["bwd"] / (ms / 1e3) / 1e12 / H200_HBM_TBS
+            else:
+                row.extra["gpu_note"] = ms
+
+
+def print_gpu_table(rows: list[BenchRow]) -> None:
+    """Eager vs graph-replay columns of every row that has both (see the module docstring)."""
+    def f(x, nd=3):
+        return "-" if not isinstance(x, float) else f"{x:.{nd}f}"
+
+    print("\neager (as called) vs GPU (CUDA graph replay of the same callable); host us per "
+          "call")
+    print(f"{'case':7}{'variant':26}{'dir':9}{'ms':>8}{'ms_gpu':>8}{'host_us':>9}"
+          f"{'TF/s':>8}{'TF/s_gpu':>9}{'hbm':>7}{'hbm_gpu':>8}{'x_base':>8}{'x_base_gpu':>11}")
+    for r in rows:
+        e = r.extra
+        if "ms_gpu" not in e and "gpu_note" not in e:
+            continue
+        host = e.get("host_us_per_call")
+        print(f"{r.case:7}{r.variant:26}{r.direction:9}{f(r.ms):>8}{f(e.get('ms_gpu')):>8}"
+              f"{f(host, 1) if isinstance(host, float) else '-':>9}"
+              f"{f(r.useful_tflops, 1):>8}{f(e.get('useful_tflops_gpu'), 1):>9}"
+              f"{f(r.frac_hbm):>7}{f(e.get('frac_hbm_gpu')):>8}"
+              f"{f(r.ratio_to_baseline, 2):>8}{f(e.get('ratio_to_baseline_gpu'), 2):>11}"
+              + (f"  {e['gpu_note'][:60]}" if e.get("gpu_note") else ""))
 
 
 # --- tuning: many configs timed in one GPU run ---------------------------------------------
@@ -632,6 +740,7 @@ def main(argv: list[str] | None = None) -> None:
               f"{info.get('rel_err_fwd_vs_fp32_reference')} bwd "
               f"{info.get('rel_err_bwd_vs_fp32_reference')}; errors {info['errors']}")
     print_table(rows, f"GDPA ({ACTIVATION}, B={batch}, H={heads}, d={dim}, bf16)")
+    print_gpu_table(rows)
     print(f"\nwrote {out}")
 
 

@@ -117,11 +117,13 @@ def backward_mode(max_q: int, max_kv: int, dtype: torch.dtype = torch.bfloat16) 
 
 def one_pass_candidates(max_q: int, max_kv: int, d: int) -> tuple[tuple[str, TileConfig], ...]:
     """(mode, config) plans of the long-KV backward, the heuristic default first: the
-    atomic one-pass kernel, the phased one (3 and 2 pipeline stages: its last phase streams
-    a third tile, the fp32 partial dQ, which 3 stages may not fit in shared memory)."""
+    atomic one-pass kernel and the phased one, each with 128- and 64-key blocks (8 warps).
+    ptxas (sm_90, d=128, bf16): 128x32 holds 255 registers and spills ~350 bytes per thread;
+    64x32 ~70 bytes, at the price of twice the items and twice the dQ partial sums."""
     cfg = _one_pass_config(max_q, max_kv, d)
-    return (("one_pass", cfg), ("one_pass_phased", cfg),
-            ("one_pass_phased", replace(cfg, num_stages=2)))
+    half = replace(cfg, block_rows=cfg.block_rows // 2)
+    return (("one_pass", cfg), ("one_pass_phased", cfg), ("one_pass", half),
+            ("one_pass_phased", half))
 
 
 def run_backward(mode: str, cfg: TileConfig | None, cfg_q: TileConfig | None, q, k, v, do,

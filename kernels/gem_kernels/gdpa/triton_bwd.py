@@ -512,12 +512,16 @@ def launch_bwd_one_pass_phased(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     for sched, with_dq in zip(scheds, (3, 2, 4), strict=True):
         if not sched.num_items:
             continue
+        # The last phase streams a third tile (the fp32 partial dQ): ptxas (sm_90, 128x32,
+        # 8 warps, d=128) spills 2388 bytes per thread at 3 stages, 412 at 2 (the other
+        # phases: ~350 at either), so it runs with at most 2.
+        stages = min(cfg.num_stages, 2) if with_dq == 4 else cfg.num_stages
         _gdpa_dkdv_kernel[(sched.num_programs,)](
             q, k, v, do, dk, dv, dq, dq32, sched.items, sched.prog_ptr,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             do.stride(0), do.stride(1), scale, 1.0 / max(max_kv, 1),
             ACT=act_code, NORM=norm_code, D=q.shape[-1], BN=cfg.block_rows,
-            BM=cfg.block_cols, STAGES=cfg.num_stages, PREFETCH=cfg.prefetch, PREC=_prec(q),
+            BM=cfg.block_cols, STAGES=stages, PREFETCH=cfg.prefetch, PREC=_prec(q),
             WITH_DQ=with_dq, FOLD=fold, CSCALE=cscale, num_warps=cfg.num_warps,
-            num_stages=cfg.num_stages)
+            num_stages=stages)
     return dq, dk, dv
