@@ -26,6 +26,23 @@ The second printed table shows these columns side by side. Backward ablation row
 short shapes (cross, pooled) also carry ms_gpu (their eager rows are host-bound); the other
 ablation rows are eager, launcher-level timings of one kernel variant.
 
+docs/bench/gdpa.json (H200, the command above; eager ms / graphed ms_gpu / host us per call):
+- self fwd 0.473 / 0.471 ms (381 TF/s) / 117 us; bwd 1.713 / 1.720 / 224; fwd+bwd 2.159 /
+  2.170 ms (250.0 / 248.8 TF/s) / 617. The previous committed run: fwd 0.474, bwd 1.767,
+  fwd+bwd 2.208 (244 TF/s). What moved the backward: the GELU derivative from s (the atomic
+  one-pass plan 1.731 ms here vs 1.767 there; the two-kernel plan, which evaluates act'
+  twice, 1.726 vs 1.878) and the phased plan (1.712 vs 1.731 in the same run; the op's own
+  timing: 1.726 vs 1.729). The identity-activation ceilings: fwd 0.329, bwd 1.518 / 1.508
+  (atomic / phased).
+- cross fwd 0.082 / 0.073 ms (64% / 72% of HBM) / 95 us; bwd 0.154 / 0.113 ms (52% / 70%)
+  / 158 us; fwd+bwd 0.380 / 0.181 ms. The eager rows of the short shapes sit at the host:
+  the GPU column is the kernels'. (Previous run, eager: fwd 0.073, bwd 0.218 with 243 us of
+  host per call; runs on different machines, so the host columns are not a same-run
+  comparison.)
+- pooled fwd 0.071 / 0.071 (73%); bwd 0.251 / 0.160 (41% / 64%); fwd+bwd 0.547 / 0.224.
+- Every baseline row captured; padded_compile vs ours: self fwd 21x, fwd+bwd 11.8x; cross
+  bwd 6.0x eager, 8.2x graphed.
+
 The self-attention backward: the op chooses in-run between two plans with the same result
 (gem_kernels.gdpa.tuning; meta.cases.self.backward_tuning lists what it timed): the atomic
 one-pass kernel (one launch over key blocks, dQ summed into a zeroed fp32 buffer by atomics,

@@ -119,7 +119,8 @@ def one_pass_candidates(max_q: int, max_kv: int, d: int) -> tuple[tuple[str, Til
     """(mode, config) plans of the long-KV backward, the heuristic default first: the
     atomic one-pass kernel and the phased one, each with 128- and 64-key blocks (8 warps).
     ptxas (sm_90, d=128, bf16): 128x32 holds 255 registers and spills ~350 bytes per thread;
-    64x32 ~70 bytes, at the price of twice the items and twice the dQ partial sums."""
+    64x32 ~70 bytes, at the price of twice the items and twice the dQ partial sums. H200
+    (self, log-normal mean 470, gelu_tanh): 1.729, 1.726, 2.889, 2.894 ms in this order."""
     cfg = _one_pass_config(max_q, max_kv, d)
     half = replace(cfg, block_rows=cfg.block_rows // 2)
     return (("one_pass", cfg), ("one_pass_phased", cfg), ("one_pass", half),
