@@ -107,7 +107,8 @@ def backward_mode(max_q: int, max_kv: int, dtype: torch.dtype = torch.bfloat16) 
     summed by atomics) is kept for comparison. 'one_pass_phased' is the one-pass backward as
     three launches (first, middle, last key blocks: no zeroed fp32 buffer, no final cast);
     with default configs the op times it against 'one_pass' on its first call per shape
-    class and keeps the faster (see one_pass_candidates)."""
+    class and keeps the faster (see one_pass_candidates); 'one_pass_phased_hoisted' is the
+    phased plan with the last phase's partial-dQ load outside the software pipeline."""
     if max_kv <= SHORT_SIDE:
         return "short_kv"
     if max_q <= SHORT_SIDE:
@@ -117,14 +118,17 @@ def backward_mode(max_q: int, max_kv: int, dtype: torch.dtype = torch.bfloat16) 
 
 def one_pass_candidates(max_q: int, max_kv: int, d: int) -> tuple[tuple[str, TileConfig], ...]:
     """(mode, config) plans of the long-KV backward, the heuristic default first: the
-    atomic one-pass kernel and the phased one, each with 128- and 64-key blocks (8 warps).
+    atomic one-pass kernel and the phased one, each with 128- and 64-key blocks (8 warps),
+    and the phased one whose last phase loads the partial dQ outside the software pipeline
+    (so that it keeps 3 stages: 'one_pass_phased_hoisted').
     ptxas (sm_90, d=128, bf16): 128x32 holds 255 registers and spills ~350 bytes per thread;
     64x32 ~70 bytes, at the price of twice the items and twice the dQ partial sums. H200
-    (self, log-normal mean 470, gelu_tanh): 1.729, 1.726, 2.889, 2.894 ms in this order."""
+    (self, log-normal mean 470, gelu_tanh): 1.729, 1.726, 2.889, 2.894 ms for the first
+    four."""
     cfg = _one_pass_config(max_q, max_kv, d)
     half = replace(cfg, block_rows=cfg.block_rows // 2)
-    return (("one_pass", cfg), ("one_pass_phased", cfg), ("one_pass", half),
-            ("one_pass_phased", half))
+    return (("one_pass", cfg), ("one_pass_phased", cfg), ("one_pass_phased_hoisted", cfg),
+            ("one_pass", half), ("one_pass_phased", half))
 
 
 def run_backward(mode: str, cfg: TileConfig | None, cfg_q: TileConfig | None, q, k, v, do,
@@ -155,13 +159,13 @@ def run_backward(mode: str, cfg: TileConfig | None, cfg_q: TileConfig | None, q,
         cfg = cfg or _one_pass_config(max_q, max_kv, d)
         sched = schedule_for(kv_offsets, q_offsets, heads, cfg, q.device)
         return launch_bwd_one_pass(q, k, v, do, sched, cfg, act, norm_code, scale, max_kv)
-    if mode == "one_pass_phased":
+    if mode in ("one_pass_phased", "one_pass_phased_hoisted"):
         cfg = cfg or _one_pass_config(max_q, max_kv, d)
         scheds = [schedule_for(kv_offsets, q_offsets, heads, cfg, q.device,
                                cover_empty_rows=(b == "first"), blocks=b)
                   for b in ("first", "middle", "last")]
         return launch_bwd_one_pass_phased(q, k, v, do, scheds, cfg, act, norm_code, scale,
-                                          max_kv)
+                                          max_kv, hoisted=mode == "one_pass_phased_hoisted")
     if mode != "two_kernel":
         raise ValueError(f"unknown backward mode {mode!r}")
     cfg_kv = cfg or _dkdv_config(max_q, max_kv, d)

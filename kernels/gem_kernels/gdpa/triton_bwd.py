@@ -209,7 +209,8 @@ def _gdpa_dkdv_kernel(Q, K, V, DO, DK, DV, DQ, DQ32, items, prog_ptr,
     cast: WITH_DQ == 3 (first key block) stores its partial dQ into DQ32 in fp32, or, when
     the block holds all of the sample's keys, the finished dQ into DQ; WITH_DQ == 2 (middle
     blocks) adds into DQ32; WITH_DQ == 4 (last block) adds DQ32's sum to its own partial and
-    stores the finished dQ into DQ. DQ32 shares q's strides."""
+    stores the finished dQ into DQ; WITH_DQ == 5 does the same with DQ32's tile loaded
+    outside the software pipeline (see below). DQ32 shares q's strides."""
     pid = tl.program_id(0)
     start = tl.load(prog_ptr + pid)
     end = tl.load(prog_ptr + pid + 1)
@@ -234,6 +235,15 @@ def _gdpa_dkdv_kernel(Q, K, V, DO, DK, DV, DQ, DQ32, items, prog_ptr,
             crow = (c0 + cols).to(tl.int64)[:, None]
             q = tl.load(q_base + crow * stride_qt, mask=cmask, other=0.0)
             do = tl.load(do_base + crow * stride_dot, mask=cmask, other=0.0)
+            if WITH_DQ == 5:
+                # Behind a run-time branch the software pipeliner leaves this load alone:
+                # issued here, its latency hides behind the tile's five matmuls. Pipelined
+                # (WITH_DQ == 4), its fp32 tile makes ptxas spill 2388 bytes per thread at 3
+                # stages (sm_90, 128x32, 8 warps, d=128); here 444, near the other phases.
+                part = tl.zeros((BM, D), dtype=tl.float32)
+                if clen > 0:
+                    part = tl.load(DQ32 + crow * stride_qt + h * stride_qh + offs_d[None, :],
+                                   mask=cmask, other=0.0)
             st = tl.dot(k, tl.trans(q), input_precision=PREC)  # (BN, BM) = S^T / scale
             pt, dact = act_fwd_and_grad(st, scale, ACT, FOLD, CSCALE)
             dv = tl.dot(pt.to(do.dtype), do, dv, input_precision=PREC)
@@ -252,8 +262,10 @@ def _gdpa_dkdv_kernel(Q, K, V, DO, DK, DV, DQ, DQ32, items, prog_ptr,
                     tl.store(DQ + dq_offs, dq.to(DQ.dtype.element_ty),
                              mask=cmask & (rlen <= BN))
                     tl.store(DQ32 + dq_offs, dq, mask=cmask & (rlen > BN))
-                else:
+                elif WITH_DQ == 4:
                     part = tl.load(DQ32 + dq_offs, mask=cmask, other=0.0)
+                    tl.store(DQ + dq_offs, (dq + part).to(DQ.dtype.element_ty), mask=cmask)
+                else:
                     tl.store(DQ + dq_offs, (dq + part).to(DQ.dtype.element_ty), mask=cmask)
         c = norm_factor(rlen, inv_max_kv, NORM)  # rows are the sample's keys
         store_rows(DK, dk * (c * scale), r0, rlen, blk, h, stride_kt, stride_kh, BN, D)
@@ -496,25 +508,27 @@ def launch_bwd_one_pass(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: t
 
 def launch_bwd_one_pass_phased(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                do: torch.Tensor, scheds, cfg: TileConfig, act_code: int,
-                               norm_code: int, scale: float, max_kv: int
+                               norm_code: int, scale: float, max_kv: int,
+                               hoisted: bool = False
                                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Long-KV one-pass backward as three launches over the 'first', 'middle' and 'last' key
     blocks of each sample (``scheds``, in that order; the first built with
     cover_empty_rows): the first stores its partial dQ (the finished one for one-block
     samples), the middle ones add theirs by fp32 atomics, the last adds the sum and stores dQ
     in q's dtype. The stream orders the phases, so the fp32 buffer needs no zeroing and dQ
-    no separate cast (two passes over a (total_q, H, d) fp32 buffer saved)."""
+    no separate cast (two passes over a (total_q, H, d) fp32 buffer saved). hoisted: the last
+    phase loads the fp32 partial dQ outside the software pipeline and keeps cfg's stages."""
     dq = torch.empty_like(q)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
     dq32 = torch.empty(q.shape, dtype=torch.float32, device=q.device)
     fold, cscale = scale_args(act_code, scale, q.dtype, cfg.scale_mode)
-    for sched, with_dq in zip(scheds, (3, 2, 4), strict=True):
+    for sched, with_dq in zip(scheds, (3, 2, 5 if hoisted else 4), strict=True):
         if not sched.num_items:
             continue
         # The last phase streams a third tile (the fp32 partial dQ): ptxas (sm_90, 128x32,
         # 8 warps, d=128) spills 2388 bytes per thread at 3 stages, 412 at 2 (the other
-        # phases: ~350 at either), so it runs with at most 2.
+        # phases: ~350 at either), so it runs with at most 2 unless the load is hoisted.
         stages = min(cfg.num_stages, 2) if with_dq == 4 else cfg.num_stages
         _gdpa_dkdv_kernel[(sched.num_programs,)](
             q, k, v, do, dk, dv, dq, dq32, sched.items, sched.prog_ptr,
