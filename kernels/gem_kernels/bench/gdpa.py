@@ -4,7 +4,8 @@ tokens, long KV) attention with log-normal jagged lengths; forward, backward and
 
     PYTHONPATH=kernels:platform python -m gem_kernels.bench.gdpa --out $OUT --budget-s 120
 (--budget-s only stops starting new variants after that many seconds; the errors of each case
-in gdpa.json name any variant it skipped.)
+in gdpa.json name any variant it skipped. --cases self --ablations plans re-measures the self
+main rows with both baselines, then only the backward plans the op tunes between, forced.)
 
 What each row measures. Every main row (ours = the public op ``gdpa`` with its defaults, and
 the two baselines: the padded reference eager and under torch.compile) times three callables:
@@ -70,6 +71,7 @@ from __future__ import annotations
 import argparse
 import math
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -312,6 +314,7 @@ def bwd_variants(case: str, quick: bool, max_q: int, max_kv: int, dim: int):
                 ("bwd_one_pass", "one_pass", op, None),
                 ("bwd_one_pass_identity", "one_pass", op, None, "identity"),
                 ("bwd_phased", "one_pass_phased", op, None),
+                ("bwd_phased_hoisted", "one_pass_phased_hoisted", op, None),
                 ("bwd_phased_s2", "one_pass_phased", replace(op, num_stages=2), None),
                 ("bwd_one_pass_64x32", "one_pass", replace(op, block_rows=64), None),
                 ("bwd_phased_64x32", "one_pass_phased", replace(op, block_rows=64), None),
@@ -331,9 +334,13 @@ def bwd_variants(case: str, quick: bool, max_q: int, max_kv: int, dim: int):
 
 
 def run_case(c: Case, phase: str, quick: bool, rows: list[BenchRow], meta: dict,
-             deadline: float, baselines: bool = True) -> None:
+             deadline: float, baselines: bool = True,
+             checkpoint: Callable[[], object] | None = None) -> None:
     """phase 'main': correctness check, ours and both padded baselines; 'ablations': the
-    schedule-order, prefetch and tile-shape variants."""
+    schedule-order, prefetch and tile-shape variants; 'plans': only the backward plans the op
+    tunes between (128-key blocks), each forced, bwd and fwd+bwd, eager and graphed.
+    checkpoint (e.g. writing the JSON) runs after each main variant, so that a run cut short
+    keeps what it measured."""
     from gem_kernels.gdpa import gdpa
     from gem_kernels.gdpa.activations import ACT_CODE
     from gem_kernels.gdpa.op import GDPAFunction, backward_mode, forward_schedule, num_sms
@@ -435,6 +442,7 @@ def run_case(c: Case, phase: str, quick: bool, rows: list[BenchRow], meta: dict,
         torch.cuda.empty_cache()
 
         record_main("ours", ours, (c.q, c.k, c.v), c.do, 50)
+        checkpoint = checkpoint or (lambda: None)
         info["ours_host_us_per_call"] = {
             r.direction: r.extra.get("host_us_per_call") for r in rows
             if r.case == c.name and r.variant == "ours"}
@@ -444,6 +452,7 @@ def run_case(c: Case, phase: str, quick: bool, rows: list[BenchRow], meta: dict,
             {"key": [str(x) for x in key], "choice": _plan_name(rec.choice),
              "timings_ms": {_plan_name(cand): ms for cand, ms in rec.timings}}
             for key, rec in TUNER.records.items()]
+        checkpoint()
 
         # --- baselines on padded tensors ----------------------------------------------------
         compiled = torch.compile(padded, dynamic=False)
@@ -455,12 +464,18 @@ def run_case(c: Case, phase: str, quick: bool, rows: list[BenchRow], meta: dict,
                 continue
             record_main(variant, fn, (c.qp, c.kp, c.vp), c.dop, 10)
             torch.cuda.empty_cache()
+            add_ratios(rows, "ours", "padded_compile")
+            checkpoint()
         base = {r.direction: r.extra.get("ms_gpu") for r in rows
                 if r.case == c.name and r.variant == "padded_compile"}
         for r in rows:
             if r.case == c.name and r.variant == "ours" and base.get(r.direction) \
                     and r.extra.get("ms_gpu"):
                 r.extra["ratio_to_baseline_gpu"] = base[r.direction] / r.extra["ms_gpu"]
+        return
+
+    if phase == "plans":
+        run_plans(c, rows, info, record, scale)
         return
 
     # --- forward ablations: schedule order, prefetch, tile shapes ----------------------
@@ -693,6 +708,44 @@ def tune_kernels(cases: dict[str, Case], emit, deadline: float) -> None:
             timed(f"bwd_{name}_{act}", c, "bwd", b, mode=mode)
             del b
 
+
+def run_plans(c: Case, rows: list[BenchRow], info: dict, record, scale: float) -> None:
+    """Rows ours_plan_<plan>: the long-KV backward plans the op times on its first call
+    (gdpa.op.one_pass_candidates, 128-key blocks), each forced, so that the chosen one and
+    the others compare in one run on bwd and fwd+bwd, eager and as graph replays."""
+    from gem_kernels.gdpa.op import GDPAFunction, backward_mode, one_pass_candidates
+
+    if backward_mode(c.max_q, c.max_kv) != "one_pass":
+        return
+    plans = one_pass_candidates(c.max_q, c.max_kv, c.dim)
+    for mode, cfg in [p for p in plans if p[1].block_rows == plans[0][1].block_rows]:
+        name = f"ours_plan_{_plan_name((mode, cfg))}"
+
+        def op(q, k, v, cfg=cfg, mode=mode):
+            return GDPAFunction.apply(q, k, v, c.qo, c.ko, c.max_q, c.max_kv, ACTIVATION,
+                                      scale, 0, None, cfg, None, mode)
+
+        try:
+            _, b, fb = _grad_fns(op, (c.q, c.k, c.v), c.do)
+        except Exception as e:
+            info["errors"][name] = f"{type(e).__name__}: {e}"[:500]
+            continue
+        got = {d: record(name, d, fn, {"mode": mode, "dkdv": vars(cfg)})
+               for d, fn in (("bwd", b), ("fwd+bwd", fb))}
+        del b, fb
+        torch.cuda.empty_cache()
+        done = [d for d, r in got.items() if r is not None]
+        if not done:
+            continue
+        for d, ms in graphed_ms(op, (c.q, c.k, c.v), c.do, done).items():
+            extra = got[d].extra
+            if isinstance(ms, str):
+                extra["ms_gpu"], extra["gpu_note"] = None, ms
+                continue
+            gpu = fill_rates(BenchRow(c.name, name, d, ms), c.flops[d], c.bytes[d])
+            extra["ms_gpu"], extra["useful_tflops_gpu"] = ms, gpu.useful_tflops
+
+
 def tune(args) -> None:
     import json
 
@@ -724,6 +777,9 @@ def main(argv: list[str] | None = None) -> None:
                     help="stop timing new variants after this many seconds")
     ap.add_argument("--no-baselines", action="store_true",
                     help="skip the padded baselines (tuning runs; not for published results)")
+    ap.add_argument("--ablations", choices=("all", "plans", "none"), default="all",
+                    help="after the main rows: every ablation, only the backward plans the "
+                         "op tunes between (forced, bwd and fwd+bwd), or none")
     ap.add_argument("--tune", action="store_true",
                     help="time tile configs, backward modes and host costs (gdpa_tune.json)")
     ap.add_argument("--public-only", action="store_true",
@@ -744,9 +800,12 @@ def main(argv: list[str] | None = None) -> None:
             "ceilings": {"bf16_tflops": H200_BF16_TFLOPS, "hbm_tbs": 4.27}, "cases": {}}
     out = Path(args.out) / "gdpa.json"
     cases = [Case(name, batch, heads, dim) for name in args.cases.split(",")]
-    for phase in ("main", "ablations"):
+    phases = {"all": ("main", "ablations"), "plans": ("main", "plans"),
+              "none": ("main",)}[args.ablations]
+    for phase in phases:
         for c in cases:
-            run_case(c, phase, args.quick, rows, meta, deadline, not args.no_baselines)
+            run_case(c, phase, args.quick, rows, meta, deadline, not args.no_baselines,
+                     lambda: write_json(rows, out, meta))
             torch.cuda.empty_cache()
             add_ratios(rows, "ours", "padded_compile")
             write_json(rows, out, meta)
