@@ -44,6 +44,11 @@ docs/bench/gdpa.json (H200, the command above; eager ms / graphed ms_gpu / host 
 - Every baseline row captured; padded_compile vs ours: self fwd 21x, fwd+bwd 11.8x; cross
   bwd 6.0x eager, 8.2x graphed.
 
+docs/bench/gdpa_self.json (H200, --cases self --ablations plans, a later run): fwd 0.470 /
+0.473 ms; bwd 1.721 / 1.731; fwd+bwd 2.167 / 2.168 ms (249.1 / 249.0 TF/s); padded_compile
+fwd+bwd 25.55 ms. Forced plans, fwd+bwd eager / graphed: atomic 2.169 / 2.166, phased 2.190 /
+2.155, phased with the hoisted last-phase load 2.206 / 2.161.
+
 The self-attention backward: the op chooses in-run between two plans with the same result
 (gem_kernels.gdpa.tuning; meta.cases.self.backward_tuning lists what it timed): the atomic
 one-pass kernel (one launch over key blocks, dQ summed into a zeroed fp32 buffer by atomics,

@@ -123,8 +123,9 @@ def one_pass_candidates(max_q: int, max_kv: int, d: int) -> tuple[tuple[str, Til
     (so that it keeps 3 stages: 'one_pass_phased_hoisted').
     ptxas (sm_90, d=128, bf16): 128x32 holds 255 registers and spills ~350 bytes per thread;
     64x32 ~70 bytes, at the price of twice the items and twice the dQ partial sums. H200
-    (self, log-normal mean 470, gelu_tanh): 1.729, 1.726, 2.889, 2.894 ms for the first
-    four."""
+    (self, log-normal mean 470, gelu_tanh), the op's own timing in one run
+    (docs/bench/gdpa_self.json): 1.728, 1.712, 1.712 (hoisted), 2.864, 2.877 ms: keeping 3
+    stages in the last phase bought nothing measurable."""
     cfg = _one_pass_config(max_q, max_kv, d)
     half = replace(cfg, block_rows=cfg.block_rows // 2)
     return (("one_pass", cfg), ("one_pass_phased", cfg), ("one_pass_phased_hoisted", cfg),
