@@ -60,9 +60,12 @@ def _styled_delta(d, worse_if_positive: bool, unit: str, digits: int) -> str:
 
 
 def comparison_tables(cmp) -> list[Table]:
-    """Quality per arm and task (delta to the baseline, 95% Welch interval), then efficiency."""
+    """Quality per arm and task (delta to the baseline with its 95% interval), then efficiency."""
+    methods = {d.method for arm in cmp.arms for d in arm.deltas.values()}
+    labels = {"paired": "paired over seeds", "welch": "Welch"}
+    how = " / ".join(labels[m] for m in sorted(methods))
     q = Table(title=f"quality per arm: mean±std over seeds; Δ vs baseline '{cmp.baseline}' "
-                    "(*) [95% CI]", title_justify="left")
+                    f"(*) [95% CI{', ' + how if how else ''}]", title_justify="left")
     for col in ("arm", "task", "seeds"):
         q.add_column(col)
     for col in ("NE", "ΔNE %", "AUC", "ΔAUC"):

@@ -1,5 +1,6 @@
-"""Comparison arithmetic: mean +- std over seeds, the Welch interval of the delta to the
-baseline (checked against hand-computed values), NE in percent of the baseline, and gates."""
+"""Comparison arithmetic: mean +- std over seeds, the interval of the delta to the baseline
+(paired over seeds when both arms ran the same seeds, Welch otherwise; checked against
+hand-computed values), NE in percent of the baseline, and gates."""
 
 from __future__ import annotations
 
@@ -15,7 +16,13 @@ from gem_platform.sweep.compare import (
     parse_percent,
 )
 from gem_platform.sweep.config import SweepError
-from gem_platform.sweep.stats import relative, summarize, t_quantile, welch_delta
+from gem_platform.sweep.stats import (
+    paired_delta,
+    relative,
+    summarize,
+    t_quantile,
+    welch_delta,
+)
 
 
 def test_welch_interval_matches_hand_computation():
@@ -40,6 +47,18 @@ def test_single_seed_has_no_interval():
     d = welch_delta([1.0], [0.5, 0.6])
     assert d.value == pytest.approx(0.45) and math.isnan(d.low) and math.isnan(d.high)
     assert relative(d, 0.55).value == pytest.approx(0.45 / 0.55 * 100)
+
+
+def test_paired_interval_matches_hand_computation():
+    # differences 0.1, 0.1, 0.15: mean 0.116667, sd 0.028868, se 0.016667, t(0.975, 2) = 4.303
+    d = paired_delta([1.0, 1.1, 1.2], [0.9, 1.0, 1.05])
+    assert d.method == "paired" and d.value == pytest.approx(0.116667, abs=1e-6)
+    assert d.low == pytest.approx(0.116667 - 4.303 * 0.016667, abs=1e-4)
+    # the same numbers unpaired: the seed-to-seed spread widens Welch's interval past zero
+    assert welch_delta([1.0, 1.1, 1.2], [0.9, 1.0, 1.05]).low < 0 < d.low
+    assert relative(d, 0.5).method == "paired"
+    with pytest.raises(ValueError, match="one baseline value per arm value"):
+        paired_delta([1.0, 2.0], [1.0])
 
 
 def run(arm: str, seed: int, ne: float, auc: float, qps: float) -> TrialRun:
@@ -90,3 +109,18 @@ def test_bad_inputs():
         compare_trials([run("a", 0, 1, 1, 1)], "x")
     with pytest.raises(SweepError, match="No finished runs"):
         compare_trials([], None)
+
+
+def test_pairs_by_seed_only_when_both_arms_ran_the_same_seeds():
+    # the seed moves NE by far more than the arm does; paired, the +0.004 shift is clear
+    base = [run("base", s, 0.80 + 0.02 * s, 0.75, 1000) for s in range(3)]
+    shifted = [run("arm", s, 0.804 + 0.02 * s + 0.0001 * s, 0.75, 1000) for s in range(3)]
+    paired = compare_trials(base + shifted, "base").arms[1].deltas["eval/ne_ctr"]
+    assert paired.method == "paired" and paired.low > 0
+    # seeds that don't match (here 3..5) fall back to Welch, which can't see the shift
+    other = [run("arm", s + 3, 0.804 + 0.02 * s, 0.75, 1000) for s in range(3)]
+    welch = compare_trials(base + other, "base").arms[1].deltas["eval/ne_ctr"]
+    assert welch.method == "welch" and welch.low < 0 < welch.high
+    # a seed run twice in one arm (two sweeps of one spec) can't be paired either
+    twice = shifted + [run("arm", 0, 0.81, 0.75, 1000)]
+    assert compare_trials(base + twice, "base").arms[1].deltas["eval/ne_ctr"].method == "welch"

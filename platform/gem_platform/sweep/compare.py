@@ -14,7 +14,14 @@ from mlflow.exceptions import MlflowException
 
 from gem_platform.sweep import store
 from gem_platform.sweep.config import SweepError
-from gem_platform.sweep.stats import Delta, Summary, relative, summarize, welch_delta
+from gem_platform.sweep.stats import (
+    Delta,
+    Summary,
+    paired_delta,
+    relative,
+    summarize,
+    welch_delta,
+)
 
 QUALITY = ("ne", "auc")
 EFFICIENCY = {
@@ -172,6 +179,24 @@ def _relative_metric(name: str) -> bool:
     return name.startswith("eval/ne_") or name == "perf/qps"
 
 
+def _by_seed(runs: list[TrialRun], name: str) -> dict[str, float] | None:
+    """The metric per seed, or None when a seed appears twice (then runs can't be paired)."""
+    pairs = [(r.seed, r.metrics[name]) for r in runs if name in r.metrics]
+    by_seed = dict(pairs)
+    return by_seed if len(by_seed) == len(pairs) else None
+
+
+def delta_to_baseline(runs: list[TrialRun], base_runs: list[TrialRun], name: str) -> Delta:
+    """Paired over seeds when both arms ran the same (at least two) seeds once each, else
+    Welch over the two sets of runs."""
+    arm, base = _by_seed(runs, name), _by_seed(base_runs, name)
+    if arm and base and arm.keys() == base.keys() and len(arm) >= 2:
+        seeds = sorted(arm)
+        return paired_delta([arm[s] for s in seeds], [base[s] for s in seeds])
+    return welch_delta([r.metrics[name] for r in runs if name in r.metrics],
+                       [r.metrics[name] for r in base_runs if name in r.metrics])
+
+
 def compare_trials(trials: list[TrialRun], baseline: str | None = None) -> Comparison:
     if not trials:
         raise SweepError("No finished runs to compare.",
@@ -197,7 +222,7 @@ def compare_trials(trials: list[TrialRun], baseline: str | None = None) -> Compa
         for name in names:
             res.metrics[name] = summarize(values(runs, name))
             if arm != base:
-                d = welch_delta(values(runs, name), values(arms[base], name))
+                d = delta_to_baseline(runs, arms[base], name)
                 if _relative_metric(name):
                     d = relative(d, summarize(values(arms[base], name)).mean)
                 res.deltas[name] = d

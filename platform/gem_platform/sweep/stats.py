@@ -1,11 +1,13 @@
-"""Mean +- std over seeds and the Welch t-interval of a difference of means: the numbers a
-reader needs to tell a real regression from seed noise."""
+"""Mean +- std over seeds and the t-interval of a difference: the numbers a reader needs to
+tell a real regression from seed noise. Paired over seeds when both arms ran the same seeds
+(a seed fixes data order and initialization, so the per-seed difference cancels that seed's
+own luck); Welch's interval of two independent means otherwise."""
 
 from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -17,12 +19,14 @@ class Summary:
 
 @dataclass(frozen=True)
 class Delta:
-    """``value`` = mean(arm) - mean(baseline); [low, high] its interval (nan when a side has a
-    single seed: there is no variance to estimate)."""
+    """``value`` = mean(arm) - mean(baseline); [low, high] its interval (nan with a single
+    seed: there is no variance to estimate). ``method``: "paired" (over per-seed
+    differences) or "welch" (two independent samples)."""
 
     value: float
     low: float
     high: float
+    method: str = "welch"
 
 
 def summarize(values: list[float]) -> Summary:
@@ -63,9 +67,27 @@ def welch_delta(arm: list[float], base: list[float], confidence: float = 0.95) -
     return Delta(value, value - half, value + half)
 
 
+def paired_delta(arm: list[float], base: list[float], confidence: float = 0.95) -> Delta:
+    """Mean of the per-seed differences arm[i] - base[i] with a t-interval over them (n - 1
+    degrees of freedom). Pairs with a non-finite side are left out."""
+    if len(arm) != len(base):
+        raise ValueError(f"paired_delta needs one baseline value per arm value; got "
+                         f"{len(arm)} and {len(base)}")
+    diffs = [a - b for a, b in zip(arm, base, strict=True)
+             if math.isfinite(a) and math.isfinite(b)]
+    if not diffs:
+        return Delta(math.nan, math.nan, math.nan, "paired")
+    value = statistics.fmean(diffs)
+    if len(diffs) < 2:
+        return Delta(value, math.nan, math.nan, "paired")
+    se = statistics.stdev(diffs) / math.sqrt(len(diffs))
+    half = t_quantile(0.5 + confidence / 2, len(diffs) - 1) * se
+    return Delta(value, value - half, value + half, "paired")
+
+
 def relative(delta: Delta, base_mean: float) -> Delta:
     """The same delta in percent of the baseline mean."""
     if not base_mean or not math.isfinite(base_mean):
-        return Delta(math.nan, math.nan, math.nan)
+        return replace(delta, value=math.nan, low=math.nan, high=math.nan)
     k = 100.0 / abs(base_mean)
-    return Delta(delta.value * k, delta.low * k, delta.high * k)
+    return replace(delta, value=delta.value * k, low=delta.low * k, high=delta.high * k)
