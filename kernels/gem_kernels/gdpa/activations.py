@@ -50,15 +50,22 @@ GELU_POLY_COEFFS: tuple[float, ...] = (
 GELU_POLY_VALID_RANGE = 12.0
 
 
-def gelu_tanh_poly(x: torch.Tensor) -> torch.Tensor:
-    """The polynomial form the Triton kernels evaluate (same operation order, fp32)."""
-    xf = x.float()
+def _poly_s(xf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(s, xc, xc^2): s = 0.5 (1 + tanh(...)) by the polynomial on the clamped input xc, in
+    the kernels' operation order (Horner in x^2)."""
     xc = xf.clamp(-GELU_POLY_R, GELU_POLY_R)
     x2 = xc * xc
     p = torch.full_like(xf, GELU_POLY_COEFFS[-1])
     for c in GELU_POLY_COEFFS[-2::-1]:
         p = p * x2 + c
-    return (xf * (0.5 + xc * p)).to(x.dtype)
+    return 0.5 + xc * p, xc, x2
+
+
+def gelu_tanh_poly(x: torch.Tensor) -> torch.Tensor:
+    """The polynomial form the Triton kernels evaluate (same operation order, fp32)."""
+    xf = x.float()
+    s, _, _ = _poly_s(xf)
+    return (xf * s).to(x.dtype)
 
 
 _GRAD_T1 = 2.0 * _SQRT_2_OVER_PI
@@ -67,13 +74,7 @@ _GRAD_T3 = 2.0 * _SQRT_2_OVER_PI * 3.0 * 0.044715
 
 def gelu_tanh_poly_grad(x: torch.Tensor) -> torch.Tensor:
     """d/dx gelu_tanh as the Triton backward evaluates it from the polynomial's s (fp32)."""
-    xf = x.float()
-    xc = xf.clamp(-GELU_POLY_R, GELU_POLY_R)
-    x2 = xc * xc
-    p = torch.full_like(xf, GELU_POLY_COEFFS[-1])
-    for c in GELU_POLY_COEFFS[-2::-1]:
-        p = p * x2 + c
-    s = 0.5 + xc * p
+    s, xc, x2 = _poly_s(x.float())
     t = xc * (_GRAD_T3 * x2 + _GRAD_T1)
     return (t * (s - s * s) + s).to(x.dtype)
 

@@ -376,6 +376,25 @@ def _gdpa_bwd_one_pass_tma_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_d
                           (dv * (c * out_scale(scale, FOLD))).to(dv_desc.dtype), BN, D)
 
 
+def _launch_dkdv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
+                 dk: torch.Tensor, dv: torch.Tensor, dq: torch.Tensor, dq32: torch.Tensor,
+                 sched, cfg: TileConfig, act_code: int, norm_code: int, scale: float,
+                 max_kv: int, with_dq: int, stages: int | None = None) -> None:
+    """_gdpa_dkdv_kernel over sched's key-block items; with_dq picks what it does with dQ
+    (see the kernel), stages overrides cfg's pipeline depth."""
+    if not sched.num_items:
+        return
+    stages = cfg.num_stages if stages is None else stages
+    fold, cscale = scale_args(act_code, scale, q.dtype, cfg.scale_mode)
+    _gdpa_dkdv_kernel[(sched.num_programs,)](
+        q, k, v, do, dk, dv, dq, dq32, sched.items, sched.prog_ptr,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        do.stride(0), do.stride(1), scale, 1.0 / max(max_kv, 1),
+        ACT=act_code, NORM=norm_code, D=q.shape[-1], BN=cfg.block_rows, BM=cfg.block_cols,
+        STAGES=stages, PREFETCH=cfg.prefetch, PREC=_prec(q), WITH_DQ=with_dq, FOLD=fold,
+        CSCALE=cscale, num_warps=cfg.num_warps, num_stages=stages)
+
+
 def launch_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, sched_kv,
                cfg_kv: TileConfig, sched_q, cfg_q: TileConfig, act_code: int, norm_code: int,
                scale: float, max_kv: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -385,17 +404,8 @@ def launch_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tens
     dv = torch.empty_like(v)
     inv_max_kv = 1.0 / max(max_kv, 1)
     d = q.shape[-1]
-    if sched_kv.num_items:
-        fold, cscale = scale_args(act_code, scale, q.dtype, cfg_kv.scale_mode)
-        _gdpa_dkdv_kernel[(sched_kv.num_programs,)](
-            q, k, v, do, dk, dv, dq, dq, sched_kv.items, sched_kv.prog_ptr,
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-            do.stride(0), do.stride(1), scale, inv_max_kv,
-            ACT=act_code, NORM=norm_code, D=d, BN=cfg_kv.block_rows, BM=cfg_kv.block_cols,
-            STAGES=cfg_kv.num_stages, PREFETCH=cfg_kv.prefetch, PREC=_prec(q),
-            WITH_DQ=0, FOLD=fold, CSCALE=cscale,
-            num_warps=cfg_kv.num_warps,
-            num_stages=cfg_kv.num_stages)
+    _launch_dkdv(q, k, v, do, dk, dv, dq, dq, sched_kv, cfg_kv, act_code, norm_code, scale,
+                 max_kv, with_dq=0)
     if sched_q.num_items:
         fold, cscale = scale_args(act_code, scale, q.dtype, cfg_q.scale_mode)
         _gdpa_dq_kernel[(sched_q.num_programs,)](
@@ -459,16 +469,8 @@ def launch_bwd_short_kv_stream(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     dq = torch.empty_like(q)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
-    if sched_kv.num_items:
-        fold, cscale = scale_args(act_code, scale, q.dtype, cfg.scale_mode)
-        _gdpa_dkdv_kernel[(sched_kv.num_programs,)](
-            q, k, v, do, dk, dv, dq, dq, sched_kv.items, sched_kv.prog_ptr,
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-            do.stride(0), do.stride(1), scale, 1.0 / max(max_kv, 1),
-            ACT=act_code, NORM=norm_code, D=q.shape[-1], BN=cfg.block_rows,
-            BM=cfg.block_cols, STAGES=cfg.num_stages, PREFETCH=cfg.prefetch, PREC=_prec(q),
-            WITH_DQ=1, FOLD=fold, CSCALE=cscale, num_warps=cfg.num_warps,
-            num_stages=cfg.num_stages)
+    _launch_dkdv(q, k, v, do, dk, dv, dq, dq, sched_kv, cfg, act_code, norm_code, scale,
+                 max_kv, with_dq=1)
     # Query rows of samples with no KV belong to no item: their gradient is 0.
     return dq, dk, dv
 
@@ -494,16 +496,8 @@ def launch_bwd_one_pass(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: t
             CSCALE=cscale, DQ_TMA=q.is_cuda, num_warps=cfg.num_warps,
             num_stages=cfg.num_stages)
         return dq32.to(q.dtype), dk, dv
-    if sched_kv.num_items:
-        fold, cscale = scale_args(act_code, scale, q.dtype, cfg.scale_mode)
-        _gdpa_dkdv_kernel[(sched_kv.num_programs,)](
-            q, k, v, do, dk, dv, dq32, dq32, sched_kv.items, sched_kv.prog_ptr,
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-            do.stride(0), do.stride(1), scale, 1.0 / max(max_kv, 1),
-            ACT=act_code, NORM=norm_code, D=q.shape[-1], BN=cfg.block_rows,
-            BM=cfg.block_cols, STAGES=cfg.num_stages, PREFETCH=cfg.prefetch, PREC=_prec(q),
-            WITH_DQ=2, FOLD=fold, CSCALE=cscale, num_warps=cfg.num_warps,
-            num_stages=cfg.num_stages)
+    _launch_dkdv(q, k, v, do, dk, dv, dq32, dq32, sched_kv, cfg, act_code, norm_code, scale,
+                 max_kv, with_dq=2)
     return dq32.to(q.dtype), dk, dv
 
 
@@ -523,20 +517,11 @@ def launch_bwd_one_pass_phased(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
     dq32 = torch.empty(q.shape, dtype=torch.float32, device=q.device)
-    fold, cscale = scale_args(act_code, scale, q.dtype, cfg.scale_mode)
     for sched, with_dq in zip(scheds, (3, 2, 5 if hoisted else 4), strict=True):
-        if not sched.num_items:
-            continue
         # The last phase streams a third tile (the fp32 partial dQ): ptxas (sm_90, 128x32,
         # 8 warps, d=128) spills 2388 bytes per thread at 3 stages, 412 at 2 (the other
         # phases: ~350 at either), so it runs with at most 2 unless the load is hoisted.
         stages = min(cfg.num_stages, 2) if with_dq == 4 else cfg.num_stages
-        _gdpa_dkdv_kernel[(sched.num_programs,)](
-            q, k, v, do, dk, dv, dq, dq32, sched.items, sched.prog_ptr,
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-            do.stride(0), do.stride(1), scale, 1.0 / max(max_kv, 1),
-            ACT=act_code, NORM=norm_code, D=q.shape[-1], BN=cfg.block_rows,
-            BM=cfg.block_cols, STAGES=stages, PREFETCH=cfg.prefetch, PREC=_prec(q),
-            WITH_DQ=with_dq, FOLD=fold, CSCALE=cscale, num_warps=cfg.num_warps,
-            num_stages=stages)
+        _launch_dkdv(q, k, v, do, dk, dv, dq, dq32, sched, cfg, act_code, norm_code, scale,
+                     max_kv, with_dq, stages)
     return dq, dk, dv
