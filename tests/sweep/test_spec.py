@@ -34,22 +34,23 @@ def write(spec_dir: Path, text: str) -> Path:
     return path
 
 
-@pytest.mark.parametrize("name, arms, baseline", [
-    ("attention", ["padded", "full", "sliding", "block64"], "padded"),
-    ("precision", ["bf16", "fp8_block"], "bf16"),
-    ("loader", ["no_balancing", "bbs"], "no_balancing"),
+@pytest.mark.parametrize("name, arms, baseline, seeds", [
+    ("attention", ["padded", "full", "sliding", "block64"], "padded", [0, 1]),
+    ("precision", ["bf16", "fp32", "fp8_block"], "bf16", [0, 1, 2, 3]),
+    ("loader", ["no_balancing", "bbs"], "no_balancing", [0, 1]),
 ])
-def test_shipped_ablations_resolve(name, arms, baseline, monkeypatch):
+def test_shipped_ablations_resolve(name, arms, baseline, seeds, monkeypatch):
     monkeypatch.chdir(REPO)
     plan = load_sweep(REPO / "recipes" / "ablations" / f"{name}.yaml")
     assert [a.name for a in plan.arms] == arms
-    assert plan.baseline == baseline and plan.seeds == [0, 1]
+    assert plan.baseline == baseline and plan.seeds == seeds
     recipes = {a.name: a.recipe for a in plan.arms}
     if name == "attention":
         assert {r.model.attention for r in recipes.values()} == {"padded", "full", "sliding",
                                                                  "block64"}
     if name == "precision":
-        assert recipes["fp8_block"].precision.mode == "fp8_block"
+        assert {n: r.precision.mode for n, r in recipes.items()} == {
+            "bf16": "bf16", "fp32": "fp32", "fp8_block": "fp8_block"}
     if name == "loader":
         assert recipes["no_balancing"].loader.batching == "sequential"
     # Arms differ only where their overrides say; seeds vary the model, never the data.
