@@ -6,7 +6,8 @@
   a real training run recorded as an MLflow child run of the sweep's parent run. The same
   command resumes an interrupted sweep without duplicate runs.
 - ``compare`` + ``stats`` + ``plot``: per arm, NE/AUC per task as mean +- std over seeds, the
-  delta to the baseline arm with a Welch 95% interval, efficiency metrics, regression gates,
+  delta to the baseline arm with a 95% interval (paired over seeds when both arms ran the
+  same seeds, Welch otherwise), efficiency metrics, regression gates,
   and an NE-vs-step PNG logged to the parent run.
 - ``runs``: recent runs for ``gemctl runs``.
 - ``store``: the MLflow tags and queries these share.
