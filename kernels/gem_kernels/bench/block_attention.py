@@ -54,6 +54,7 @@ from gem_kernels.bench.common import (
     BenchRow,
     add_ratios,
     fill_rates,
+    graph_replay_ms,
     print_table,
     time_ms,
     write_json,
@@ -294,20 +295,6 @@ def _fwd_bwd(fn: Callable, x: Inputs) -> Callable:
     return run
 
 
-def graph_ms(fn: Callable[[], object], rep_ms: float = 300) -> float:
-    """Median ms of fn replayed as one CUDA graph: device time without host launch overhead."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return time_ms(graph.replay, rep_ms=rep_ms)
-
-
 def _measure(fn: Callable[[], object], case: str, variant: str, direction: str, flops: float,
              nbytes: float | None, rows: list[BenchRow], notes: dict) -> None:
     """One eager row (as a model calls it) and one [graph] row (launch overhead removed)."""
@@ -318,7 +305,7 @@ def _measure(fn: Callable[[], object], case: str, variant: str, direction: str, 
     row.extra["setup_s"] = round(time.time() - t0, 1)
     rows.append(row)
     try:
-        rows.append(fill_rates(BenchRow(case, variant, direction + "[graph]", graph_ms(fn)),
+        rows.append(fill_rates(BenchRow(case, variant, direction + "[graph]", graph_replay_ms(fn)),
                                flops, nbytes))
     except Exception as e:  # noqa: BLE001 - not every baseline can be captured
         notes.setdefault("errors", []).append(f"{case}/{variant}/{direction}[graph]: "
@@ -396,9 +383,9 @@ def _ceilings(x: Inputs, rows: list[BenchRow]) -> None:
     src = torch.empty(tok_bytes, dtype=DTYPE, device=x.q.device).normal_()  # 2 x q's bytes
     dst = torch.empty_like(src)
     rows.append(fill_rates(BenchRow(c.name, "copy_same_bytes", "fwd[graph]",
-                                    graph_ms(lambda: dst.copy_(src))), None, 4 * tok_bytes))
+                                    graph_replay_ms(lambda: dst.copy_(src))), None, 4 * tok_bytes))
     tiny = torch.empty(1, device=x.q.device)
-    rows.append(BenchRow(c.name, "one_tiny_kernel", "fwd[graph]", graph_ms(tiny.zero_)))
+    rows.append(BenchRow(c.name, "one_tiny_kernel", "fwd[graph]", graph_replay_ms(tiny.zero_)))
     print(f"{c.name:30s} copy of the same bytes {rows[-2].ms * 1e3:7.1f} us "
           f"(hbm {rows[-2].frac_hbm:.3f}); one tiny kernel {rows[-1].ms * 1e3:5.1f} us",
           flush=True)
@@ -432,7 +419,7 @@ def sweep(cases: list[Case], out: Path) -> None:
                 ba.TUNED[key] = meta
                 name = f"{mode}_{_name(meta)}"
                 try:
-                    ms = graph_ms(lambda fn=fn, x=x: fn(x.q, x.k, x.v), rep_ms=100)
+                    ms = graph_replay_ms(lambda fn=fn, x=x: fn(x.q, x.k, x.v), rep_ms=100)
                 except Exception as e:  # noqa: BLE001 - out of resources and the like
                     print(case.name, name, "failed:", type(e).__name__, str(e)[:160])
                     continue
@@ -445,14 +432,14 @@ def sweep(cases: list[Case], out: Path) -> None:
         fn = attn_ours(x)
         ba.TUNED[("fwd", case.dim, case.heads, True, True, False, DTYPE)] = \
             ba.DEFAULT_META[case.dim][0]
-        fwd_ms = graph_ms(_fwd(fn, x), rep_ms=100)
+        fwd_ms = graph_replay_ms(_fwd(fn, x), rep_ms=100)
         key = ("bwd", case.dim, case.heads, True, True, False, DTYPE)
         if case.heads == 8 or case.dim == 128 and case.name.startswith("fixed"):
             for meta in ba.TUNE_SPACE["bwd"][case.dim]:
                 ba.TUNED[key] = meta
                 name = f"rel_bwd_{_name(meta)}"
                 try:
-                    ms = graph_ms(_fwd_bwd(fn, x), rep_ms=100) - fwd_ms
+                    ms = graph_replay_ms(_fwd_bwd(fn, x), rep_ms=100) - fwd_ms
                 except Exception as e:  # noqa: BLE001
                     print(case.name, name, "failed:", type(e).__name__, str(e)[:160])
                     continue

@@ -41,6 +41,25 @@ def time_ms(fn: Callable[[], object], warmup_ms: float = 50, rep_ms: float = 300
     return float(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
 
 
+def graph_replay_ms(fn: Callable[[], object], stream: torch.cuda.Stream | None = None,
+                    warmup_calls: int = 3, rep_ms: float = 300) -> float:
+    """Median ms of fn replayed from one CUDA graph: its GPU time without the host's launch
+    cost. fn is warmed up on the capture stream first (lazy initialization, allocator pools
+    and autotuning happen outside the capture); pass ``stream`` when fn must run where an
+    autograd graph it differentiates was recorded."""
+    stream = stream or torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmup_calls):
+            fn()
+    stream.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        fn()
+    torch.cuda.synchronize()
+    return time_ms(graph.replay, rep_ms=rep_ms)
+
+
 def fill_rates(row: BenchRow, flops: float | None = None, bytes_moved: float | None = None,
                peak_tflops: float = H200_BF16_TFLOPS) -> BenchRow:
     """Fill useful TFLOP/s and HBM TB/s (and their fractions of the ceilings) from counts."""

@@ -88,6 +88,7 @@ from gem_kernels.bench.common import (
     BenchRow,
     add_ratios,
     fill_rates,
+    graph_replay_ms,
     print_table,
     time_ms,
     write_json,
@@ -164,19 +165,6 @@ def _grad_fns(fwd, inputs, do):
     return fwd_only, bwd, both
 
 
-def _replay_ms(fn, stream: torch.cuda.Stream) -> float:
-    """Warm fn up on ``stream``, capture one call in a CUDA graph there, time the replays."""
-    with torch.cuda.stream(stream):
-        fn()
-        fn()
-    stream.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, stream=stream):
-        fn()
-    torch.cuda.synchronize()
-    return time_ms(g.replay)
-
-
 def graphed_ms(fwd, inputs, do, directions) -> dict[str, float | str]:
     """GPU time of the callables that the eager rows time (fwd under no_grad;
     torch.autograd.grad(out, leaves, do, retain_graph=True) of an output made beforehand;
@@ -204,7 +192,7 @@ def graphed_ms(fwd, inputs, do, directions) -> dict[str, float | str]:
         try:
             with torch.cuda.stream(stream):
                 fn = make(direction)
-            res[direction] = _replay_ms(fn, stream)
+            res[direction] = graph_replay_ms(fn, stream, warmup_calls=2)
         except Exception as e:  # reported in the row instead of a time
             res[direction] = f"not captured: {type(e).__name__}: {e}"[:300]
         fn = None
@@ -548,17 +536,6 @@ def print_gpu_table(rows: list[BenchRow]) -> None:
 
 # --- tuning: many configs timed in one GPU run ---------------------------------------------
 
-def _gpu_ms_graphed(fn) -> float:
-    """GPU time of fn's launches alone: captured once in a CUDA graph, replays timed (no host
-    launch cost inside the measurement)."""
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return time_ms(g.replay)
-
-
 def tune_public(cases: list[Case], emit) -> None:
     """The public op's fwd / bwd / fwd+bwd as the benchmark times them, with the host time
     per call (GPU kept busy) and, for the backward, the engine's floor: the host time of a
@@ -640,7 +617,7 @@ def tune_kernels(cases: dict[str, Case], emit, deadline: float) -> None:
                                               1.0 / math.sqrt(c.dim), c.max_kv)
 
         try:
-            gpu = _gpu_ms_graphed(launch)
+            gpu = graph_replay_ms(launch, warmup_calls=1)
             row = fill_rates(BenchRow(c.name, name, "bwd", gpu), c.flops["bwd"],
                              c.bytes["bwd"])
             emit({"case": c.name, "what": f"bwd_kernel_graphed_{name}", "direction": "bwd",
