@@ -291,6 +291,32 @@ def test_gpu_quantize_bytes_match_reference(block):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
+def test_gpu_hardware_rounding_equals_the_emulation():
+    """The hardware e4m3 conversion (round to nearest even) gives the reference's bytes, ties,
+    subnormals and zero included: values that round to zero, negative ones too, give +0."""
+    from gem_kernels.fp8.quantize import hardware_cast, quantize_triton
+
+    x = _outliers(1024, 512, seed=12, device=DEV)
+    x[:64, :64] = -1e-6 * torch.rand(64, 64, device=DEV)  # a block whose small values -> 0
+    x[64:96, :32] = 1.0
+    x[64:96, 0] = 448.0
+    x[64:96, 1:32] = torch.arange(1, 32, device=DEV) * 2.0**-10 - 2.0**-9  # ties and subnormals
+    x[100, :] = -0.0
+    x = x.to(torch.bfloat16)
+    assert hardware_cast(x) and not hardware_cast(x, False)
+    for block in ((32, 32), (1, 128)):
+        ref = _bytes(quantize_reference(x, block))
+        for hw in (True, False):
+            q = quantize_triton(x, block, hadamard=None, stochastic=False, seed=0, hw_cast=hw)
+            assert torch.equal(_bytes(q), ref), (block, hw)
+    for hw in (True, False):
+        q, qt = quantize_dual(x, hw_cast=hw)
+        assert torch.equal(_bytes(q), _bytes(quantize_reference(x, (1, 128))))
+        assert torch.equal(_bytes(qt), _bytes(quantize_reference(x.t(), (1, 128))))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
 def test_gpu_gemm_matches_reference():
     a = quantize(_outliers(2048, 1024, seed=1, device=DEV).to(torch.bfloat16))
     w = quantize(_outliers(768, 1024, seed=2, device=DEV).to(torch.bfloat16))

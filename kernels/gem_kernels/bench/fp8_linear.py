@@ -12,6 +12,8 @@ Same run, same inputs, per shape (tokens x in -> out):
   backward's two GEMMs alone (operands pre-quantized), so the best backward ratio the 128 route
   can reach, bf16 (dgrad + wgrad) / FP8 (dgrad + wgrad), is read off the same run.
 - ``quant_dual``: one read, two FP8 layouts (rows and tokens), HBM bytes 2 + 1 + 1 per element.
+- ``*_emul``: the same quantizer rounding through its fp32 emulation of e4m3 instead of the
+  hardware conversion (same bytes), to show what the conversion instruction buys.
 - ``norm_*`` (two shapes): RMSNorm + linear, bf16 vs RMSNorm then Fp8BlockLinear (unfused) vs
   Fp8RMSNormLinear (quantization fused into the norm); backward = dx, dnorm_weight, dW.
 - ``quant_*``: the quantization kernel alone; HBM bytes = 2 (read bf16) + 1 (write fp8) per
@@ -68,6 +70,7 @@ def _case_rows(m: int, k: int, n: int, rep_ms: float, errors: dict) -> list[Benc
         fp8_matmul,
         hadamard_for,
     )
+    from gem_kernels.fp8.quantize import quantize_triton
 
     dev = "cuda"
     case = f"{m}x{k}->{n}"
@@ -143,17 +146,19 @@ def _case_rows(m: int, k: int, n: int, rep_ms: float, errors: dict) -> list[Benc
     add("gemm_bf16_wgrad", "bwd", lambda: gy.t() @ x, f_fwd, peak=H200_BF16_TFLOPS)
     add("gemm_bf16_dgrad", "bwd", lambda: gy @ w, f_fwd, peak=H200_BF16_TFLOPS)
     elems = m * k
-    for label, block, had, sr in (("quant_32", (32, 32), False, False),
-                                  ("quant_1x128", (1, 128), False, False),
-                                  ("quant_32_had128", (32, 32), True, False),
-                                  ("quant_32_sr", (32, 32), False, True)):
+    for label, block, had, sr, hw in (("quant_32", (32, 32), False, False, None),
+                                      ("quant_32_emul", (32, 32), False, False, False),
+                                      ("quant_1x128", (1, 128), False, False, None),
+                                      ("quant_32_had128", (32, 32), True, False, None),
+                                      ("quant_32_sr", (32, 32), False, True, None)):
         scales = elems / (block[0] * block[1]) * 4
         q = hadamard_for(Fp8Config(hadamard=True, hadamard_block=128), x.device) if had else None
-        add(label, "fwd", lambda block=block, q=q, sr=sr: quantize(x, block, hadamard=q,
-                                                                   stochastic=sr, seed=1),
-            nbytes=3.0 * elems + scales)
+        add(label, "fwd", lambda block=block, q=q, sr=sr, hw=hw: quantize_triton(
+            x, block, hadamard=q, stochastic=sr, seed=1, hw_cast=hw), nbytes=3.0 * elems + scales)
     scales = 2 * elems / 128 * 4
     add("quant_dual", "fwd", lambda: quantize_dual(x), nbytes=4.0 * elems + scales)
+    add("quant_dual_emul", "fwd", lambda: quantize_dual(x, hw_cast=False),
+        nbytes=4.0 * elems + scales)
     add("quant_dual_sr", "fwd", lambda: quantize_dual(x, stochastic=True, seed=1),
         nbytes=4.0 * elems + scales)
     if (m, k, n) in NORM_CASES:

@@ -76,18 +76,35 @@ def _round_e4m3(v, rows, pid_c, C, seed, TR: tl.constexpr, TC: tl.constexpr,
 
 
 @triton.jit
+def _to_e4m3(v, rows, pid_c, C, seed, TR: tl.constexpr, TC: tl.constexpr,
+             STOCHASTIC: tl.constexpr, HW_CAST: tl.constexpr):
+    """A scaled fp32 (TR x TC) tile (|v| <= 448) as e4m3.
+
+    Round to nearest even goes through the hardware conversion where there is one (HW_CAST:
+    sm_89+, one cvt.rn.satfinite per two values): the fp32 emulation in ``_round_e4m3`` costs
+    ~12 ALU operations per value, enough to make a two-output quantizer compute-bound on the
+    H200. The interpreter keeps the emulation (exact there, like the reference). Stochastic
+    rounding is always emulated (Hopper has no stochastic cvt); its result lies on the e4m3 grid,
+    so the cast is exact. Values that round to zero become +0.0 on both paths."""
+    if STOCHASTIC or not HW_CAST:
+        v = _round_e4m3(v, rows, pid_c, C, seed, TR, TC, STOCHASTIC)
+    else:
+        v = tl.where(tl.abs(v) <= 0.0009765625, 0.0, v)  # |v| <= 2**-10 rounds to +0 (even)
+    return v.to(tl.float8e4nv)
+
+
+@triton.jit
 def _quantize_store(xf, rows, cols, pid_r, pid_c, q_ptr, s_ptr, R, C, stride_sr, stride_sc,
                     seed, BR: tl.constexpr, BC: tl.constexpr, TR: tl.constexpr,
-                    TC: tl.constexpr, STOCHASTIC: tl.constexpr):
+                    TC: tl.constexpr, STOCHASTIC: tl.constexpr, HW_CAST: tl.constexpr):
     """Quantize an fp32 (TR x TC) tile at (rows, cols) and store its bytes and block scales."""
     x4 = tl.reshape(xf, (TR // BR, BR, TC // BC, BC))
     amax = tl.max(tl.max(tl.abs(x4), axis=3), axis=1)  # (TR/BR, TC/BC)
     scale, inv = _pow2_scales(amax)
     v = tl.reshape(x4 * inv[:, None, :, None], (TR, TC))
-    v = _round_e4m3(v, rows, pid_c, C, seed, TR, TC, STOCHASTIC)
+    b = _to_e4m3(v, rows, pid_c, C, seed, TR, TC, STOCHASTIC, HW_CAST)
     mask = (rows[:, None] < R) & (cols[None, :] < C)
-    tl.store(q_ptr + rows[:, None].to(tl.int64) * C + cols[None, :], v.to(q_ptr.dtype.element_ty),
-             mask=mask)
+    tl.store(q_ptr + rows[:, None].to(tl.int64) * C + cols[None, :], b, mask=mask)
     srows = pid_r * (TR // BR) + tl.arange(0, TR // BR)
     scols = pid_c * (TC // BC) + tl.arange(0, TC // BC)
     n_sr = (R + BR - 1) // BR
@@ -100,7 +117,8 @@ def _quantize_store(xf, rows, cols, pid_r, pid_c, q_ptr, s_ptr, R, C, stride_sr,
 def _quantize_kernel(x_ptr, q_ptr, s_ptr, h_ptr, R, C, stride_xr, stride_xc, stride_sr,
                      stride_sc, seed, inv_sqrt_n, BR: tl.constexpr, BC: tl.constexpr,
                      TR: tl.constexpr, TC: tl.constexpr,
-                     HB: tl.constexpr, HAD_FP32: tl.constexpr, STOCHASTIC: tl.constexpr):
+                     HB: tl.constexpr, HAD_FP32: tl.constexpr, STOCHASTIC: tl.constexpr,
+                     HW_CAST: tl.constexpr):
     pid_r = tl.program_id(0)
     pid_c = tl.program_id(1)
     rows = pid_r * TR + tl.arange(0, TR)
@@ -113,14 +131,14 @@ def _quantize_kernel(x_ptr, q_ptr, s_ptr, h_ptr, R, C, stride_xr, stride_xc, str
     else:
         xf = x.to(tl.float32)
     _quantize_store(xf, rows, cols, pid_r, pid_c, q_ptr, s_ptr, R, C, stride_sr, stride_sc,
-                    seed, BR, BC, TR, TC, STOCHASTIC)
+                    seed, BR, BC, TR, TC, STOCHASTIC, HW_CAST)
 
 
 @triton.jit
 def _rmsnorm_quantize_kernel(x_ptr, w_ptr, q_ptr, s_ptr, rstd_ptr, h_ptr, R, C, stride_xr,
                              stride_sr, stride_sc, eps, inv_sqrt_n, BR: tl.constexpr,
                              BC: tl.constexpr, TR: tl.constexpr, TC: tl.constexpr,
-                             HB: tl.constexpr, HAD_FP32: tl.constexpr):
+                             HB: tl.constexpr, HAD_FP32: tl.constexpr, HW_CAST: tl.constexpr):
     """RMSNorm fused with quantization: one program owns TR whole rows. Pass 1 sums squares,
     pass 2 re-reads the rows (from L2), normalizes, scales by the norm weight, rotates and
     quantizes. HBM: read x once, write fp8 once; the bf16 normalized tensor never exists."""
@@ -146,13 +164,13 @@ def _rmsnorm_quantize_kernel(x_ptr, w_ptr, q_ptr, s_ptr, rstd_ptr, h_ptr, R, C, 
         if HB > 0:
             xf = _rotate(xf, h_ptr, inv_sqrt_n, TR, TC, HB, HAD_FP32)
         _quantize_store(xf, rows, cols, pid_r, c0 // TC, q_ptr, s_ptr, R, C, stride_sr,
-                        stride_sc, 0, BR, BC, TR, TC, False)
+                        stride_sc, 0, BR, BC, TR, TC, False, HW_CAST)
 
 
 @triton.jit
 def _quantize_dual_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, R, C, stride_xr, stride_xc,
                           stride_sr, stride_sc, stride_str, stride_stc, seed,
-                          STOCHASTIC: tl.constexpr):
+                          STOCHASTIC: tl.constexpr, HW_CAST: tl.constexpr):
     """One read of a 128 x 128 tile, two FP8 outputs: x in 1x128 blocks along rows, and x^T
     (written row-major) in 1x128 blocks along x's rows, i.e. the operand of a product that
     reduces over x's rows (the weight gradient dW = dY^T X reduces over tokens).
@@ -172,27 +190,39 @@ def _quantize_dual_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, R, C, stride_xr, 
     xf = tl.load(x_ptr + rows[:, None].to(tl.int64) * stride_xr + cols[None, :] * stride_xc,
                  mask=mask, other=0.0).to(tl.float32)
     _quantize_store(xf, rows, cols, pid_r, pid_c, q_ptr, s_ptr, R, C, stride_sr, stride_sc,
-                    seed, 1, T, T, T, STOCHASTIC)
+                    seed, 1, T, T, T, STOCHASTIC, HW_CAST)
     scale_t, inv_t = _pow2_scales(tl.max(tl.abs(xf), axis=0))  # one per column of the tile
-    vt = _round_e4m3(xf * inv_t[None, :], rows, pid_c, C, seed + 1, T, T, STOCHASTIC)
-    bt = tl.trans(vt.to(qt_ptr.dtype.element_ty))  # (cols, rows): x^T's tile, 1 byte each
+    bt = tl.trans(_to_e4m3(xf * inv_t[None, :], rows, pid_c, C, seed + 1, T, T, STOCHASTIC,
+                           HW_CAST))  # (cols, rows): x^T's tile, 1 byte each
     tl.store(qt_ptr + cols[:, None].to(tl.int64) * R + rows[None, :], bt,
              mask=(cols[:, None] < C) & (rows[None, :] < R))
     tl.store(st_ptr + cols * stride_str + pid_r * stride_stc, scale_t, mask=cols < C)
+
+
+def hardware_cast(x: torch.Tensor, wanted: bool | None = None) -> bool:
+    """Whether to round through the hardware fp32 -> e4m3 conversion: only on a GPU that has
+    one (sm_89+) outside the interpreter (whose cast does not round to nearest even), and not
+    when the caller asks for the emulation (``wanted=False``, for comparisons)."""
+    able = (x.device.type == "cuda" and os.environ.get("TRITON_INTERPRET") != "1"
+            and torch.cuda.get_device_capability(x.device) >= (8, 9))
+    return able and wanted is not False
 
 
 # Warps per 128 x 128 tile (the transpose goes through shared memory); keyed on the column
 # count only, so new token counts reuse the choice.
 _quantize_dual_autotuned = triton.autotune(
     configs=[triton.Config({}, num_warps=w) for w in (4, 8, 16)],
-    key=["C", "STOCHASTIC"])(_quantize_dual_kernel)
+    key=["C", "STOCHASTIC", "HW_CAST"])(_quantize_dual_kernel)
 
 
 def quantize_dual(x: torch.Tensor, *, stochastic: bool = False, seed: int | None = None,
-                  kernel: Kernel | str | None = None) -> tuple[BlockFp8, BlockFp8]:
+                  kernel: Kernel | str | None = None, hw_cast: bool | None = None
+                  ) -> tuple[BlockFp8, BlockFp8]:
     """x (R x C) quantized twice in one pass: (x in 1x128 blocks, x^T in 1x128 blocks), both
     with column-major scales (cuBLAS blockwise layout). Equals ``quantize(x, (1, 128))`` and
-    ``quantize(x.t(), (1, 128))`` (stochastic streams aside) at one read of x instead of two."""
+    ``quantize(x.t(), (1, 128))`` (stochastic streams aside) at one read of x instead of two.
+    ``hw_cast``: round through the hardware conversion (default: where the GPU has one); the
+    bytes are the same either way, False keeps the fp32 emulation for comparison."""
     if x.dim() != 2:
         raise ValueError(f"quantize_dual expects a 2-D tensor; got shape {tuple(x.shape)}")
     if seed is None and stochastic:
@@ -213,10 +243,11 @@ def quantize_dual(x: torch.Tensor, *, stochastic: bool = False, seed: int | None
     grid = (triton.cdiv(r, 128), triton.cdiv(c, 128))
     args = (x, q, s, qt, st, r, c, x.stride(0), x.stride(1), s.stride(0), s.stride(1),
             st.stride(0), st.stride(1), seed or 0)
+    hw = hardware_cast(x, hw_cast)
     if os.environ.get("TRITON_INTERPRET") == "1" or x.device.type != "cuda":
-        _quantize_dual_kernel[grid](*args, STOCHASTIC=stochastic, num_warps=4)
+        _quantize_dual_kernel[grid](*args, STOCHASTIC=stochastic, HW_CAST=hw, num_warps=4)
     else:
-        _quantize_dual_autotuned[grid](*args, STOCHASTIC=stochastic)
+        _quantize_dual_autotuned[grid](*args, STOCHASTIC=stochastic, HW_CAST=hw)
     return BlockFp8(q, s, (1, 128)), BlockFp8(qt, st, (1, 128))
 
 
@@ -233,7 +264,7 @@ _TILES = [triton.Config({"TR": tr, "TC": tc}, num_warps=w)
           for tr, tc, w in ((32, 128, 4), (64, 128, 4), (64, 128, 8), (128, 128, 8),
                             (32, 256, 4), (16, 256, 4))]
 _quantize_autotuned = triton.autotune(
-    configs=_TILES, key=["R", "C", "BR", "BC", "HB", "STOCHASTIC"],
+    configs=_TILES, key=["R", "C", "BR", "BC", "HB", "STOCHASTIC", "HW_CAST"],
     prune_configs_by={"early_config_prune": _prune})(_quantize_kernel)
 
 
@@ -259,9 +290,11 @@ def _hadamard_operand(x: torch.Tensor, hadamard: torch.Tensor | None
 
 
 def quantize_triton(x: torch.Tensor, block: tuple[int, int], *, hadamard: torch.Tensor | None,
-                    stochastic: bool, seed: int, scale_col_major: bool = False) -> BlockFp8:
+                    stochastic: bool, seed: int, scale_col_major: bool = False,
+                    hw_cast: bool | None = None) -> BlockFp8:
     """``scale_col_major``: write the scales column-major (the layout cuBLAS blockwise wants
-    for 1x128 activation scales), returned as a strided view of the same logical shape."""
+    for 1x128 activation scales), returned as a strided view of the same logical shape.
+    ``hw_cast``: as in :func:`quantize_dual`."""
     r, c = x.shape
     br, bc = block
     q = torch.empty((r, c), dtype=FP8_DTYPE, device=x.device)
@@ -271,7 +304,8 @@ def quantize_triton(x: torch.Tensor, block: tuple[int, int], *, hadamard: torch.
     had_fp32 = interpret or x.dtype != torch.bfloat16
     args = (x, q, s, h, r, c, x.stride(0), x.stride(1), s.stride(0), s.stride(1), seed,
             inv_sqrt_n)
-    flags = dict(BR=br, BC=bc, HB=hb, HAD_FP32=had_fp32, STOCHASTIC=stochastic)
+    flags = dict(BR=br, BC=bc, HB=hb, HAD_FP32=had_fp32, STOCHASTIC=stochastic,
+                 HW_CAST=hardware_cast(x, hw_cast))
     if interpret or x.device.type != "cuda":
         tr, tc = max(br, 32), max(bc, 128, hb)
         grid = (triton.cdiv(r, tr), triton.cdiv(c, tc))
@@ -327,5 +361,6 @@ def rmsnorm_quantize(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
     _rmsnorm_quantize_kernel[(triton.cdiv(r, tr),)](
         x, weight, q, s, rstd, h, r, c, x.stride(0), s.stride(0), s.stride(1), eps, inv_sqrt_n,
         BR=br, BC=bc, TR=tr, TC=tc, HB=hb, HAD_FP32=interpret or x.dtype != torch.bfloat16,
+        HW_CAST=hardware_cast(x),
         num_warps=4 if tr * tc <= 64 * 128 else 8)
     return BlockFp8(q, s, block), rstd
