@@ -183,7 +183,9 @@ def sweep(
 
 
 def compare(
-    ids: Annotated[list[str], typer.Argument(help="Sweep ids, parent run ids or run ids.")],
+    ids: Annotated[list[str], typer.Argument(
+        help="Sweep ids, parent run ids, run ids, or results files (*.json) of in-process "
+        "sweeps.")],
     baseline: Annotated[str | None, typer.Option(
         help="Arm the others are compared with; default the sweep's baseline.")] = None,
     max_ne_regression: Annotated[str | None, typer.Option(
@@ -212,9 +214,14 @@ def compare(
         max_auc_drop=max_auc_drop,
         max_qps_drop_pct=parse_percent(max_qps_drop) if max_qps_drop else None,
     )
-    uri = _uri(tracking_uri)
+    from gem_platform.sweep.results import is_results_file
+
+    files = [i for i in ids if is_results_file(i)]
+    uri = _uri(tracking_uri) if len(files) < len(ids) else ""  # files need no MLflow store
     cmp = compare_runs(uri, ids, baseline, gates)
-    _render_comparison(cmp, uri, None if no_plot else (plot or _default_plot(ids)), as_json)
+    # The NE-vs-step plot reads step histories, which only tracked runs keep.
+    draw = not files and not no_plot
+    _render_comparison(cmp, uri, (plot or _default_plot(ids)) if draw else None, as_json)
     if not gates.any():
         return
     if cmp.failures:

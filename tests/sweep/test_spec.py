@@ -38,6 +38,7 @@ def write(spec_dir: Path, text: str) -> Path:
     ("attention", ["padded", "full", "sliding", "block64"], "padded", [0, 1]),
     ("precision", ["bf16", "fp32", "fp8_block"], "bf16", [0, 1, 2, 3]),
     ("loader", ["no_balancing", "bbs"], "no_balancing", [0, 1]),
+    ("precision_h200", ["bf16", "fp32", "fp8_b128", "fp8_b32"], "bf16", [0, 1, 2]),
 ])
 def test_shipped_ablations_resolve(name, arms, baseline, seeds, monkeypatch):
     monkeypatch.chdir(REPO)
@@ -51,6 +52,11 @@ def test_shipped_ablations_resolve(name, arms, baseline, seeds, monkeypatch):
     if name == "precision":
         assert {n: r.precision.mode for n, r in recipes.items()} == {
             "bf16": "bf16", "fp32": "fp32", "fp8_block": "fp8_block"}
+    if name == "precision_h200":
+        assert {n: (r.precision.mode, r.precision.block) for n, r in recipes.items()
+                if r.precision.mode == "fp8_block"} == {"fp8_b128": ("fp8_block", 128),
+                                                       "fp8_b32": ("fp8_block", 32)}
+        assert {r.train.device for r in recipes.values()} == {"cuda"}
     if name == "loader":
         assert recipes["no_balancing"].loader.batching == "sequential"
     # Arms differ only where their overrides say; seeds vary the model, never the data.

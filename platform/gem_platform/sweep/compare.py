@@ -14,6 +14,7 @@ from mlflow.exceptions import MlflowException
 
 from gem_platform.sweep import store
 from gem_platform.sweep.config import SweepError
+from gem_platform.sweep.results import TrialRun, is_results_file, load_results
 from gem_platform.sweep.stats import (
     Delta,
     Summary,
@@ -30,18 +31,6 @@ EFFICIENCY = {
     "balance/padding_waste_mean": "padding waste",
     "balance/straggler_overhead_mean": "straggler overhead",
 }
-
-
-@dataclass(frozen=True)
-class TrialRun:
-    """One finished run as an arm's sample."""
-
-    run_id: str
-    arm: str
-    seed: str
-    metrics: dict[str, float]
-    sweep_id: str | None = None
-    parent_run_id: str | None = None
 
 
 @dataclass
@@ -125,15 +114,19 @@ def _as_trial(run: Run, sweep_id: str | None, parent: str | None) -> TrialRun:
 
 
 def collect(uri: str, ids: list[str]) -> tuple[list[TrialRun], list[Run], list[str]]:
-    """Resolve sweep ids, parent run ids and run ids into finished trial runs.
+    """Resolve sweep ids, parent run ids, run ids and results files (``*.json``, written by
+    an in-process sweep) into finished trial runs.
 
     Returns (trial runs, parent runs, ids of unfinished runs left out).
     """
-    c = store.client(uri)
     trials: dict[str, TrialRun] = {}
     parents: dict[str, Run] = {}
     skipped: list[str] = []
-    for ident in ids:
+    for ident in filter(is_results_file, ids):
+        trials.update((t.run_id, t) for t in load_results(ident)[0])
+    tracked = [i for i in ids if not is_results_file(i)]
+    c = store.client(uri) if tracked else None
+    for ident in tracked:
         ref = store.find_sweep(c, ident)
         parent = ref.parent if ref else None
         runs: list[Run]
@@ -269,8 +262,11 @@ def compare(uri: str, ids: list[str], baseline: str | None = None,
     trials, parents, skipped = collect(uri, ids)
     if baseline is None and parents:
         baseline = parents[0].data.tags.get(store.TAG_BASELINE)
-        if baseline and baseline not in {t.arm for t in trials}:
-            baseline = None
+    files = [i for i in ids if is_results_file(i)]
+    if baseline is None and files:
+        baseline = load_results(files[0])[1].get("baseline")
+    if baseline and baseline not in {t.arm for t in trials}:
+        baseline = None
     cmp = compare_trials(trials, baseline)
     cmp.skipped = skipped
     if gates is not None:

@@ -1,0 +1,110 @@
+"""Run a sweep's trials one after another in this process: no Ray, no MLflow.
+
+For a machine that has the GPU but not the cluster services (a lone H200 box, a notebook):
+each (arm, seed) trains through the same ``train`` function a Ray trial runs, and the
+results go to a JSON file, rewritten after every trial so an interrupted sweep keeps what it
+finished. ``gemctl compare FILE.json`` gives the same table, intervals and gates as for a
+tracked sweep.
+
+    python -m gem_platform.sweep.inprocess recipes/ablations/precision_h200.yaml \\
+        --out gem_runs/precision_h200.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform as host
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+from gem_platform.errors import GemError
+from gem_platform.sweep.config import SweepPlan, load_sweep
+from gem_platform.sweep.results import TrialRun, finite_metrics, load_results, write_results
+
+
+def _device_name() -> str:
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name()
+    return f"cpu ({host.processor() or host.machine()})"
+
+
+def run_in_process(plan: SweepPlan, out: str | Path, echo: Callable[[str], None] = print,
+                   resume: bool = True) -> list[TrialRun]:
+    """Train every (arm, seed) of ``plan`` here, in the plan's order (all arms of a seed before
+    the next seed, so a cut-short sweep still pairs). With ``resume``, trials already in
+    ``out`` (same sweep name) are kept, not retrained."""
+    from gem_platform.train.loop import train
+
+    out = Path(out)
+    recipes = replace(plan, seeds=[]).fingerprint()  # the arms' recipes, whatever the seeds
+    done: list[TrialRun] = []
+    if resume and out.exists():
+        earlier, header = load_results(out)
+        if (header.get("sweep"), header.get("recipes")) != (plan.name, recipes):
+            raise GemError(f"{out} holds results of other recipes (sweep "
+                           f"{header.get('sweep')!r}) than this run of {plan.name!r}.",
+                           "Pass another --out, or --new to overwrite it.")
+        done = earlier
+    have = {(t.arm, t.seed) for t in done}
+    header = {"sweep": plan.name, "spec": plan.spec_path, "base": plan.base_path,
+              "baseline": plan.baseline, "seeds": plan.seeds,
+              "arms": {a.name: a.overrides for a in plan.arms}, "device": _device_name(),
+              "recipes": recipes}
+    for arm, seed in plan.trials():
+        if (arm, str(seed)) in have:
+            echo(f"[{arm} seed {seed}] already in {out}, kept")
+            continue
+        recipe = plan.trial_recipe(arm, seed)
+        t0 = time.perf_counter()
+        summary = train(recipe, echo=lambda line, a=arm, s=seed: echo(f"[{a} seed {s}] {line}"))
+        metrics = finite_metrics(summary)
+        metrics["trial/wall_s"] = time.perf_counter() - t0
+        done.append(TrialRun(run_id=f"{plan.name}/{arm}/seed{seed}", arm=arm, seed=str(seed),
+                             metrics=metrics, sweep_id=plan.name))
+        write_results(out, header, done)
+        echo(f"[{arm} seed {seed}] NE ctr {metrics.get('eval/ne_ctr', float('nan')):.6f}  "
+             f"AUC ctr {metrics.get('eval/auc_ctr', float('nan')):.4f}  -> {out}")
+    return done
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("spec", help="sweep spec YAML, e.g. recipes/ablations/precision_h200.yaml")
+    p.add_argument("--out", required=True, help="results JSON (rewritten after each trial)")
+    p.add_argument("--set", "-s", dest="overrides", action="append", default=[],
+                   help="override a field of the base recipe for every arm (repeatable)")
+    p.add_argument("--seeds", type=int, nargs="+", help="run these seeds instead of the spec's")
+    p.add_argument("--arms", nargs="+", help="run only these arms")
+    p.add_argument("--new", action="store_true", help="overwrite --out instead of resuming it")
+    args = p.parse_args(argv)
+    try:
+        plan = load_sweep(args.spec, args.overrides)
+        plan = _narrowed(plan, args.seeds, args.arms)
+        run_in_process(plan, args.out, resume=not args.new)
+    except GemError as err:
+        print(f"error: {err.problem}" + (f"\n  fix: {err.fix}" if err.fix else ""),
+              file=sys.stderr)
+        return 2
+    print(f"results: {args.out}  (compare: gemctl compare {args.out})")
+    return 0
+
+
+def _narrowed(plan: SweepPlan, seeds: list[int] | None, arms: list[str] | None) -> SweepPlan:
+    if arms:
+        unknown = sorted(set(arms) - {a.name for a in plan.arms})
+        if unknown:
+            raise GemError(f"No arm {', '.join(unknown)} in sweep {plan.name!r}.",
+                           f"Arms: {', '.join(a.name for a in plan.arms)}.")
+        plan = replace(plan, arms=[a for a in plan.arms if a.name in arms])
+    if seeds:
+        plan = replace(plan, seeds=list(seeds))
+    return plan
+
+
+if __name__ == "__main__":
+    sys.exit(main())
