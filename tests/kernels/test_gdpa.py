@@ -330,6 +330,36 @@ def test_triton_interpreter_phased_one_pass_backward(act, dtype) -> None:
     assert got["one_pass_phased"][0][57:60].abs().sum() > 0  # 2-block sample got its dQ
 
 
+@interpreter
+@pytest.mark.parametrize("act,dtype", [("silu", torch.float32), ("gelu_tanh", torch.float16)])
+@pytest.mark.parametrize("mode", ["one_pass", "one_pass_phased"])
+def test_triton_interpreter_dq_transposed_backward(act, dtype, mode) -> None:
+    """dQ computed as (K^T dS^T)^T (TileConfig.dq_transposed) gives the gradients of dS K, in
+    the atomic and the phased plan: head_dim 32 differs from the 16-key blocks, so a swapped
+    operand shape would not pass; samples of 1, 2 and 5 key blocks and empty ones."""
+    from gem_kernels.gdpa.triton_bwd import TileConfig
+
+    ql, kl = [20, 0, 37, 3, 70, 6], [5, 9, 0, 17, 66, 16]
+    q, k, v, qo, ko = _inputs(ql, kl, 2, 32, dtype, "cpu", seed=9)
+    do = torch.randn(q.shape, generator=torch.Generator().manual_seed(5)).to(dtype)
+    got = []
+    for dqt in (False, True):
+        cfg = TileConfig(16, 16, num_warps=4, num_stages=2, dq_transposed=dqt)
+        leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+        out = GDPAFunction.apply(*leaves, qo, ko, 70, 66, act, 0.2, 1, None, cfg, None, mode)
+        got.append(torch.autograd.grad(out, leaves, do))
+    qf, kf, vf = (t.detach().float().requires_grad_(True) for t in (q, k, v))
+    ref = gdpa_reference(qf, kf, vf, qo, ko, 70, 66, activation=act, scale=0.2,
+                         norm="kv_len")
+    ref_grads = torch.autograd.grad(ref, (qf, kf, vf), do.float())
+    tol = 1e-5 if dtype is torch.float32 else 1e-2
+    for a, b, r in zip(got[1], got[0], ref_grads, strict=True):
+        assert torch.isfinite(a).all()
+        assert _rel(a, r) < tol
+        assert _rel(a, b) < (1e-6 if dtype is torch.float32 else 1e-3)
+    assert torch.equal(got[1][0][20:57].float(), torch.zeros(37, 2, 32))
+
+
 def test_block_sets_partition_each_samples_row_blocks() -> None:
     rows, cols = torch.tensor([5, 0, 40, 17, 66]), torch.tensor([3, 4, 0, 9, 1])
     every, _ = build_items(rows, cols, 16, 16, 2, cover_empty_rows=True)
@@ -480,22 +510,31 @@ def test_triton_gpu_tma_forward_and_one_pass_backward(act, flatten) -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
 def test_triton_gpu_phased_backward_and_tuner(act) -> None:
-    """The phased one-pass backward matches the atomic one on the self shape (bf16, d=128,
-    default tiles: samples of 1-4 key blocks); the op's first default call times both plans
-    and records the timings."""
+    """Every backward plan the op tunes between (atomic / phased, 128- and 64-key blocks, dQ
+    transposed or not) and the hoisted phased one match the atomic default on the self
+    shape (bf16, d=128: samples of 1-4 key blocks) and the fp32 reference; the op's first
+    default call times every plan and records the timings."""
     from gem_kernels.gdpa.op import TUNER, one_pass_candidates
 
     ql, kl = _gpu_lengths("self")
     q, k, v, qo, ko = _inputs(ql, kl, 2, 128, torch.bfloat16, "cuda", seed=12)
     do = torch.randn(q.shape, device="cuda", dtype=torch.bfloat16)
+    plans = [("one_pass", None), ("one_pass_phased", None),
+             ("one_pass_phased_hoisted", None), *one_pass_candidates(max(ql), max(kl), 128),
+             (None, None)]
     grads = []
-    for mode in ("one_pass", "one_pass_phased", "one_pass_phased_hoisted", None):
+    for mode, cfg in plans:
         leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
         out = GDPAFunction.apply(*leaves, qo, ko, max(ql), max(kl), act, 128 ** -0.5, 0,
-                                 None, None, None, mode)
+                                 None, cfg, None, mode)
         grads.append(torch.autograd.grad(out, leaves, do))
-    for a, *others in zip(*grads, strict=True):
-        assert all(_rel(b, a) < 1e-2 for b in others)
+    qf, kf, vf = (t.detach().float().requires_grad_(True) for t in (q, k, v))
+    ref = gdpa_reference(qf, kf, vf, qo, ko, max(ql), max(kl), activation=act)
+    ref_grads = torch.autograd.grad(ref, (qf, kf, vf), do.float())
+    for (mode, cfg), g in zip(plans, grads, strict=True):
+        for name, a, b, r in zip("qkv", g, grads[0], ref_grads, strict=True):
+            assert _rel(a, b) < 1e-2, (mode, cfg, name, _rel(a, b))
+            assert _rel(a, r) < 2e-2, (mode, cfg, name, _rel(a, r))
     assert _rel(grads[2][0], grads[1][0]) < 1e-3  # the hoisted load: the same sums
     recs = [r for key, r in TUNER.records.items() if key[0] == "one_pass" and act in key]
     assert recs and len(recs[0].timings) == len(one_pass_candidates(max(ql), max(kl), 128))

@@ -204,7 +204,8 @@ def graphed_ms(fwd, inputs, do, directions) -> dict[str, float | str]:
 def _plan_name(plan) -> str:
     mode, cfg = plan
     return (f"{mode}_{cfg.block_rows}x{cfg.block_cols}_w{cfg.num_warps}_s{cfg.num_stages}"
-            + ("_tma" if cfg.tma else ""))
+            + (f"_c{cfg.ctas_per_sm}" if cfg.ctas_per_sm != 1 else "")
+            + ("_tma" if cfg.tma else "") + ("_dqt" if cfg.dq_transposed else ""))
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -312,6 +313,10 @@ def bwd_variants(case: str, quick: bool, max_q: int, max_kv: int, dim: int):
                 ("bwd_one_pass_64x32", "one_pass", replace(op, block_rows=64), None),
                 ("bwd_phased_64x32", "one_pass_phased", replace(op, block_rows=64), None),
                 ("bwd_phased_identity", "one_pass_phased", op, None, "identity"),
+                ("bwd_phased_dq_mma_sync", "one_pass_phased", replace(op, dq_transposed=False),
+                 None),
+                ("bwd_phased_dq_mma_sync_identity", "one_pass_phased",
+                 replace(op, dq_transposed=False), None, "identity"),
                 ("bwd_one_pass_tma", "one_pass", replace(op, tma=True), None)]
     if case == "cross":
         f = short_kv_config(max_kv, dim)
@@ -693,14 +698,14 @@ def tune_kernels(cases: dict[str, Case], emit, deadline: float) -> None:
 
 def run_plans(c: Case, rows: list[BenchRow], info: dict, record, scale: float) -> None:
     """Rows ours_plan_<plan>: the long-KV backward plans the op times on its first call
-    (gdpa.op.one_pass_candidates, 128-key blocks), each forced, so that the chosen one and
-    the others compare in one run on bwd and fwd+bwd, eager and as graph replays."""
+    (gdpa.op.one_pass_candidates), each forced, so that the chosen one and the others
+    compare in one run on bwd and fwd+bwd, eager and as graph replays."""
     from gem_kernels.gdpa.op import GDPAFunction, backward_mode, one_pass_candidates
 
     if backward_mode(c.max_q, c.max_kv) != "one_pass":
         return
     plans = one_pass_candidates(c.max_q, c.max_kv, c.dim)
-    for mode, cfg in [p for p in plans if p[1].block_rows == plans[0][1].block_rows]:
+    for mode, cfg in plans:
         name = f"ours_plan_{_plan_name((mode, cfg))}"
 
         def op(q, k, v, cfg=cfg, mode=mode):

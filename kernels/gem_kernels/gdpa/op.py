@@ -118,18 +118,20 @@ def backward_mode(max_q: int, max_kv: int, dtype: torch.dtype = torch.bfloat16) 
 
 def one_pass_candidates(max_q: int, max_kv: int, d: int) -> tuple[tuple[str, TileConfig], ...]:
     """(mode, config) plans of the long-KV backward, the heuristic default first: the
-    atomic one-pass kernel and the phased one, each with 128- and 64-key blocks (8 warps),
-    and the phased one whose last phase loads the partial dQ outside the software pipeline
-    (so that it keeps 3 stages: 'one_pass_phased_hoisted').
-    ptxas (sm_90, d=128, bf16): 128x32 holds 255 registers and spills ~350 bytes per thread;
-    64x32 ~70 bytes, at the price of twice the items and twice the dQ partial sums. H200
-    (self, log-normal mean 470, gelu_tanh), the op's own timing in one run
-    (docs/bench/gdpa_self.json): 1.728, 1.712, 1.712 (hoisted), 2.864, 2.877 ms: keeping 3
-    stages in the last phase bought nothing measurable."""
+    atomic one-pass kernel and the phased one (128-key blocks, 8 warps), with dQ computed
+    transposed (TileConfig.dq_transposed: a warpgroup MMA; ptxas sm_90, d=128: no mma.sync
+    left and 24 KiB less shared memory) at 3 and 4 stages, and with dQ as the 32-row
+    mma.sync product dS K (the previous plans).
+    H200 (self, log-normal mean 470, gelu_tanh), one run: atomic / phased 1.619 / 1.619 ms
+    with dQ transposed, 1.730 / 1.727 without; 64-key blocks with 4 warps and two programs
+    per SM 1.74-2.07 (one program's activation math was to overlap the other's matmuls; it
+    did not pay), 64-key blocks with 8 warps 2.86; so those are no longer timed."""
     cfg = _one_pass_config(max_q, max_kv, d)
-    half = replace(cfg, block_rows=cfg.block_rows // 2)
-    return (("one_pass", cfg), ("one_pass_phased", cfg), ("one_pass_phased_hoisted", cfg),
-            ("one_pass", half), ("one_pass_phased", half))
+    s4 = replace(cfg, num_stages=4)
+    mma_sync = replace(cfg, dq_transposed=False)
+    return (("one_pass", cfg), ("one_pass_phased", cfg),
+            ("one_pass", s4), ("one_pass_phased", s4),
+            ("one_pass", mma_sync), ("one_pass_phased", mma_sync))
 
 
 def run_backward(mode: str, cfg: TileConfig | None, cfg_q: TileConfig | None, q, k, v, do,

@@ -46,6 +46,9 @@ class TileConfig:
     warp_specialize: bool = False
     # Where gelu_tanh / identity apply the attention scale: see activations.scale_args.
     scale_mode: str = "const"
+    # dK/dV kernel with dQ (one-pass backwards) only: compute dQ^T = K^T dS^T, a product
+    # with head_dim rows, instead of dS K with the query tile's rows (see triton_bwd).
+    dq_transposed: bool = False
 
 
 def _pow2_at_least(n: int, lo: int, hi: int) -> int:
