@@ -44,17 +44,21 @@ docs/bench/gdpa.json (H200, the command above; eager ms / graphed ms_gpu / host 
 - Every baseline row captured; padded_compile vs ours: self fwd 21x, fwd+bwd 11.8x; cross
   bwd 6.0x eager, 8.2x graphed.
 
-docs/bench/gdpa_self.json (H200, --cases self --ablations plans, a later run): fwd 0.470 /
-0.473 ms; bwd 1.721 / 1.731; fwd+bwd 2.167 / 2.168 ms (249.1 / 249.0 TF/s); padded_compile
-fwd+bwd 25.55 ms. Forced plans, fwd+bwd eager / graphed: atomic 2.169 / 2.166, phased 2.190 /
-2.155, phased with the hoisted last-phase load 2.206 / 2.161.
+docs/bench/gdpa_self.json (H200, --cases self --ablations plans, a later run, dQ computed
+transposed): fwd 0.468 / 0.469 ms; bwd 1.580 / 1.591; fwd+bwd 2.032 / 2.043 ms (265.6 /
+264.3 TF/s); padded_compile fwd+bwd 25.55 ms (12.6x). Forced plans, bwd eager and fwd+bwd
+eager / graphed: dQ transposed atomic 3 stages 1.617, 2.063 / 2.060; 4 stages 1.588, 2.070 /
+2.030; phased 3 stages 1.615, 2.087 / 2.058; 4 stages 1.602, 2.104 / 2.050; the previous
+plans (dS K as a 32-row mma.sync) atomic 1.731, 2.166 / 2.164 and phased 1.710, 2.157 / 2.153.
 
-The self-attention backward: the op chooses in-run between two plans with the same result
+The self-attention backward: the op chooses in-run between plans with the same result
 (gem_kernels.gdpa.tuning; meta.cases.self.backward_tuning lists what it timed): the atomic
 one-pass kernel (one launch over key blocks, dQ summed into a zeroed fp32 buffer by atomics,
 then cast) and the phased one (the first, middle and last key blocks of every sample as three
-launches: no zeroing, no cast). Rows bwd_one_pass / bwd_phased time each plan; *_identity are
-the same plans without the activation (the matmul pipeline's ceiling).
+launches: no zeroing, no cast), each with dQ computed transposed (dQ^T = K^T dS^T: a
+warpgroup MMA with head_dim rows) at 3 and 4 stages, and each as before (dS K, a 32-row
+mma.sync product). Rows bwd_one_pass / bwd_phased time each plan; *_identity are the same
+plans without the activation (the matmul pipeline's ceiling).
 
 Counting: useful FLOPs = 4 * sum_b(Lq_b * Lkv_b) * H * d forward (two matmuls over real
 tokens only), backward = 2x forward (four matmuls; ours runs five: S is recomputed),

@@ -122,10 +122,11 @@ def one_pass_candidates(max_q: int, max_kv: int, d: int) -> tuple[tuple[str, Til
     transposed (TileConfig.dq_transposed: a warpgroup MMA; ptxas sm_90, d=128: no mma.sync
     left and 24 KiB less shared memory) at 3 and 4 stages, and with dQ as the 32-row
     mma.sync product dS K (the previous plans).
-    H200 (self, log-normal mean 470, gelu_tanh), one run: atomic / phased 1.619 / 1.619 ms
-    with dQ transposed, 1.730 / 1.727 without; 64-key blocks with 4 warps and two programs
-    per SM 1.74-2.07 (one program's activation math was to overlap the other's matmuls; it
-    did not pay), 64-key blocks with 8 warps 2.86; so those are no longer timed."""
+    H200 (self, log-normal mean 470, gelu_tanh), the op's own timing in one run
+    (docs/bench/gdpa_self.json): dQ transposed atomic / phased 1.626 / 1.627 ms at 3
+    stages, 1.595 / 1.612 at 4; dS K 1.728 / 1.724. An earlier run: 64-key blocks with 4
+    warps and two programs per SM 1.74-2.07 ms (one program's activation math was to overlap
+    the other's matmuls; it did not pay), 64-key blocks with 8 warps 2.86: no longer timed."""
     cfg = _one_pass_config(max_q, max_kv, d)
     s4 = replace(cfg, num_stages=4)
     mma_sync = replace(cfg, dq_transposed=False)
