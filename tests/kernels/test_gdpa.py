@@ -557,3 +557,26 @@ def test_few_items_per_sm_are_dealt_greedily() -> None:
     items, work = build_items(torch.full((256,), 16), long, 16, 64, 4)
     p, sms = 132 * 4, 132
     assert imbalance(work, deal(work, p, True, sms), p, sms) < 1.05
+
+
+def test_hopper_resources_dq_transposed_runs_every_product_as_warpgroup_mma() -> None:
+    """Compiled for sm_90 without a GPU (gem_kernels.gdpa.resources, in a process without the
+    interpreter): the default one-pass kernel runs its five products as warpgroup MMAs and
+    spills nothing in the atomic / middle phase; dQ as dS K (32 rows) was a mma.sync product."""
+    import subprocess
+    import sys
+
+    code = ("from dataclasses import replace\n"
+            "from gem_kernels.gdpa.resources import dkdv_resources\n"
+            "from gem_kernels.gdpa.triton_bwd import one_pass_config\n"
+            "c = one_pass_config(2048, 2048, 128)\n"
+            "a = dkdv_resources(c, 2)\n"
+            "b = dkdv_resources(replace(c, dq_transposed=False), 2)\n"
+            "print(a.wgmma, a.mma_sync, a.spill_store_bytes, a.registers, b.mma_sync)\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    wgmma, mma_sync, spilled, regs, old_mma_sync = map(int, res.stdout.split())
+    assert wgmma > 0 and mma_sync == 0 and spilled == 0 and regs <= 255
+    assert old_mma_sync > 0

@@ -239,10 +239,10 @@ def _gdpa_dkdv_kernel(Q, K, V, DO, DK, DV, DQ, DQ32, items, prog_ptr,
             do = tl.load(do_base + crow * stride_dot, mask=cmask, other=0.0)
             if WITH_DQ == 5:
                 # Behind a run-time branch the software pipeliner leaves this load alone:
-                # issued here, its latency hides behind the tile's five matmuls. Pipelined
-                # (WITH_DQ == 4), its fp32 tile makes ptxas spill 2388 bytes per thread at 3
-                # stages (sm_90, 128x32, 8 warps, d=128); here 444, near the other phases.
-                # H200 (self): the whole backward 1.712 ms either way (vs 2 stages, pipelined).
+                # issued here, its latency hides behind the tile's five matmuls, so the
+                # phase may keep 3 stages. H200 (self, dQ as dS K): the whole backward 1.712
+                # ms either way (vs 2 stages, pipelined). gem_kernels.gdpa.resources (sm_90,
+                # 128x32, 8 warps, d=128) reports the spills of each phase.
                 part = tl.zeros((BM, D), dtype=tl.float32)
                 if clen > 0:
                     part = tl.load(DQ32 + crow * stride_qt + h * stride_qh + offs_d[None, :],
