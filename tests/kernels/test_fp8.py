@@ -172,18 +172,21 @@ def test_stochastic_reference_is_unbiased():
 
 
 def test_gemm_matches_dequantized_reference():
+    # The interpreter's fp8 dot is exact; Hopper's fp8 MMA adds products with a shortened
+    # mantissa (~1.3e-4 here, see test_gpu_gemm_matches_reference).
+    tol = 1e-3 if CUDA else 1e-5
     a = _outliers(96, 160, seed=6)
     b = _outliers(80, 160, seed=7)  # (out, in) like a weight
     aq, bq = quantize(a, kernel="triton"), quantize(b, kernel="triton")
     out = gemm(aq, bq.t(), torch.float32, kernel="triton")
     ref = gemm_reference(aq, bq.t(), torch.float32)
-    assert _rel(out, ref) < 1e-5
+    assert _rel(out, ref) < tol
     unpiped = gemm_triton(aq, bq.t(), torch.float32, autotune=False, pipe=False)
-    assert _rel(unpiped, ref) < 1e-5
+    assert _rel(unpiped, ref) < tol
     # transposed operand through strides (input-gradient shape): (96 x 80) @ (80 x 160)
     g = quantize(_outliers(96, 80, seed=8), kernel="triton")
     assert _rel(gemm(g, bq, torch.float32, kernel="triton"),
-                gemm_reference(g, bq, torch.float32)) < 1e-5
+                gemm_reference(g, bq, torch.float32)) < tol
 
 
 CFGS = [Fp8Config(block=32), Fp8Config(block=32, hadamard=True, hadamard_block=32),

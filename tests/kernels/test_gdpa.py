@@ -580,3 +580,24 @@ def test_hopper_resources_dq_transposed_runs_every_product_as_warpgroup_mma() ->
     wgmma, mma_sync, spilled, regs, old_mma_sync = map(int, res.stdout.split())
     assert wgmma > 0 and mma_sync == 0 and spilled == 0 and regs <= 255
     assert old_mma_sync > 0
+
+
+@pytest.mark.parametrize("kernel", ["pytorch", "triton"])
+def test_mixed_dtypes_meet_in_one_dtype(kernel: str) -> None:
+    """A learned fp32 query against fp16 keys (what a model's pooled attention hands over
+    inside autocast): promoted to fp32 outside autocast, autocast's dtype inside; gradients
+    reach the fp32 query in fp32."""
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    ql, kl = [3, 1, 4], [5, 0, 9]
+    q, k, v, qo, ko = _inputs(ql, kl, 2, 32, torch.float32, dev, seed=3)
+    k16, v16 = k.half(), v.half()
+    q.requires_grad_()
+    want = _loop_reference(q.detach(), k16.float(), v16.float(), ql, kl, "silu",
+                           1 / math.sqrt(32), "none", 9)
+    out = gdpa(q, k16, v16, qo, ko, 4, 9, activation="silu", kernel=kernel)
+    assert out.dtype == torch.float32 and _rel(out, want) < 1e-5
+    with torch.autocast(dev, dtype=torch.float16):
+        out16 = gdpa(q, k16, v16, qo, ko, 4, 9, activation="silu", kernel=kernel)
+    assert out16.dtype == torch.float16 and _rel(out16, want) < 5e-3
+    out16.float().sum().backward()
+    assert q.grad is not None and q.grad.dtype == torch.float32 and q.grad.isfinite().all()
