@@ -39,3 +39,21 @@ def resolve_kernel(kernel: Kernel | str | None, *tensors: torch.Tensor) -> Kerne
             "use kernel='pytorch' for the reference."
         )
     return k
+
+
+def same_dtype(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The operands of an attention op in one dtype, as a matmul would see them: autocast's
+    dtype inside an autocast region, else the promoted type.
+
+    Inside autocast, norms run in fp32 while linears give bf16, so a model hands q (after its
+    QK-norm, or a learned fp32 query) and v in different dtypes; the kernels need one, and
+    without this an fp32 q would quietly send the op to its reference. The casts are
+    differentiable."""
+    dev = tensors[0].device.type
+    if torch.is_autocast_enabled(dev):
+        dtype = torch.get_autocast_dtype(dev)
+    else:
+        dtype = tensors[0].dtype
+        for t in tensors[1:]:
+            dtype = torch.promote_types(dtype, t.dtype)
+    return tuple(t.to(dtype) for t in tensors)

@@ -8,7 +8,7 @@ import torch
 
 from gem_kernels.block_attention.reference import block_attention_reference, check_inputs
 from gem_kernels.block_attention.rope import Rope
-from gem_kernels.dispatch import Kernel, resolve_kernel
+from gem_kernels.dispatch import Kernel, resolve_kernel, same_dtype
 
 
 def block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets: torch.Tensor,
@@ -23,8 +23,10 @@ def block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets: 
     and k by position within the sequence inside the kernel (tables rounded to the input dtype
     there; RopeTables must cover every position used). ``scale`` defaults to
     1/sqrt(head_dim). ``kernel``: None/'auto' (Triton on CUDA, reference elsewhere), 'triton'
-    or 'pytorch'. Returns (total_tokens, heads, head_dim) in q's dtype.
+    or 'pytorch'. Returns (total_tokens, heads, head_dim) in the operands' common dtype
+    (autocast's inside an autocast region).
     """
+    q, k, v = same_dtype(q, k, v)
     check_inputs(q, k, v, offsets, block)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import torch
 
-from gem_kernels.dispatch import Kernel, resolve_kernel
+from gem_kernels.dispatch import Kernel, resolve_kernel, same_dtype
 from gem_kernels.gdpa.activations import ACT_CODE
 from gem_kernels.gdpa.reference import check_inputs, gdpa_reference
 from gem_kernels.gdpa.schedule import Schedule, ScheduleCache, build_schedule
@@ -225,19 +225,6 @@ def triton_supported(q: torch.Tensor) -> bool:
             and 16 <= d <= 256 and d & (d - 1) == 0)
 
 
-def _same_dtype(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One dtype for the three operands, as a matmul would see them: autocast's dtype inside an
-    autocast region (a learned fp32 query meeting bf16 keys there is the common case), else
-    the promoted type. The kernels need one dtype; the casts are differentiable."""
-    dev = q.device.type
-    if torch.is_autocast_enabled(dev):
-        dtype = torch.get_autocast_dtype(dev)
-    else:
-        dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
-    return q.to(dtype), k.to(dtype), v.to(dtype)
-
-
 def gdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: torch.Tensor,
          kv_offsets: torch.Tensor, max_q: int, max_kv: int, *, activation: str = "silu",
          scale: float | None = None, norm: str = "none",
@@ -253,7 +240,7 @@ def gdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: torch.Ten
     reference elsewhere), 'triton' or 'pytorch'. Returns (total_q, H, d) in the operands'
     common dtype (autocast's inside an autocast region).
     """
-    q, k, v = _same_dtype(q, k, v)
+    q, k, v = same_dtype(q, k, v)
     check_inputs(q, k, v, q_offsets, kv_offsets, activation, norm)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from gem_kernels.dispatch import Kernel, resolve_kernel
+from gem_kernels.dispatch import Kernel, resolve_kernel, same_dtype
 from gem_kernels.jagged_attention.reference import _check_inputs, jagged_attention_reference
 from gem_kernels.jagged_attention.schedule import ScheduleCache
 from gem_kernels.jagged_attention.triton_bwd import (
@@ -287,8 +287,10 @@ def jagged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets:
     j <= i; ``window=(left, right)`` keeps i-left <= j <= i+right (both may be given). ``scale``
     defaults to 1/sqrt(head_dim). A query with no valid key outputs 0. ``kernel``: None/'auto'
     (Triton on CUDA, reference elsewhere), 'triton' or 'pytorch'. ``deterministic=True`` makes
-    the backward bitwise reproducible. Returns (total_tokens, heads, head_dim) in q's dtype.
+    the backward bitwise reproducible. Returns (total_tokens, heads, head_dim) in the operands'
+    common dtype (autocast's inside an autocast region).
     """
+    q, k, v = same_dtype(q, k, v)
     _check_inputs(q, k, v, offsets, window)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])

@@ -13,6 +13,8 @@ tracked sweep.
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import platform as host
 import sys
 import time
@@ -41,7 +43,7 @@ def run_in_process(plan: SweepPlan, out: str | Path, echo: Callable[[str], None]
     from gem_platform.train.loop import train
 
     out = Path(out)
-    recipes = replace(plan, seeds=[]).fingerprint()  # the arms' recipes, whatever the seeds
+    recipes = _recipes_fingerprint(plan)
     done: list[TrialRun] = []
     if resume and out.exists():
         earlier, header = load_results(out)
@@ -70,6 +72,17 @@ def run_in_process(plan: SweepPlan, out: str | Path, echo: Callable[[str], None]
         echo(f"[{arm} seed {seed}] NE ctr {metrics.get('eval/ne_ctr', float('nan')):.6f}  "
              f"AUC ctr {metrics.get('eval/auc_ctr', float('nan')):.4f}  -> {out}")
     return done
+
+
+def _recipes_fingerprint(plan: SweepPlan) -> str:
+    """What decides a trial's result apart from its seed: the arms' recipes, without where the
+    data lives (a results file moves between machines with the sweep) or tracking."""
+    body = {a.name: a.recipe.model_dump(mode="json") for a in plan.arms}
+    for tree in body.values():
+        tree.pop("tracking", None)
+        tree["data"].pop("path", None)
+    raw = json.dumps(body, sort_keys=True, default=str).encode()
+    return hashlib.sha256(raw).hexdigest()[:16]
 
 
 def main(argv: list[str] | None = None) -> int:
