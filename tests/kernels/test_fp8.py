@@ -340,6 +340,22 @@ def test_gpu_linear_close_to_fp32(cfg):
     assert ey < 0.06 and edx < 0.08 and edw < (0.08 if cfg.wgrad == "fp8" else 0.02)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("m", [1003, 4090, 17])
+def test_gpu_linear_any_token_count(m):
+    """A jagged batch's token count is arbitrary; cuBLAS's blockwise GEMM wants its rows
+    aligned: the 128 route pads the operand's storage (no copy) and trims the output."""
+    for cfg in (Fp8Config(block=128), Fp8Config(block=128, wgrad="fp8"), Fp8Config(block=32)):
+        ey, edx, edw = _gpu_case(m, 512, 256, cfg)
+        assert ey < 0.06 and edx < 0.08 and edw < (0.08 if cfg.wgrad == "fp8" else 0.02), cfg
+    x = _outliers(m, 256, seed=4, device=DEV).to(torch.bfloat16)
+    q = quantize(x, (1, 128), scale_col_major=True)
+    ref = quantize_reference(x, (1, 128))
+    assert q.data.shape == (m, 256) and torch.equal(_bytes(q), _bytes(ref))
+    assert torch.equal(q.scale, ref.scale) and q.scale.stride(0) == 1
+
+
 @pytest.mark.parametrize("block", [(32, 32), (1, 128)])
 @pytest.mark.parametrize("had", [0, 64])
 def test_rmsnorm_quantize_fused_matches_reference(block, had):

@@ -36,7 +36,12 @@ from torch import nn
 
 from gem_kernels.dispatch import Kernel, resolve_kernel
 from gem_kernels.fp8.gemm import gemm
-from gem_kernels.fp8.quantize import quantize, quantize_dual
+from gem_kernels.fp8.quantize import (
+    GEMM_ROW_ALIGN,
+    padded_gemm_operand,
+    quantize,
+    quantize_dual,
+)
 from gem_kernels.fp8.reference import BlockFp8, apply_hadamard, gemm_reference, hadamard_matrix
 from gem_kernels.fp8.tensor import Fp8BlockWeight
 
@@ -113,12 +118,12 @@ def _scaled_mm_blockwise(a: BlockFp8, b: BlockFp8, out_dtype: torch.dtype) -> to
     if sm is None:
         raise RuntimeError("block=128 needs torch.nn.functional.scaled_mm (torch >= 2.10)")
     st = F.ScalingType
-    a_data = a.data if a.data.is_contiguous() else a.data.contiguous()
+    m = a.data.shape[0]
+    a_data, scale_a = _rows_aligned(a)  # (Mp, K) and (Mp, K/128) with stride (1, Mp)
     b_data = b.data if b.data.t().is_contiguous() else b.data.t().contiguous().t()
-    scale_a = _col_major(a.scale)  # (M, K/128), stride (1, M)
     if b.block == (128, 1):  # per-column 1x128 along K: scales (N, K/128), stride (1, N)
         return sm(a_data, b_data, scale_a, st.BlockWise1x128, _col_major(b.scale.t()),
-                  st.BlockWise1x128, output_dtype=out_dtype)
+                  st.BlockWise1x128, output_dtype=out_dtype)[:m]
     kb, nb = b.scale.shape
     l4 = -(-kb // 4) * 4
     if kb == l4 and b.scale.stride() == (1, kb):
@@ -128,7 +133,25 @@ def _scaled_mm_blockwise(a: BlockFp8, b: BlockFp8, out_dtype: torch.dtype) -> to
         sb[:, :kb] = b.scale.t()
         scale_b = sb.t()  # (L4, N/128), stride (1, L4)
     return sm(a_data, b_data, scale_a, st.BlockWise1x128, scale_b, st.BlockWise128x128,
-              output_dtype=out_dtype)
+              output_dtype=out_dtype)[:m]
+
+
+def _rows_aligned(a: BlockFp8) -> tuple[torch.Tensor, torch.Tensor]:
+    """a's bytes and column-major scales over its rows rounded up to GEMM_ROW_ALIGN: in place
+    when a was quantized into padded storage (``quantize(..., scale_col_major=True)``),
+    else copied into zero-padded buffers."""
+    m, k = a.data.shape
+    mp = -(-m // GEMM_ROW_ALIGN) * GEMM_ROW_ALIGN
+    kb = a.scale.shape[1]
+    data, scale = a.data, a.scale
+    if (data.stride() == (k, 1) and scale.stride() == (1, mp)
+            and data.untyped_storage().nbytes() >= (data.storage_offset() + mp * k)
+            and scale.untyped_storage().nbytes() >= 4 * (scale.storage_offset() + mp * kb)):
+        return data.as_strided((mp, k), (k, 1)), scale.as_strided((mp, kb), (1, mp))
+    pd, ps = padded_gemm_operand(m, k, a.block, data.device)
+    pd.copy_(data)
+    ps.copy_(scale)
+    return _rows_aligned(BlockFp8(pd, ps, a.block))
 
 
 def fp8_matmul(a: BlockFp8, b: BlockFp8, out_dtype: torch.dtype, kernel: Kernel) -> torch.Tensor:

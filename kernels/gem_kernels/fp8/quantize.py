@@ -276,6 +276,24 @@ def _scale_buffer(x: torch.Tensor, block: tuple[int, int], col_major: bool) -> t
     return torch.empty((sr, sc), dtype=torch.float32, device=x.device)
 
 
+GEMM_ROW_ALIGN = 16  # rows of a cuBLAS blockwise FP8 operand (token counts are arbitrary)
+
+
+def padded_gemm_operand(rows: int, cols: int, block: tuple[int, int], device: torch.device
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(fp8 bytes, column-major scales) for ``rows`` rows, as views of storage holding
+    ``rows`` rounded up to GEMM_ROW_ALIGN: cuBLAS's blockwise FP8 GEMM rejects a row count
+    (a jagged batch's token count) its scale layout cannot align, and the padding lets the
+    GEMM run on the padded extent without copying the operand. Pad rows hold zeros with
+    scale 1."""
+    rp = -(-rows // GEMM_ROW_ALIGN) * GEMM_ROW_ALIGN
+    sc = -(-cols // block[1])
+    q = torch.empty((rp, cols), dtype=FP8_DTYPE, device=device)
+    q[rows:].view(torch.uint8).zero_()
+    s = torch.ones((sc, rp), dtype=torch.float32, device=device).t()
+    return q[:rows], s[:rows]
+
+
 def _hadamard_operand(x: torch.Tensor, hadamard: torch.Tensor | None
                       ) -> tuple[int, torch.Tensor, float]:
     """(block size, +-1 sign matrix, 1/sqrt(n)) for the kernels' fused rotation; block size 0
@@ -297,8 +315,11 @@ def quantize_triton(x: torch.Tensor, block: tuple[int, int], *, hadamard: torch.
     ``hw_cast``: as in :func:`quantize_dual`."""
     r, c = x.shape
     br, bc = block
-    q = torch.empty((r, c), dtype=FP8_DTYPE, device=x.device)
-    s = _scale_buffer(x, block, scale_col_major)
+    if scale_col_major:  # the cuBLAS route: storage for rows padded as that GEMM wants
+        q, s = padded_gemm_operand(r, c, block, x.device)
+    else:
+        q = torch.empty((r, c), dtype=FP8_DTYPE, device=x.device)
+        s = _scale_buffer(x, block, False)
     hb, h, inv_sqrt_n = _hadamard_operand(x, hadamard)
     interpret = os.environ.get("TRITON_INTERPRET") == "1"
     had_fp32 = interpret or x.dtype != torch.bfloat16

@@ -43,19 +43,25 @@ def run_in_process(plan: SweepPlan, out: str | Path, echo: Callable[[str], None]
     from gem_platform.train.loop import train
 
     out = Path(out)
-    recipes = _recipes_fingerprint(plan)
+    recipes = _arm_fingerprints(plan)
+    arms = {a.name: a.overrides for a in plan.arms}
     done: list[TrialRun] = []
     if resume and out.exists():
         earlier, header = load_results(out)
-        if (header.get("sweep"), header.get("recipes")) != (plan.name, recipes):
+        before = header.get("recipes")
+        before = before if isinstance(before, dict) else {}
+        changed = sorted(a for a in recipes if a in before and before[a] != recipes[a])
+        if header.get("sweep") != plan.name or changed:
             raise GemError(f"{out} holds results of other recipes (sweep "
-                           f"{header.get('sweep')!r}) than this run of {plan.name!r}.",
-                           "Pass another --out, or --new to overwrite it.")
+                           f"{header.get('sweep')!r}, arms {changed or 'all'}) than this run of "
+                           f"{plan.name!r}.", "Pass another --out, or --new to overwrite it.")
         done = earlier
+        recipes = {**before, **recipes}
+        arms = {**(header.get("arms") or {}), **arms}
     have = {(t.arm, t.seed) for t in done}
     header = {"sweep": plan.name, "spec": plan.spec_path, "base": plan.base_path,
               "baseline": plan.baseline, "seeds": plan.seeds,
-              "arms": {a.name: a.overrides for a in plan.arms}, "device": _device_name(),
+              "arms": arms, "device": _device_name(),
               "recipes": recipes}
     for arm, seed in plan.trials():
         if (arm, str(seed)) in have:
@@ -74,15 +80,17 @@ def run_in_process(plan: SweepPlan, out: str | Path, echo: Callable[[str], None]
     return done
 
 
-def _recipes_fingerprint(plan: SweepPlan) -> str:
-    """What decides a trial's result apart from its seed: the arms' recipes, without where the
-    data lives (a results file moves between machines with the sweep) or tracking."""
-    body = {a.name: a.recipe.model_dump(mode="json") for a in plan.arms}
-    for tree in body.values():
+def _arm_fingerprints(plan: SweepPlan) -> dict[str, str]:
+    """What decides a trial's result apart from its seed, per arm: its recipe, without where
+    the data lives (a results file moves between machines with the sweep) or tracking."""
+    out = {}
+    for arm in plan.arms:
+        tree = arm.recipe.model_dump(mode="json")
         tree.pop("tracking", None)
         tree["data"].pop("path", None)
-    raw = json.dumps(body, sort_keys=True, default=str).encode()
-    return hashlib.sha256(raw).hexdigest()[:16]
+        raw = json.dumps(tree, sort_keys=True, default=str).encode()
+        out[arm.name] = hashlib.sha256(raw).hexdigest()[:16]
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
