@@ -115,10 +115,14 @@ def _quantize_store(xf, rows, cols, pid_r, pid_c, q_ptr, s_ptr, R, C, stride_sr,
 
 @triton.jit
 def _quantize_kernel(x_ptr, q_ptr, s_ptr, h_ptr, R, C, stride_xr, stride_xc, stride_sr,
-                     stride_sc, seed, inv_sqrt_n, BR: tl.constexpr, BC: tl.constexpr,
+                     stride_sc, seed, inv_sqrt_n, R_BUCKET, BR: tl.constexpr, BC: tl.constexpr,
                      TR: tl.constexpr, TC: tl.constexpr,
                      HB: tl.constexpr, HAD_FP32: tl.constexpr, STOCHASTIC: tl.constexpr,
                      HW_CAST: tl.constexpr):
+    # R_BUCKET (the row count rounded up to a power of two) exists for the autotuner's key
+    # only: a jagged batch has a new token count every step, and keyed on the exact count the
+    # tuner benchmarked every tile again at every step (an FP8 training step of the H200
+    # recipe ran ~40x slower than bf16).
     pid_r = tl.program_id(0)
     pid_c = tl.program_id(1)
     rows = pid_r * TR + tl.arange(0, TR)
@@ -264,7 +268,7 @@ _TILES = [triton.Config({"TR": tr, "TC": tc}, num_warps=w)
           for tr, tc, w in ((32, 128, 4), (64, 128, 4), (64, 128, 8), (128, 128, 8),
                             (32, 256, 4), (16, 256, 4))]
 _quantize_autotuned = triton.autotune(
-    configs=_TILES, key=["R", "C", "BR", "BC", "HB", "STOCHASTIC", "HW_CAST"],
+    configs=_TILES, key=["R_BUCKET", "C", "BR", "BC", "HB", "STOCHASTIC", "HW_CAST"],
     prune_configs_by={"early_config_prune": _prune})(_quantize_kernel)
 
 
@@ -324,7 +328,7 @@ def quantize_triton(x: torch.Tensor, block: tuple[int, int], *, hadamard: torch.
     interpret = os.environ.get("TRITON_INTERPRET") == "1"
     had_fp32 = interpret or x.dtype != torch.bfloat16
     args = (x, q, s, h, r, c, x.stride(0), x.stride(1), s.stride(0), s.stride(1), seed,
-            inv_sqrt_n)
+            inv_sqrt_n, triton.next_power_of_2(r))
     flags = dict(BR=br, BC=bc, HB=hb, HAD_FP32=had_fp32, STOCHASTIC=stochastic,
                  HW_CAST=hardware_cast(x, hw_cast))
     if interpret or x.device.type != "cuda":
