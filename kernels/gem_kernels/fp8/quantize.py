@@ -9,6 +9,7 @@ writes fp8 bytes and scales. HBM traffic: read 2 B + write 1 B per element (+ sc
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 
@@ -181,10 +182,11 @@ def _quantize_dual_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, R, C, stride_xr, 
 
     The x^T copy is scaled and rounded in x's own layout (its blocks are the tile's columns:
     column amax, one scale per column) and only the 1-byte result is transposed on the way
-    out, not the fp32 tile. On the H200 that left round-to-nearest time unchanged (~50% of
-    HBM bandwidth, byte-identical output) and made stochastic rounding ~5% faster: the
-    transpose is not the limit. The likely one: both copies' e4m3 rounding is emulated in fp32
-    integer/float ops, twice the per-element ALU work of the plain quantizer (~83%)."""
+    out, not the fp32 tile. H200, same run (docs/bench/fp8_linear.json): rounding through the
+    hardware conversion instead of the fp32 emulation lifted it from 52-53% to 62-64% of HBM
+    bandwidth at 65536x2048 and 131072x4096 (the plain quantizers: 83-95%). Still short of
+    them; unmeasured suspects: the 128 x 128 fp32 tile held in registers (64 values per
+    thread at 8 warps) and the column reduction through shared memory."""
     T: tl.constexpr = 128
     pid_r = tl.program_id(0)
     pid_c = tl.program_id(1)
@@ -208,8 +210,13 @@ def hardware_cast(x: torch.Tensor, wanted: bool | None = None) -> bool:
     one (sm_89+) outside the interpreter (whose cast does not round to nearest even), and not
     when the caller asks for the emulation (``wanted=False``, for comparisons)."""
     able = (x.device.type == "cuda" and os.environ.get("TRITON_INTERPRET") != "1"
-            and torch.cuda.get_device_capability(x.device) >= (8, 9))
+            and _fp8_convert_in_hardware(x.device.index or 0))
     return able and wanted is not False
+
+
+@functools.cache
+def _fp8_convert_in_hardware(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index) >= (8, 9)
 
 
 # Warps per 128 x 128 tile (the transpose goes through shared memory); keyed on the column
