@@ -211,7 +211,7 @@ def _format_validation_error(err: ValidationError, source: str) -> str:
             msg = "unknown field (check its spelling and section)"
         elif e["type"] == "literal_error":
             msg = f"{msg} (got {e.get('input')!r})"
-        lines.append(f"{loc}: {msg}")
+        lines.append(f"{loc}: {msg.rstrip('.')}")
     return f"Recipe {source} is invalid: " + "; ".join(lines) + "."
 
 
