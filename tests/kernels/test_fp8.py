@@ -411,3 +411,19 @@ def test_gpu_rmsnorm_linear_close_to_fp32(block):
     y = fused(x)
     ref = lin(norm(x.float()))
     assert y.dtype == torch.bfloat16 and _rel(y, ref) < 0.06
+
+
+def test_autotuning_is_not_keyed_on_the_exact_token_count():
+    """A jagged batch has a new token count every step: an autotuner keyed on it would time
+    every configuration again at every step (this once made an FP8 training step ~40x slower
+    than bf16). Row counts enter the keys only as power-of-two buckets."""
+    import importlib
+
+    gemm_mod = importlib.import_module("gem_kernels.fp8.gemm")
+    quant_mod = importlib.import_module("gem_kernels.fp8.quantize")
+
+    keys = {"gemm": gemm_mod._gemm_autotuned.keys, "quantize": quant_mod._quantize_autotuned.keys,
+            "quantize_dual": quant_mod._quantize_dual_autotuned.keys}
+    assert "M_BUCKET" in keys["gemm"] and "M" not in keys["gemm"]
+    assert "R_BUCKET" in keys["quantize"] and "R" not in keys["quantize"]
+    assert "R" not in keys["quantize_dual"]
