@@ -83,14 +83,12 @@ def test_quantize_matches_reference_and_error_bound(block):
     assert _rel(d, xf) < 0.03
 
 
-@pytest.mark.parametrize("shape, tiles", [((256, 128), 1), ((200, 300), 1), ((300, 200), 2),
-                                          ((520, 128), 3)])
-def test_quantize_dual_equals_two_quantizations(shape, tiles):
+@pytest.mark.parametrize("shape", [(256, 128), (200, 300)])
+def test_quantize_dual_equals_two_quantizations(shape):
     """One read, both layouts: x in 1x128 blocks and x^T in 1x128 blocks (along x's rows),
-    byte-identical to quantizing x and x.t() separately; partial tiles included, and programs
-    that walk several row tiles (the last ones past the end)."""
+    byte-identical to quantizing x and x.t() separately; partial tiles included."""
     x = _outliers(*shape, seed=21, device=DEV)
-    q, qt = quantize_dual(x, kernel="triton", tiles_per_program=tiles)
+    q, qt = quantize_dual(x, kernel="triton")
     for got, want in ((q, quantize_reference(x, (1, 128))),
                       (qt, quantize_reference(x.t(), (1, 128)))):
         assert got.block == (1, 128) and got.data.shape == want.data.shape

@@ -175,9 +175,8 @@ def _rmsnorm_quantize_kernel(x_ptr, w_ptr, q_ptr, s_ptr, rstd_ptr, h_ptr, R, C, 
 @triton.jit
 def _quantize_dual_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, R, C, stride_xr, stride_xc,
                           stride_sr, stride_sc, stride_str, stride_stc, seed,
-                          STOCHASTIC: tl.constexpr, HW_CAST: tl.constexpr,
-                          TILES: tl.constexpr = 1, STAGES: tl.constexpr = 1):
-    """One read of each 128 x 128 tile, two FP8 outputs: x in 1x128 blocks along rows, and x^T
+                          STOCHASTIC: tl.constexpr, HW_CAST: tl.constexpr):
+    """One read of a 128 x 128 tile, two FP8 outputs: x in 1x128 blocks along rows, and x^T
     (written row-major) in 1x128 blocks along x's rows, i.e. the operand of a product that
     reduces over x's rows (the weight gradient dW = dY^T X reduces over tokens).
 
@@ -186,29 +185,24 @@ def _quantize_dual_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, R, C, stride_xr, 
     out, not the fp32 tile. H200, same run (docs/bench/fp8_linear.json): rounding through the
     hardware conversion instead of the fp32 emulation lifted it from 52-53% to 62-64% of HBM
     bandwidth at 65536x2048 and 131072x4096 (the plain quantizers: 83-95%). Still short of
-    them. A 128 x 128 fp32 tile holds 64 values per thread at 8 warps, so few programs fit on
-    an SM and each waits for its whole tile before computing; ``TILES`` > 1 walks that many
-    row tiles per program with the next tile's load issued during this one's work
-    (``STAGES``), a setting the autotuner times against one tile per program."""
+    them; unmeasured suspects: the 128 x 128 fp32 tile held in registers (64 values per
+    thread at 8 warps) and the column reduction through shared memory."""
     T: tl.constexpr = 128
+    pid_r = tl.program_id(0)
     pid_c = tl.program_id(1)
+    rows = pid_r * T + tl.arange(0, T)
     cols = pid_c * T + tl.arange(0, T)
-    n_tiles = (R + T - 1) // T
-    for i in tl.range(0, TILES, num_stages=STAGES):
-        tile = tl.program_id(0) * TILES + i
-        rows = tile * T + tl.arange(0, T)
-        mask = (rows[:, None] < R) & (cols[None, :] < C)
-        xf = tl.load(x_ptr + rows[:, None].to(tl.int64) * stride_xr + cols[None, :] * stride_xc,
-                     mask=mask, other=0.0).to(tl.float32)
-        _quantize_store(xf, rows, cols, tile, pid_c, q_ptr, s_ptr, R, C, stride_sr, stride_sc,
-                        seed, 1, T, T, T, STOCHASTIC, HW_CAST)
-        scale_t, inv_t = _pow2_scales(tl.max(tl.abs(xf), axis=0))  # one per column
-        bt = tl.trans(_to_e4m3(xf * inv_t[None, :], rows, pid_c, C, seed + 1, T, T, STOCHASTIC,
-                               HW_CAST))  # (cols, rows): x^T's tile, 1 byte each
-        tl.store(qt_ptr + cols[:, None].to(tl.int64) * R + rows[None, :], bt,
-                 mask=(cols[:, None] < C) & (rows[None, :] < R))
-        tl.store(st_ptr + cols * stride_str + tile * stride_stc, scale_t,
-                 mask=(cols < C) & (tile < n_tiles))
+    mask = (rows[:, None] < R) & (cols[None, :] < C)
+    xf = tl.load(x_ptr + rows[:, None].to(tl.int64) * stride_xr + cols[None, :] * stride_xc,
+                 mask=mask, other=0.0).to(tl.float32)
+    _quantize_store(xf, rows, cols, pid_r, pid_c, q_ptr, s_ptr, R, C, stride_sr, stride_sc,
+                    seed, 1, T, T, T, STOCHASTIC, HW_CAST)
+    scale_t, inv_t = _pow2_scales(tl.max(tl.abs(xf), axis=0))  # one per column of the tile
+    bt = tl.trans(_to_e4m3(xf * inv_t[None, :], rows, pid_c, C, seed + 1, T, T, STOCHASTIC,
+                           HW_CAST))  # (cols, rows): x^T's tile, 1 byte each
+    tl.store(qt_ptr + cols[:, None].to(tl.int64) * R + rows[None, :], bt,
+             mask=(cols[:, None] < C) & (rows[None, :] < R))
+    tl.store(st_ptr + cols * stride_str + pid_r * stride_stc, scale_t, mask=cols < C)
 
 
 def hardware_cast(x: torch.Tensor, wanted: bool | None = None) -> bool:
@@ -228,21 +222,18 @@ def _fp8_convert_in_hardware(device_index: int) -> bool:
 # Warps per 128 x 128 tile (the transpose goes through shared memory); keyed on the column
 # count only, so new token counts reuse the choice.
 _quantize_dual_autotuned = triton.autotune(
-    configs=[triton.Config({"TILES": 1, "STAGES": 1}, num_warps=w) for w in (4, 8, 16)]
-    + [triton.Config({"TILES": t, "STAGES": 2}, num_warps=w) for t in (2, 4) for w in (8, 16)],
+    configs=[triton.Config({}, num_warps=w) for w in (4, 8, 16)],
     key=["C", "STOCHASTIC", "HW_CAST"])(_quantize_dual_kernel)
 
 
 def quantize_dual(x: torch.Tensor, *, stochastic: bool = False, seed: int | None = None,
-                  kernel: Kernel | str | None = None, hw_cast: bool | None = None,
-                  tiles_per_program: int = 1) -> tuple[BlockFp8, BlockFp8]:
+                  kernel: Kernel | str | None = None, hw_cast: bool | None = None
+                  ) -> tuple[BlockFp8, BlockFp8]:
     """x (R x C) quantized twice in one pass: (x in 1x128 blocks, x^T in 1x128 blocks), both
     with column-major scales (cuBLAS blockwise layout). Equals ``quantize(x, (1, 128))`` and
     ``quantize(x.t(), (1, 128))`` (stochastic streams aside) at one read of x instead of two.
     ``hw_cast``: round through the hardware conversion (default: where the GPU has one); the
-    bytes are the same either way, False keeps the fp32 emulation for comparison.
-    ``tiles_per_program``: row tiles per program in the interpreter (on the GPU the
-    autotuner chooses)."""
+    bytes are the same either way, False keeps the fp32 emulation for comparison."""
     if x.dim() != 2:
         raise ValueError(f"quantize_dual expects a 2-D tensor; got shape {tuple(x.shape)}")
     if seed is None and stochastic:
@@ -260,13 +251,12 @@ def quantize_dual(x: torch.Tensor, *, stochastic: bool = False, seed: int | None
     qt = torch.empty((c, r), dtype=FP8_DTYPE, device=x.device)
     s = torch.empty((-(-c // 128), r), dtype=torch.float32, device=x.device).t()
     st = torch.empty((-(-r // 128), c), dtype=torch.float32, device=x.device).t()
+    grid = (triton.cdiv(r, 128), triton.cdiv(c, 128))
     args = (x, q, s, qt, st, r, c, x.stride(0), x.stride(1), s.stride(0), s.stride(1),
             st.stride(0), st.stride(1), seed or 0)
     hw = hardware_cast(x, hw_cast)
-    grid = lambda meta: (triton.cdiv(r, 128 * meta["TILES"]), triton.cdiv(c, 128))
     if os.environ.get("TRITON_INTERPRET") == "1" or x.device.type != "cuda":
-        _quantize_dual_kernel[grid](*args, STOCHASTIC=stochastic, HW_CAST=hw,
-                                    TILES=tiles_per_program, STAGES=1, num_warps=4)
+        _quantize_dual_kernel[grid](*args, STOCHASTIC=stochastic, HW_CAST=hw, num_warps=4)
     else:
         _quantize_dual_autotuned[grid](*args, STOCHASTIC=stochastic, HW_CAST=hw)
     return BlockFp8(q, s, (1, 128)), BlockFp8(qt, st, (1, 128))
