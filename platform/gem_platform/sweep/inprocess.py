@@ -15,24 +15,16 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import platform as host
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+from gem_kernels.bench.common import device_info
 from gem_platform.errors import GemError
 from gem_platform.sweep.config import SweepPlan, load_sweep
 from gem_platform.sweep.results import TrialRun, finite_metrics, load_results, write_results
-
-
-def _device_name() -> str:
-    import torch
-
-    if torch.cuda.is_available():
-        return torch.cuda.get_device_name()
-    return f"cpu ({host.processor() or host.machine()})"
 
 
 def run_in_process(plan: SweepPlan, out: str | Path, echo: Callable[[str], None] = print,
@@ -61,7 +53,7 @@ def run_in_process(plan: SweepPlan, out: str | Path, echo: Callable[[str], None]
     have = {(t.arm, t.seed) for t in done}
     header = {"sweep": plan.name, "spec": plan.spec_path, "base": plan.base_path,
               "baseline": plan.baseline, "seeds": plan.seeds,
-              "arms": arms, "device": _device_name(),
+              "arms": arms, "device": device_info(),
               "recipes": recipes}
     for arm, seed in plan.trials():
         if (arm, str(seed)) in have:
