@@ -9,6 +9,9 @@
   delta to the baseline arm with a 95% interval (paired over seeds when both arms ran the
   same seeds, Welch otherwise), efficiency metrics, regression gates,
   and an NE-vs-step PNG logged to the parent run.
+- ``inprocess`` + ``results``: the same trials run one after another in this process (no Ray,
+  no MLflow: a lone GPU box), written to a JSON results file that ``compare`` reads like a
+  sweep id.
 - ``runs``: recent runs for ``gemctl runs``.
 - ``store``: the MLflow tags and queries these share.
 
