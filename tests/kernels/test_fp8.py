@@ -427,3 +427,23 @@ def test_autotuning_is_not_keyed_on_the_exact_token_count():
     assert "M_BUCKET" in keys["gemm"] and "M" not in keys["gemm"]
     assert "R_BUCKET" in keys["quantize"] and "R" not in keys["quantize"]
     assert "R" not in keys["quantize_dual"]
+
+
+def test_blockwise_gemm_operands_are_quantized_row_padded():
+    """Activations bound for cuBLAS's blockwise GEMM, from the plain quantizer and from the
+    fused RMSNorm, land in storage padded to 16 rows: the GEMM reads them in place."""
+    from gem_kernels.fp8.linear import _rows_aligned
+
+    x = _outliers(70, 256, seed=13)
+    w = torch.rand(256, device=DEV) + 0.5
+    for q in (quantize(x, (1, 128), scale_col_major=True, kernel="triton"),
+              rmsnorm_quantize(x, w, block=(1, 128), scale_col_major=True, kernel="triton")[0]):
+        data, scale = _rows_aligned(q)
+        assert data.shape == (80, 256) and scale.shape == (80, 2) and scale.stride() == (1, 80)
+        assert data.data_ptr() == q.data.data_ptr() and scale.data_ptr() == q.scale.data_ptr()
+        assert not data[70:].view(torch.uint8).any() and (scale[70:] == 1).all()
+    compact = BlockFp8(q.data.contiguous(), q.scale.contiguous(), (1, 128))  # copied instead
+    data, scale = _rows_aligned(compact)
+    assert data.data_ptr() != compact.data.data_ptr()
+    assert torch.equal(data[:70].view(torch.uint8), q.data.view(torch.uint8))
+    assert torch.equal(scale[:70], q.scale)

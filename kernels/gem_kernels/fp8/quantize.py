@@ -282,14 +282,6 @@ _quantize_autotuned = triton.autotune(
     prune_configs_by={"early_config_prune": _prune})(_quantize_kernel)
 
 
-def _scale_buffer(x: torch.Tensor, block: tuple[int, int], col_major: bool) -> torch.Tensor:
-    """One fp32 scale per block of ``x``; column-major when cuBLAS's blockwise GEMM reads it."""
-    sr, sc = scale_shape(x.shape[0], x.shape[1], block)
-    if col_major:
-        return torch.empty((sc, sr), dtype=torch.float32, device=x.device).t()
-    return torch.empty((sr, sc), dtype=torch.float32, device=x.device)
-
-
 GEMM_ROW_ALIGN = 16  # rows of a cuBLAS blockwise FP8 operand (token counts are arbitrary)
 
 
@@ -299,13 +291,27 @@ def padded_gemm_operand(rows: int, cols: int, block: tuple[int, int], device: to
     ``rows`` rounded up to GEMM_ROW_ALIGN: cuBLAS's blockwise FP8 GEMM rejects a row count
     (a jagged batch's token count) its scale layout cannot align, and the padding lets the
     GEMM run on the padded extent without copying the operand. Pad rows hold zeros with
-    scale 1."""
+    scale 1. Scales are per row (1 x N blocks), as that GEMM's activation operand has."""
+    if block[0] != 1:
+        raise ValueError(f"a blockwise GEMM's row-padded operand has 1xN blocks, not {block}")
     rp = -(-rows // GEMM_ROW_ALIGN) * GEMM_ROW_ALIGN
     sc = -(-cols // block[1])
     q = torch.empty((rp, cols), dtype=FP8_DTYPE, device=device)
     q[rows:].view(torch.uint8).zero_()
     s = torch.ones((sc, rp), dtype=torch.float32, device=device).t()
     return q[:rows], s[:rows]
+
+
+def _outputs(x: torch.Tensor, block: tuple[int, int], col_major: bool
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(fp8 bytes, one fp32 scale per block) to quantize ``x`` into. ``col_major``: the operand
+    of cuBLAS's blockwise GEMM (1xN blocks), in row-padded storage (padded_gemm_operand)."""
+    r, c = x.shape
+    if col_major:
+        return padded_gemm_operand(r, c, block, x.device)
+    sr, sc = scale_shape(r, c, block)
+    return (torch.empty((r, c), dtype=FP8_DTYPE, device=x.device),
+            torch.empty((sr, sc), dtype=torch.float32, device=x.device))
 
 
 def _hadamard_operand(x: torch.Tensor, hadamard: torch.Tensor | None
@@ -329,11 +335,7 @@ def quantize_triton(x: torch.Tensor, block: tuple[int, int], *, hadamard: torch.
     ``hw_cast``: as in :func:`quantize_dual`."""
     r, c = x.shape
     br, bc = block
-    if scale_col_major:  # the cuBLAS route: storage for rows padded as that GEMM wants
-        q, s = padded_gemm_operand(r, c, block, x.device)
-    else:
-        q = torch.empty((r, c), dtype=FP8_DTYPE, device=x.device)
-        s = _scale_buffer(x, block, False)
+    q, s = _outputs(x, block, scale_col_major)
     hb, h, inv_sqrt_n = _hadamard_operand(x, hadamard)
     interpret = os.environ.get("TRITON_INTERPRET") == "1"
     had_fp32 = interpret or x.dtype != torch.bfloat16
@@ -387,8 +389,7 @@ def rmsnorm_quantize(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
     x = x if x.stride(1) == 1 else x.contiguous()
     r, c = x.shape
     br, bc = block
-    q = torch.empty((r, c), dtype=FP8_DTYPE, device=x.device)
-    s = _scale_buffer(x, block, scale_col_major)
+    q, s = _outputs(x, block, scale_col_major)
     rstd = torch.empty((r,), dtype=torch.float32, device=x.device)
     hb, h, inv_sqrt_n = _hadamard_operand(x, hadamard)
     interpret = os.environ.get("TRITON_INTERPRET") == "1"
