@@ -113,17 +113,21 @@ def _as_trial(run: Run, sweep_id: str | None, parent: str | None) -> TrialRun:
     )
 
 
-def collect(uri: str, ids: list[str]) -> tuple[list[TrialRun], list[Run], list[str]]:
+def collect(uri: str, ids: list[str]) -> tuple[list[TrialRun], list[str], list[str]]:
     """Resolve sweep ids, parent run ids, run ids and results files (``*.json``, written by
     an in-process sweep) into finished trial runs.
 
-    Returns (trial runs, parent runs, ids of unfinished runs left out).
+    Returns (trial runs, the sweeps' own baseline arms in order, ids of unfinished runs left
+    out).
     """
     trials: dict[str, TrialRun] = {}
     parents: dict[str, Run] = {}
+    file_baselines: list[str] = []
     skipped: list[str] = []
     for ident in filter(is_results_file, ids):
-        trials.update((t.run_id, t) for t in load_results(ident)[0])
+        runs_in_file, header = load_results(ident)
+        trials.update((t.run_id, t) for t in runs_in_file)
+        file_baselines += [header["baseline"]] if header.get("baseline") else []
     tracked = [i for i in ids if not is_results_file(i)]
     c = store.client(uri) if tracked else None
     for ident in tracked:
@@ -154,7 +158,8 @@ def collect(uri: str, ids: list[str]) -> tuple[list[TrialRun], list[Run], list[s
             sweep = parent.data.tags.get(store.TAG_SWEEP) if parent else None
             trials[run.info.run_id] = _as_trial(run, sweep, parent.info.run_id if parent
                                                 else None)
-    return list(trials.values()), list(parents.values()), skipped
+    baselines = [b for p in parents.values() if (b := p.data.tags.get(store.TAG_BASELINE))]
+    return list(trials.values()), baselines + file_baselines, skipped
 
 
 def _tasks(trials: list[TrialRun]) -> list[str]:
@@ -259,14 +264,11 @@ def check_gates(cmp: Comparison, gates: Gates) -> list[GateFailure]:
 def compare(uri: str, ids: list[str], baseline: str | None = None,
             gates: Gates | None = None) -> Comparison:
     """Collect, compare and gate. The baseline defaults to the sweep's own."""
-    trials, parents, skipped = collect(uri, ids)
-    if baseline is None and parents:
-        baseline = parents[0].data.tags.get(store.TAG_BASELINE)
-    files = [i for i in ids if is_results_file(i)]
-    if baseline is None and files:
-        baseline = load_results(files[0])[1].get("baseline")
-    if baseline and baseline not in {t.arm for t in trials}:
-        baseline = None
+    trials, baselines, skipped = collect(uri, ids)
+    if baseline is None and baselines:
+        baseline = baselines[0]
+        if baseline not in {t.arm for t in trials}:
+            baseline = None
     cmp = compare_trials(trials, baseline)
     cmp.skipped = skipped
     if gates is not None:
