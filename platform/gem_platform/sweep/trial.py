@@ -11,11 +11,11 @@ launch, is deleted so the sweep ends with exactly one child run per trial.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from gem_platform.recipe import Recipe
 from gem_platform.sweep import store
+from gem_platform.sweep.results import finite_metrics
 
 REPORT_KEYS = ("eval/ne_ctr", "eval/auc_ctr", "eval/ne_cvr", "eval/auc_cvr", "perf/qps")
 
@@ -35,12 +35,9 @@ def child_recipe(recipe: Recipe, sweep_id: str, parent_run_id: str, arm: str, se
 
 
 def _report(summary: dict[str, Any], run_id: str, reused: bool) -> dict[str, Any]:
-    out: dict[str, Any] = {"run_id": run_id, "reused": reused}
-    for key in REPORT_KEYS:
-        value = summary.get(key)
-        if isinstance(value, (int, float)) and math.isfinite(float(value)):
-            out[key] = float(value)
-    return out
+    finite = finite_metrics(summary)
+    return {"run_id": run_id, "reused": reused,
+            **{key: finite[key] for key in REPORT_KEYS if key in finite}}
 
 
 def settle_earlier_attempts(recipe: Recipe, sweep_id: str, arm: str, seed: int
