@@ -447,3 +447,34 @@ def test_blockwise_gemm_operands_are_quantized_row_padded():
     assert data.data_ptr() != compact.data.data_ptr()
     assert torch.equal(data[:70].view(torch.uint8), q.data.view(torch.uint8))
     assert torch.equal(scale[:70], q.scale)
+
+
+@pytest.mark.parametrize("fused_norm", [False, True])
+def test_under_autocast_the_layer_works_in_autocast_dtype(fused_norm):
+    """Inside autocast an FP8 layer behaves as nn.Linear does there: an fp32 activation (a
+    norm's output) gives an output in autocast's dtype, and the activation kept for the bf16
+    weight gradient is bf16 too (kept fp32, that gradient ran as an fp32 GEMM on CUDA cores
+    and everything downstream ran in fp32)."""
+    torch.manual_seed(3)
+    cfg = Fp8Config(block=128)
+    lin = Fp8BlockLinear(128, 256, cfg=cfg, kernel="pytorch").to(DEV)
+    norm = torch.nn.RMSNorm(128).to(DEV)
+    layer = Fp8RMSNormLinear.from_modules(norm, lin, cfg, kernel="pytorch") if fused_norm else lin
+    x = torch.randn(64, 128, device=DEV, requires_grad=True)
+    saved: list[tuple[torch.dtype, tuple[int, ...]]] = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved.append((t.dtype, tuple(t.shape)))
+        return t
+
+    with torch.autocast(DEV, dtype=torch.bfloat16), \
+            torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        y = layer(x)
+        expected = torch.nn.functional.linear(x, lin.weight, lin.bias)
+    assert y.dtype == expected.dtype == torch.bfloat16
+    if not fused_norm:  # the fused layer keeps x itself (fp32) for the norm's backward
+        assert (torch.float32, tuple(x.shape)) not in saved
+    assert _rel(y, expected) < 0.08
+    y.float().sum().backward()
+    assert lin.weight.grad.dtype == torch.float32 and x.grad.dtype == torch.float32
+    assert torch.isfinite(lin.weight.grad).all()

@@ -31,17 +31,17 @@ from gem_kernels.fp8.reference import BlockFp8
 class _NormLinearFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, norm_w: torch.Tensor, weight: torch.Tensor,
-                bias: torch.Tensor | None, eps: float, cfg: Fp8Config, kernel: Kernel
-                ) -> torch.Tensor:
+                bias: torch.Tensor | None, eps: float, cfg: Fp8Config, kernel: Kernel,
+                out_dtype: torch.dtype) -> torch.Tensor:
         wq = layer_weight(weight, cfg, kernel)
         q = hadamard_for(cfg, x.device)
         xq, rstd = rmsnorm_quantize(x, norm_w, eps, cfg.act_block, hadamard=q, kernel=kernel,
                                     scale_col_major=cfg.block == 128)
-        y = fp8_matmul(xq, wq.t(), x.dtype, kernel)
+        y = fp8_matmul(xq, wq.t(), out_dtype, kernel)
         if bias is not None:
             y = y + bias.to(y.dtype)
         ctx.cfg, ctx.kernel, ctx.has_bias, ctx.w_dtype = cfg, kernel, bias is not None, weight.dtype
-        ctx.eps = eps
+        ctx.eps, ctx.out_dtype = eps, out_dtype
         ctx.save_for_backward(x, rstd, norm_w, wq.data, wq.scale, xq.data, xq.scale)
         return y
 
@@ -74,7 +74,8 @@ class _NormLinearFn(torch.autograd.Function):
                 normed = torch.ops.aten._fused_rms_norm(x, [x.shape[1]], norm_w.to(x.dtype),
                                                         ctx.eps)[0]
             else:
-                normed = (x.float() * rstd[:, None] * norm_w.float()).to(x.dtype)
+                normed = x.float() * rstd[:, None] * norm_w.float()
+            normed = normed.to(ctx.out_dtype)  # the bf16 weight gradient's operand
             xq = BlockFp8(xd, xs, cfg.act_block) if cfg.block == 32 else None
             xt = None
             if gt is not None and q is None:  # the normalized activation along tokens
@@ -84,7 +85,7 @@ class _NormLinearFn(torch.autograd.Function):
             dw = weight_grad(grad, gq, normed, xq, cfg, kernel, q, gt=gt, xt=xt).to(ctx.w_dtype)
         if ctx.has_bias and ctx.needs_input_grad[3]:
             db = grad.sum(0)
-        return dx, dnw, dw, db, None, None, None
+        return dx, dnw, dw, db, None, None, None, None
 
 
 class Fp8RMSNormLinear(nn.Module):
@@ -111,7 +112,11 @@ class Fp8RMSNormLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         which = resolve_kernel(self.kernel, x)
         eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps  # as nn.RMSNorm
+        # As norm + linear under autocast: the norm reads x in its own dtype, the linear's
+        # output (and its bf16 weight gradient) is in autocast's dtype.
+        dev = x.device.type
+        out_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
         shp = x.shape
         y = _NormLinearFn.apply(x.reshape(-1, shp[-1]).contiguous(), self.norm_weight,
-                                self.weight, self.bias, eps, self.cfg, which)
+                                self.weight, self.bias, eps, self.cfg, which, out_dtype)
         return y.reshape(*shp[:-1], y.shape[-1])

@@ -247,7 +247,8 @@ class _Totals:
 def train(recipe: Recipe, sink: MetricSink | None = None,
           echo: Callable[[str], None] = print,
           checkpoints: CheckpointStore | None = None,
-          published_through: int = 0) -> dict[str, float]:
+          published_through: int = 0,
+          on_step: Callable[[int], None] | None = None) -> dict[str, float]:
     """Train per the recipe on this rank; returns the run summary (same on every rank).
 
     ``sink(metrics, step)`` receives step and eval metrics on rank 0 (MLflow logging);
@@ -255,7 +256,7 @@ def train(recipe: Recipe, sink: MetricSink | None = None,
     the latest checkpoint and saves one every ``checkpoints.every`` steps. A resumed run
     replays the steps after its checkpoint; ``published_through`` (the last step the run's
     record already holds) keeps those from being published twice, so the record has no gap
-    and no repeat.
+    and no repeat. ``on_step(step)`` runs after each training step (a profiler's clock).
     """
     info = RankInfo.current()
     device = pick_device(recipe)
@@ -383,6 +384,8 @@ def train(recipe: Recipe, sink: MetricSink | None = None,
                 "last_loss": last_loss, "step": step,
             })
             checkpoints.commit(folder, step, {"train/loss": last_loss, "step": float(step)})
+        if on_step:
+            on_step(step)
 
     ev = evaluate(model, eval_table, recipe, device, info)
     e2e = mfu(totals.flops, totals.step_s, peak)

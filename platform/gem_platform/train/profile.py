@@ -1,0 +1,194 @@
+"""Where a training step's time goes: a recipe trained for a few steps under torch.profiler.
+
+A run's QPS and MFU say how fast it is, not why. This trains the recipe in-process for
+``warmup + active`` steps (the warm-up absorbs autotuning and compilation), profiles the
+``active`` ones, and reports per step: the wall time, the device's busy time (the sum of kernel
+times; far below the wall time means the host is the bottleneck), the busy time by kind of
+kernel (library matmul, our attention, FP8 quantize and GEMM, copies, element-wise, ...) and the
+costliest kernels. On a CPU run the same tables rank the operators by their own CPU time.
+
+    python -m gem_platform.train.profile recipes/h200.yaml --set precision.mode=fp8_block \\
+        --out gem_runs/profile_fp8.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile, schedule
+
+from gem_platform.errors import GemError
+from gem_platform.recipe import Recipe, load_recipe
+
+# First match wins: our kernels by their Triton names, then the libraries' by theirs.
+KINDS: tuple[tuple[str, str], ...] = (
+    ("fp8 quantize", r"quantize"),
+    ("fp8 gemm (triton)", r"_gemm_body"),
+    ("attention (triton)", r"gdpa|jfa|block_attn|_block_|rope"),
+    ("matmul (library)", r"gemm|xmma|cutlass|nvjet|cublas|matmul|addmm|\bb?mm\b|linear"),
+    ("gather / scatter", r"embedding|fbgemm|index|scatter|gather"),
+    ("optimizer", r"multi_tensor|adam|adagrad|foreach"),
+    ("copy / fill", r"copy|memcpy|memset|fill|cat|pad|contiguous|to_copy"),
+    ("reduction", r"reduce|sum|norm|amax"),
+    ("element-wise", r"elementwise|vectorized|unrolled|pointwise|where|exp|silu|gelu|mul|add|sigmoid"),
+)
+
+
+def kernel_kind(name: str) -> str:
+    """The kind a kernel (or, on CPU, an operator) is counted under."""
+    low = name.lower()
+    for kind, pattern in KINDS:
+        if re.search(pattern, low):
+            return kind
+    return "other"
+
+
+@dataclass
+class KernelRow:
+    """One kernel (or CPU operator): its time and calls per profiled step."""
+
+    name: str
+    kind: str
+    ms_per_step: float
+    calls_per_step: float
+    share: float  # of the busy time
+
+
+@dataclass
+class StepProfile:
+    """What a profiled step spent, averaged over the active steps."""
+
+    recipe: str
+    precision: str
+    device: str
+    active_steps: int
+    step_ms: float  # wall time of a whole step (forward, backward, optimizer)
+    busy_ms: float  # sum of kernel times (CUDA) or operator self times (CPU)
+    busy_fraction: float
+    by_kind: dict[str, float] = field(default_factory=dict)  # ms per step
+    top: list[KernelRow] = field(default_factory=list)
+
+
+def profile_recipe(recipe: Recipe, warmup: int = 20, active: int = 10, top: int = 25,
+                   echo=print) -> StepProfile:
+    """Train ``recipe`` for ``warmup + active`` steps and profile the last ``active``."""
+    from gem_platform.train.loop import pick_device, train
+
+    if warmup < 1 or active < 1:
+        raise GemError(f"warmup={warmup} and active={active} must both be >= 1.",
+                       "Pass --warmup N --active M with N, M >= 1.")
+    total = warmup + active
+    recipe = recipe.model_copy(deep=True)
+    recipe.train.steps = total
+    recipe.train.log_every = min(recipe.train.log_every, active)
+    recipe.train.eval_every = 0
+    recipe.train.eval_max_samples = recipe.loader.local_batch_size  # one batch: not profiled
+    device = pick_device(recipe)
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    marks: dict[int, float] = {}
+
+    with profile(activities=activities,
+                 schedule=schedule(wait=warmup - 1, warmup=1, active=active)) as prof:
+        def on_step(step: int) -> None:
+            if cuda:
+                torch.cuda.synchronize()
+            marks[step] = time.perf_counter()
+            prof.step()
+
+        train(recipe, echo=echo, on_step=on_step)
+
+    step_ms = (marks[total] - marks[warmup]) * 1e3 / active
+    return _summarize(prof, recipe, str(device), cuda, active, step_ms, top)
+
+
+def _summarize(prof, recipe: Recipe, device: str, cuda: bool, active: int, step_ms: float,
+               top: int) -> StepProfile:
+    rows = []
+    for evt in prof.key_averages():
+        if cuda:
+            if evt.device_type != DeviceType.CUDA:
+                continue
+            us = evt.self_device_time_total
+        else:
+            us = evt.self_cpu_time_total
+        if us > 0 and not evt.key.startswith("ProfilerStep"):  # the step's own span
+            rows.append((evt.key, us / 1e3 / active, evt.count / active))
+    busy = sum(ms for _, ms, _ in rows)
+    by_kind: dict[str, float] = {}
+    for name, ms, _ in rows:
+        kind = kernel_kind(name)
+        by_kind[kind] = by_kind.get(kind, 0.0) + ms
+    rows.sort(key=lambda r: r[1], reverse=True)
+    return StepProfile(
+        recipe=recipe.name, precision=_precision_label(recipe), device=device,
+        active_steps=active, step_ms=step_ms, busy_ms=busy,
+        busy_fraction=busy / step_ms if step_ms > 0 else float("nan"),
+        by_kind=dict(sorted(by_kind.items(), key=lambda kv: kv[1], reverse=True)),
+        top=[KernelRow(name, kernel_kind(name), ms, calls, ms / busy if busy else 0.0)
+             for name, ms, calls in rows[:top]])
+
+
+def _precision_label(recipe: Recipe) -> str:
+    p = recipe.precision
+    return f"fp8_block b{p.block}" if p.mode == "fp8_block" else p.mode
+
+
+def render(result: StepProfile) -> None:
+    """Print the summary and the two tables."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    unit = "kernel" if result.device.startswith("cuda") else "operator"
+    console.print(f"[bold]{result.recipe}[/] ({result.precision}, {result.device}): "
+                  f"step {result.step_ms:.1f} ms, {unit}s busy {result.busy_ms:.1f} ms "
+                  f"({result.busy_fraction:.0%}) over {result.active_steps} steps")
+    kinds = Table("kind", "ms / step", "share of busy")
+    for kind, ms in result.by_kind.items():
+        kinds.add_row(kind, f"{ms:.2f}", f"{ms / result.busy_ms:.1%}" if result.busy_ms else "-")
+    console.print(kinds)
+    table = Table(unit, "kind", "ms / step", "calls / step", "share")
+    for r in result.top:
+        name = r.name if len(r.name) <= 70 else r.name[:67] + "..."
+        table.add_row(name, r.kind, f"{r.ms_per_step:.3f}", f"{r.calls_per_step:.1f}",
+                      f"{r.share:.1%}")
+    console.print(table)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("recipe", help="recipe YAML, e.g. recipes/h200.yaml")
+    p.add_argument("--set", "-s", dest="overrides", action="append", default=[],
+                   help="override a recipe field (repeatable), e.g. precision.mode=fp8_block")
+    p.add_argument("--warmup", type=int, default=20, help="steps before profiling")
+    p.add_argument("--active", type=int, default=10, help="profiled steps")
+    p.add_argument("--top", type=int, default=25, help="kernels listed")
+    p.add_argument("--out", help="write the profile as JSON here")
+    args = p.parse_args(argv)
+    try:
+        recipe = load_recipe(args.recipe, args.overrides)
+        result = profile_recipe(recipe, args.warmup, args.active, args.top)
+    except GemError as err:
+        print(f"error: {err.problem}" + (f"\n  fix: {err.fix}" if err.fix else ""),
+              file=sys.stderr)
+        return 2
+    render(result)
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(asdict(result), indent=1))
+        print(f"profile: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
