@@ -32,13 +32,14 @@ from gem_platform.recipe import Recipe, load_recipe
 KINDS: tuple[tuple[str, str], ...] = (
     ("fp8 quantize", r"quantize"),
     ("fp8 gemm (triton)", r"_gemm_body"),
-    ("attention (triton)", r"gdpa|jfa|block_attn|_block_|rope"),
+    ("attention (triton)", r"gdpa|jfa|block_attn|_block_|rope|^(fwd|bwd)_kernel"),
     ("matmul (library)", r"gemm|xmma|cutlass|nvjet|cublas|matmul|addmm|\bb?mm\b|linear"),
     ("gather / scatter", r"embedding|fbgemm|index|scatter|gather"),
     ("optimizer", r"multi_tensor|adam|adagrad|foreach"),
     ("copy / fill", r"copy|memcpy|memset|fill|cat|pad|contiguous|to_copy"),
     ("reduction", r"reduce|sum|norm|amax"),
-    ("element-wise", r"elementwise|vectorized|unrolled|pointwise|where|exp|silu|gelu|mul|add|sigmoid"),
+    ("element-wise",
+     r"elementwise|vectorized|unrolled|pointwise|where|exp|silu|gelu|mul|add|sigmoid"),
 )
 
 
