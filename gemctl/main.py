@@ -106,6 +106,29 @@ def submit(
         render.console.print(table)
 
 
+@app.command()
+@user_errors
+def profile(
+    recipe: Path,
+    set_: SetOpt = None,
+    warmup: Annotated[int, typer.Option(help="Steps before profiling (autotuning, "
+                                        "compilation); at least 2.")] = 20,
+    active: Annotated[int, typer.Option(help="Profiled steps.")] = 10,
+    top: Annotated[int, typer.Option(help="Kernels listed.")] = 25,
+    out: Annotated[Path | None, typer.Option(help="Write the profile as JSON here.")] = None,
+) -> None:
+    """Where a step's time goes: train the recipe a few steps here under torch.profiler."""
+    from gem_platform.recipe import load_recipe
+    from gem_platform.train.profile import profile_recipe, render_profile, write_profile
+
+    r = load_recipe(recipe, set_ or [])
+    result = profile_recipe(r, warmup, active, top,
+                            echo=lambda line: render.console.print(line, highlight=False))
+    render_profile(result, render.console)
+    if out:
+        render.console.print(f"profile: {write_profile(result, out)}")
+
+
 @data_app.command("movielens")
 @user_errors
 def data_movielens(

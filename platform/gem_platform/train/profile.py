@@ -7,8 +7,8 @@ times; far below the wall time means the host is the bottleneck), the busy time 
 kernel (library matmul, our attention, FP8 quantize and GEMM, copies, element-wise, ...) and the
 costliest kernels. On a CPU run the same tables rank the operators by their own CPU time.
 
-    python -m gem_platform.train.profile recipes/h200.yaml --set precision.mode=fp8_block \\
-        --out gem_runs/profile_fp8.json
+    gemctl profile recipes/h200.yaml --set precision.mode=fp8_block --out gem_runs/fp8.json
+    python -m gem_platform.train.profile ...   (the same, where gemctl is not installed)
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import json
 import re
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -79,13 +80,14 @@ class StepProfile:
 
 
 def profile_recipe(recipe: Recipe, warmup: int = 20, active: int = 10, top: int = 25,
-                   echo=print) -> StepProfile:
+                   echo: Callable[[str], None] = print) -> StepProfile:
     """Train ``recipe`` for ``warmup + active`` steps and profile the last ``active``."""
     from gem_platform.train.loop import pick_device, train
 
-    if warmup < 1 or active < 1:
-        raise GemError(f"warmup={warmup} and active={active} must both be >= 1.",
-                       "Pass --warmup N --active M with N, M >= 1.")
+    if warmup < 2 or active < 1:
+        raise GemError(f"warmup={warmup}, active={active}: profiling needs warmup >= 2 (the "
+                       "profiler records nothing without one idle step before its own warm-up "
+                       "step) and active >= 1.", "Pass --warmup N --active M with N >= 2, M >= 1.")
     total = warmup + active
     recipe = recipe.model_copy(deep=True)
     recipe.train.steps = total
@@ -143,12 +145,12 @@ def _precision_label(recipe: Recipe) -> str:
     return f"fp8_block b{p.block}" if p.mode == "fp8_block" else p.mode
 
 
-def render(result: StepProfile) -> None:
-    """Print the summary and the two tables."""
+def render_profile(result: StepProfile, console=None) -> None:
+    """Print the summary line and the two tables (by kind, costliest kernels)."""
     from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    console = console or Console()
     unit = "kernel" if result.device.startswith("cuda") else "operator"
     console.print(f"[bold]{result.recipe}[/] ({result.precision}, {result.device}): "
                   f"step {result.step_ms:.1f} ms, {unit}s busy {result.busy_ms:.1f} ms "
@@ -165,12 +167,20 @@ def render(result: StepProfile) -> None:
     console.print(table)
 
 
+def write_profile(result: StepProfile, path: str | Path) -> Path:
+    """The profile as JSON (parent folders created)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(asdict(result), indent=1))
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("recipe", help="recipe YAML, e.g. recipes/h200.yaml")
     p.add_argument("--set", "-s", dest="overrides", action="append", default=[],
                    help="override a recipe field (repeatable), e.g. precision.mode=fp8_block")
-    p.add_argument("--warmup", type=int, default=20, help="steps before profiling")
+    p.add_argument("--warmup", type=int, default=20, help="steps before profiling (>= 2)")
     p.add_argument("--active", type=int, default=10, help="profiled steps")
     p.add_argument("--top", type=int, default=25, help="kernels listed")
     p.add_argument("--out", help="write the profile as JSON here")
@@ -182,12 +192,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err.problem}" + (f"\n  fix: {err.fix}" if err.fix else ""),
               file=sys.stderr)
         return 2
-    render(result)
+    render_profile(result)
     if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(asdict(result), indent=1))
-        print(f"profile: {out}")
+        print(f"profile: {write_profile(result, args.out)}")
     return 0
 
 

@@ -1,0 +1,68 @@
+"""The step profiler: a real (tiny) training run under torch.profiler, on CPU."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from gem_platform.errors import GemError
+from gem_platform.recipe import recipe_from_dict
+from gem_platform.train.profile import kernel_kind, main, profile_recipe
+from tests.conftest import run_gemctl
+from tests.platform.test_cli import TINY
+
+
+@pytest.mark.parametrize("name, kind", [
+    ("_quantize_kernel", "fp8 quantize"),
+    ("_quantize_dual_kernel", "fp8 quantize"),
+    ("_gemm_body", "fp8 gemm (triton)"),
+    ("bwd_kernel", "attention (triton)"),
+    ("_gdpa_fwd_tma_kernel", "attention (triton)"),
+    ("nvjet_sm90_qqtst_128x128_128x6_2x1_v_bz_coopA_algo2_Ablk128_Bvec128_TNN", "matmul (library)"),
+    ("void cutlass::Kernel2<cutlass_80_simt_sgemm_128x128_8x4_nt_align1>", "matmul (library)"),
+    ("void at::native::vectorized_elementwise_kernel<8, at::native::bfloat16_copy_kernel_cuda>",
+     "copy / fill"),
+    ("void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<float, float>",
+     "reduction"),
+    ("void (anonymous namespace)::indexing_backward_kernel<float, 4>", "gather / scatter"),
+    ("aten::bmm", "matmul (library)"),
+    ("something_new", "other"),
+])
+def test_kernel_kinds(name, kind):
+    assert kernel_kind(name) == kind
+
+
+def test_profile_of_a_tiny_cpu_run(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    tree = yaml.safe_load(TINY.format(data=tmp_path / "data"))
+    tree["parallel"]["workers"] = 1
+    result = profile_recipe(recipe_from_dict(tree), warmup=2, active=3, top=10,
+                            echo=lambda _: None)
+    assert result.device == "cpu" and result.active_steps == 3 and result.precision == "fp32"
+    assert result.step_ms > 0 and 0 < result.busy_ms
+    assert result.busy_ms == pytest.approx(sum(result.by_kind.values()))
+    assert "matmul (library)" in result.by_kind  # the model's linear layers
+    times = [r.ms_per_step for r in result.top]
+    assert len(times) == 10 and times == sorted(times, reverse=True)
+    assert sum(r.share for r in result.top) <= 1 + 1e-9
+    assert not any(r.name.startswith("ProfilerStep") for r in result.top)
+
+
+def test_profile_cli_writes_json(tmp_path):
+    (tmp_path / "tiny.yaml").write_text(TINY.format(data=tmp_path / "data"))
+    proc = run_gemctl("profile", "tiny.yaml", "--set", "parallel.workers=1", "--warmup", "2",
+                      "--active", "2", "--top", "5", "--out", "prof/tiny.json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "ms / step" in proc.stdout
+    data = json.loads((tmp_path / "prof/tiny.json").read_text())
+    assert data["active_steps"] == 2 and len(data["top"]) == 5
+
+
+def test_bad_step_counts_are_named(tmp_path, capsys):
+    (tmp_path / "tiny.yaml").write_text(TINY.format(data=tmp_path / "data"))
+    assert main([str(tmp_path / "tiny.yaml"), "--active", "0"]) == 2
+    assert "active=0" in capsys.readouterr().err
+    with pytest.raises(GemError):
+        profile_recipe(recipe_from_dict(yaml.safe_load(TINY.format(data=tmp_path))), warmup=1)
