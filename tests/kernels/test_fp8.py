@@ -470,7 +470,7 @@ def test_under_autocast_the_layer_works_in_autocast_dtype(fused_norm):
     with torch.autocast(DEV, dtype=torch.bfloat16), \
             torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         y = layer(x)
-        expected = torch.nn.functional.linear(x, lin.weight, lin.bias)
+        expected = torch.nn.functional.linear(norm(x) if fused_norm else x, lin.weight, lin.bias)
     assert y.dtype == expected.dtype == torch.bfloat16
     if not fused_norm:  # the fused layer keeps x itself (fp32) for the norm's backward
         assert (torch.float32, tuple(x.shape)) not in saved
