@@ -26,6 +26,7 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, schedule
 
+from gem_kernels.bench.common import device_info
 from gem_platform.errors import GemError
 from gem_platform.recipe import Recipe, load_recipe
 
@@ -71,12 +72,14 @@ class StepProfile:
     recipe: str
     precision: str
     device: str
+    environment: dict[str, str]  # GPU, torch, triton, python versions
     active_steps: int
     step_ms: float  # wall time of a whole step (forward, backward, optimizer)
     busy_ms: float  # sum of kernel times (CUDA) or operator self times (CPU)
     busy_fraction: float
     by_kind: dict[str, float] = field(default_factory=dict)  # ms per step
     top: list[KernelRow] = field(default_factory=list)
+    resolved_recipe: dict = field(default_factory=dict)  # what was trained, overrides applied
 
 
 def profile_recipe(recipe: Recipe, warmup: int = 20, active: int = 10, top: int = 25,
@@ -133,11 +136,12 @@ def _summarize(prof, recipe: Recipe, device: str, cuda: bool, active: int, step_
     rows.sort(key=lambda r: r[1], reverse=True)
     return StepProfile(
         recipe=recipe.name, precision=_precision_label(recipe), device=device,
-        active_steps=active, step_ms=step_ms, busy_ms=busy,
+        environment=device_info(), active_steps=active, step_ms=step_ms, busy_ms=busy,
         busy_fraction=busy / step_ms if step_ms > 0 else float("nan"),
         by_kind=dict(sorted(by_kind.items(), key=lambda kv: kv[1], reverse=True)),
         top=[KernelRow(name, kernel_kind(name), ms, calls, ms / busy if busy else 0.0)
-             for name, ms, calls in rows[:top]])
+             for name, ms, calls in rows[:top]],
+        resolved_recipe=recipe.model_dump(mode="json"))
 
 
 def _precision_label(recipe: Recipe) -> str:
