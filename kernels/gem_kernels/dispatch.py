@@ -49,11 +49,15 @@ def same_dtype(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
     QK-norm, or a learned fp32 query) and v in different dtypes; the kernels need one, and
     without this an fp32 q would quietly send the op to its reference. The casts are
     differentiable."""
-    dev = tensors[0].device.type
-    if torch.is_autocast_enabled(dev):
-        dtype = torch.get_autocast_dtype(dev)
-    else:
+    dtype = autocast_dtype(tensors[0])
+    if dtype is None:
         dtype = tensors[0].dtype
         for t in tensors[1:]:
             dtype = torch.promote_types(dtype, t.dtype)
     return tuple(t.to(dtype) for t in tensors)
+
+
+def autocast_dtype(t: torch.Tensor) -> torch.dtype | None:
+    """The dtype autocast runs matmuls in on ``t``'s device, or None outside autocast."""
+    dev = t.device.type
+    return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else None

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gem_kernels.dispatch import Kernel, resolve_kernel
+from gem_kernels.dispatch import Kernel, autocast_dtype, resolve_kernel
 from gem_kernels.fp8.gemm import gemm
 from gem_kernels.fp8.quantize import (
     GEMM_ROW_ALIGN,
@@ -288,12 +288,11 @@ def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     """y = x W^T + b with block-scaled FP8 GEMMs (x: (..., in), weight: (out, in))."""
     cfg = cfg or Fp8Config()
     which = resolve_kernel(kernel, x)
-    if torch.is_autocast_enabled(x.device.type):
-        # As nn.Linear under autocast: the activation enters, and the output and the bf16
-        # weight gradient come out, in autocast's dtype. A norm hands its output over in fp32;
-        # kept fp32, it made y fp32 (and everything downstream) and the weight gradient an fp32
-        # GEMM on CUDA cores (the H200 recipe's FP8 step: 28 of 204 ms).
-        x = x.to(torch.get_autocast_dtype(x.device.type))
+    # As nn.Linear under autocast: the activation enters, and the output and the bf16 weight
+    # gradient come out, in autocast's dtype. A norm hands its output over in fp32; kept fp32,
+    # it made y fp32 (and everything downstream) and the weight gradient an fp32 GEMM on CUDA
+    # cores (the H200 recipe's FP8 step: 28 of 204 ms).
+    x = x.to(autocast_dtype(x) or x.dtype)
     shp = x.shape
     y = _Fp8LinearFn.apply(x.reshape(-1, shp[-1]), weight, bias, cfg, which)
     return y.reshape(*shp[:-1], y.shape[-1])

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from gem_kernels.dispatch import Kernel, resolve_kernel
+from gem_kernels.dispatch import Kernel, autocast_dtype, resolve_kernel
 from gem_kernels.fp8.linear import (
     Fp8Config,
     fp8_matmul,
@@ -114,8 +114,7 @@ class Fp8RMSNormLinear(nn.Module):
         eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps  # as nn.RMSNorm
         # As norm + linear under autocast: the norm reads x in its own dtype, the linear's
         # output (and its bf16 weight gradient) is in autocast's dtype.
-        dev = x.device.type
-        out_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+        out_dtype = autocast_dtype(x) or x.dtype
         shp = x.shape
         y = _NormLinearFn.apply(x.reshape(-1, shp[-1]).contiguous(), self.norm_weight,
                                 self.weight, self.bias, eps, self.cfg, which, out_dtype)
