@@ -16,6 +16,10 @@ class GemError(Exception):
         self.fix = fix
         super().__init__(problem if fix is None else f"{problem} {fix}")
 
+    def as_text(self) -> str:
+        """The paragraph a command-line entry point prints on stderr."""
+        return f"error: {self.problem}" + (f"\n  fix: {self.fix}" if self.fix else "")
+
 
 class RecipeError(GemError):
     """The recipe (YAML or a --set override) is malformed or inconsistent."""

@@ -100,8 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         plan = _narrowed(plan, args.seeds, args.arms)
         run_in_process(plan, args.out, resume=not args.new)
     except GemError as err:
-        print(f"error: {err.problem}" + (f"\n  fix: {err.fix}" if err.fix else ""),
-              file=sys.stderr)
+        print(err.as_text(), file=sys.stderr)
         return 2
     print(f"results: {args.out}  (compare: gemctl compare {args.out})")
     return 0

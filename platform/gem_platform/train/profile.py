@@ -193,8 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         recipe = load_recipe(args.recipe, args.overrides)
         result = profile_recipe(recipe, args.warmup, args.active, args.top)
     except GemError as err:
-        print(f"error: {err.problem}" + (f"\n  fix: {err.fix}" if err.fix else ""),
-              file=sys.stderr)
+        print(err.as_text(), file=sys.stderr)
         return 2
     render_profile(result)
     if args.out:
