@@ -8,6 +8,7 @@ import os
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 if not torch.cuda.is_available():  # before triton is imported: CPU runs use the interpreter
     os.environ["TRITON_INTERPRET"] = "1"
@@ -452,9 +453,9 @@ def test_blockwise_gemm_operands_are_quantized_row_padded():
 @pytest.mark.parametrize("fused_norm", [False, True])
 def test_under_autocast_the_layer_works_in_autocast_dtype(fused_norm):
     """Inside autocast an FP8 layer behaves as nn.Linear does there: an fp32 activation (a
-    norm's output) gives an output in autocast's dtype, and the activation kept for the bf16
-    weight gradient is bf16 too (kept fp32, that gradient ran as an fp32 GEMM on CUDA cores
-    and everything downstream ran in fp32)."""
+    norm's output) gives an output in autocast's dtype, and the weight gradient's GEMM runs on
+    bf16 operands (with the activation kept fp32, it ran as an fp32 GEMM on CUDA cores and
+    everything downstream ran in fp32)."""
     torch.manual_seed(3)
     cfg = Fp8Config(block=128)
     lin = Fp8BlockLinear(128, 256, cfg=cfg, kernel="pytorch").to(DEV)
@@ -475,6 +476,23 @@ def test_under_autocast_the_layer_works_in_autocast_dtype(fused_norm):
     if not fused_norm:  # the fused layer keeps x itself (fp32) for the norm's backward
         assert (torch.float32, tuple(x.shape)) not in saved
     assert _rel(y, expected) < 0.08
-    y.float().sum().backward()
+
+    class WeightGradGemms(TorchDispatchMode):
+        """Operand dtypes of every matmul that produces a weight-shaped result."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.dtypes: list[tuple[torch.dtype, ...]] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func in (torch.ops.aten.mm.default, torch.ops.aten.matmul.default) \
+                    and tuple(out.shape) == tuple(lin.weight.shape):
+                self.dtypes.append(tuple(a.dtype for a in args[:2]))
+            return out
+
+    with WeightGradGemms() as gemms:
+        y.float().sum().backward()
+    assert gemms.dtypes == [(torch.bfloat16, torch.bfloat16)]  # the bf16 weight gradient
     assert lin.weight.grad.dtype == torch.float32 and x.grad.dtype == torch.float32
     assert torch.isfinite(lin.weight.grad).all()
