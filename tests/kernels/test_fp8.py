@@ -13,6 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 if not torch.cuda.is_available():  # before triton is imported: CPU runs use the interpreter
     os.environ["TRITON_INTERPRET"] = "1"
 
+from gem_kernels.dispatch import resolve_kernel  # noqa: E402
 from gem_kernels.fp8 import (  # noqa: E402
     BlockFp8,
     Fp8BlockLinear,
@@ -33,6 +34,7 @@ from gem_kernels.fp8 import (  # noqa: E402
     rmsnorm_quantize,
 )
 from gem_kernels.fp8.gemm import gemm_triton  # noqa: E402
+from gem_kernels.fp8.linear import fp8_matmul  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"
@@ -432,22 +434,66 @@ def test_autotuning_is_not_keyed_on_the_exact_token_count():
 
 def test_blockwise_gemm_operands_are_quantized_row_padded():
     """Activations bound for cuBLAS's blockwise GEMM, from the plain quantizer and from the
-    fused RMSNorm, land in storage padded to 16 rows: the GEMM reads them in place."""
+    fused RMSNorm, land in storage padded to 16 rows: the GEMM reads them in place. The
+    kernels write the padding themselves, as quantized zero rows (no fill kernels run)."""
     from gem_kernels.fp8.linear import _rows_aligned
 
     x = _outliers(70, 256, seed=13)
     w = torch.rand(256, device=DEV) + 0.5
+    zero_scale = quantize_reference(torch.zeros(1, 128), (1, 128)).scale.item()
     for q in (quantize(x, (1, 128), scale_col_major=True, kernel="triton"),
               rmsnorm_quantize(x, w, block=(1, 128), scale_col_major=True, kernel="triton")[0]):
+        # the storage starts as garbage: the pad must come from the kernel, not the allocator
         data, scale = _rows_aligned(q)
         assert data.shape == (80, 256) and scale.shape == (80, 2) and scale.stride() == (1, 80)
         assert data.data_ptr() == q.data.data_ptr() and scale.data_ptr() == q.scale.data_ptr()
-        assert not data[70:].view(torch.uint8).any() and (scale[70:] == 1).all()
+        assert not data[70:].view(torch.uint8).any() and (scale[70:] == zero_scale).all()
     compact = BlockFp8(q.data.contiguous(), q.scale.contiguous(), (1, 128))  # copied instead
     data, scale = _rows_aligned(compact)
     assert data.data_ptr() != compact.data.data_ptr()
     assert torch.equal(data[:70].view(torch.uint8), q.data.view(torch.uint8))
     assert torch.equal(scale[:70], q.scale)
+    assert not data[70:].view(torch.uint8).any() and (scale[70:] == 1).all()
+
+
+@pytest.mark.parametrize("block", [32, 128])
+def test_weight_operand_pair_is_one_quantization_in_both_layouts(block):
+    """The weight's forward operand and its K-major copy for the input gradient come from one
+    quantizer pass: the same bytes and scales as quantizing once (the copy's bytes stored
+    transposed), the 128x128 scales already in cuBLAS's layout (leading dimension a multiple
+    of 4, zero padding), so no per-call copies remain."""
+    from gem_kernels.fp8.linear import _weight_scales
+    from gem_kernels.fp8.quantize import quantize_operand_pair
+
+    w = _outliers(2 * block + 16, 3 * block, seed=21)  # 2.1 x 3 blocks: ragged last row block
+    ref = quantize(w, (block, block), kernel="triton")
+    wq, wk = quantize_operand_pair(w, (block, block), kernel="triton",
+                                   scale_align=4 if block == 128 else 1)
+    for op in (wq, wk):
+        assert torch.equal(op.data.view(torch.uint8), ref.data.view(torch.uint8))
+        assert torch.equal(op.scale, ref.scale)
+    assert wk.data.t().is_contiguous() and wq.data.is_contiguous()
+    if block == 128:
+        for sc in (wq.scale.t(), wk.scale):  # as the forward and input-gradient GEMMs read them
+            laid = _weight_scales(sc)
+            assert laid.shape == (4, sc.shape[1]) and laid.stride() == (1, 4)
+            assert laid.data_ptr() == sc.data_ptr()  # in place, not copied
+            assert torch.equal(laid[: sc.shape[0]], sc) and not laid[sc.shape[0]:].any()
+
+
+def test_bias_is_added_in_the_gemm_before_rounding():
+    """The bias enters the FP8 GEMM's fp32 accumulator (one rounding to the output dtype, as
+    an addmm epilogue), for both blocks; the reference adds it before its rounding too."""
+    torch.manual_seed(5)
+    x, w = torch.randn(48, 256, device=DEV), torch.randn(64, 256, device=DEV)
+    bias = torch.randn(64, device=DEV) * 10
+    for block, act in ((32, (32, 32)), (128, (1, 128))):
+        xq = quantize(x, act, kernel="triton")
+        wq = quantize(w, (block, block), kernel="triton")
+        want = (gemm_reference(xq, wq.t(), torch.float32) + bias).to(torch.bfloat16)
+        got = fp8_matmul(xq, wq.t(), torch.bfloat16, resolve_kernel("triton", x), bias=bias)
+        assert torch.equal(gemm_reference(xq, wq.t(), torch.bfloat16, bias=bias), want)
+        assert (got.float() - want.float()).abs().max() <= want.float().abs().max() * 2**-7
 
 
 @pytest.mark.parametrize("fused_norm", [False, True])

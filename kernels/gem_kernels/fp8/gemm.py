@@ -35,12 +35,13 @@ _CONFIGS = [
 
 
 @triton.jit
-def _gemm_body(a_ptr, b_ptr, sa_ptr, sb_ptr, c_ptr, M, N, K,
+def _gemm_body(a_ptr, b_ptr, sa_ptr, sb_ptr, c_ptr, bias_ptr, M, N, K,
                stride_am, stride_ak, stride_bk, stride_bn,
                stride_sam, stride_sak, stride_sbk, stride_sbn, stride_cm, stride_cn,
                M_BUCKET, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr,
-               PIPE: tl.constexpr):
-    """M_BUCKET (M rounded up to a power of two) is only the autotuning key."""
+               PIPE: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """M_BUCKET (M rounded up to a power of two) is only the autotuning key. HAS_BIAS adds
+    bias[n] to the fp32 accumulator before the one rounding to C's dtype."""
     BK: tl.constexpr = 32
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BM)
@@ -93,13 +94,16 @@ def _gemm_body(a_ptr, b_ptr, sa_ptr, sb_ptr, c_ptr, M, N, K,
             acc += part * (sa[:, None] * sb[None, :])
             a_ptrs += BK * stride_ak
             b_ptrs += BK * stride_bk
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
     c_ptrs = c_ptr + offs_m[:, None].to(tl.int64) * stride_cm + offs_n[None, :] * stride_cn
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
 
 # Keyed on M's power-of-two bucket, not M: token counts change every jagged batch, and an exact
 # key would re-time all configs for each new one.
-_gemm_autotuned = triton.autotune(configs=_CONFIGS, key=["M_BUCKET", "N", "K"])(_gemm_body)
+_gemm_autotuned = triton.autotune(configs=_CONFIGS,
+                                  key=["M_BUCKET", "N", "K", "HAS_BIAS"])(_gemm_body)
 # Below this many multiply-adds a fixed tile is used: timing 7 configs (and compiling them for a
 # new shape) costs far more than any of them can save on a small product.
 _AUTOTUNE_MIN_MACS = 2**33
@@ -114,33 +118,37 @@ def _check(a: BlockFp8, b: BlockFp8) -> None:
 
 
 def gemm_triton(a: BlockFp8, b: BlockFp8, out_dtype: torch.dtype = torch.bfloat16,
-                autotune: bool = True, pipe: bool = True) -> torch.Tensor:
+                autotune: bool = True, pipe: bool = True, bias: torch.Tensor | None = None
+                ) -> torch.Tensor:
     _check(a, b)
     m, k = a.data.shape
     n = b.data.shape[1]
+    if bias is not None and bias.shape != (n,):
+        raise ValueError(f"bias has shape {tuple(bias.shape)}; the product has {n} columns")
     c = torch.empty((m, n), dtype=out_dtype, device=a.data.device)
-    args = (a.data, b.data, a.scale, b.scale, c, m, n, k,
+    args = (a.data, b.data, a.scale, b.scale, c, c if bias is None else bias, m, n, k,
             a.data.stride(0), a.data.stride(1), b.data.stride(0), b.data.stride(1),
             a.scale.stride(0), a.scale.stride(1), b.scale.stride(0), b.scale.stride(1),
             c.stride(0), c.stride(1), triton.next_power_of_2(m))
     if autotune and m * n * k >= _AUTOTUNE_MIN_MACS:
         grid = lambda meta: (triton.cdiv(m, meta["BM"]) * triton.cdiv(n, meta["BN"]),)
-        _gemm_autotuned[grid](*args)
+        _gemm_autotuned[grid](*args, HAS_BIAS=bias is not None)
     elif autotune:  # small product on the GPU: one fixed tile
         grid = (triton.cdiv(m, _SMALL["BM"]) * triton.cdiv(n, _SMALL["BN"]),)
-        _gemm_body[grid](*args, **_SMALL)
+        _gemm_body[grid](*args, **_SMALL, HAS_BIAS=bias is not None)
     else:  # small fixed tiles: the interpreter and tiny shapes
         bm, bn = 32, 32
         grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
-        _gemm_body[grid](*args, BM=bm, BN=bn, GROUP_M=4, PIPE=pipe)
+        _gemm_body[grid](*args, BM=bm, BN=bn, GROUP_M=4, PIPE=pipe, HAS_BIAS=bias is not None)
     return c
 
 
 def gemm(a: BlockFp8, b: BlockFp8, out_dtype: torch.dtype = torch.bfloat16, *,
-         kernel: Kernel | str | None = None) -> torch.Tensor:
-    """A (M x K) @ B (K x N) for 32x32 block-scaled FP8 operands; fp32 accumulation."""
+         kernel: Kernel | str | None = None, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """A (M x K) @ B (K x N) (+ bias (N), added in fp32) for 32x32 block-scaled FP8 operands;
+    fp32 accumulation."""
     which = resolve_kernel(kernel, a.data, b.data)
     if which is Kernel.PYTORCH:
         _check(a, b)
-        return gemm_reference(a, b, out_dtype)
-    return gemm_triton(a, b, out_dtype, autotune=a.data.device.type == "cuda")
+        return gemm_reference(a, b, out_dtype, bias=bias)
+    return gemm_triton(a, b, out_dtype, autotune=a.data.device.type == "cuda", bias=bias)

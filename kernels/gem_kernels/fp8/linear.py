@@ -41,6 +41,7 @@ from gem_kernels.fp8.quantize import (
     padded_gemm_operand,
     quantize,
     quantize_dual,
+    quantize_operand_pair,
 )
 from gem_kernels.fp8.reference import BlockFp8, apply_hadamard, gemm_reference, hadamard_matrix
 from gem_kernels.fp8.tensor import Fp8BlockWeight
@@ -104,6 +105,15 @@ def quantize_weight(w: torch.Tensor, cfg: Fp8Config, kernel: Kernel | str | None
                     kernel=kernel)
 
 
+def quantize_weight_operands(w: torch.Tensor, cfg: Fp8Config, kernel: Kernel
+                             ) -> tuple[BlockFp8, BlockFp8]:
+    """The weight as quantize_weight gives it, plus its K-major copy for the input gradient,
+    from one quantizer pass, with scales already in the layout each GEMM reads."""
+    return quantize_operand_pair(w.detach(), cfg.weight_block,
+                                 hadamard=hadamard_for(cfg, w.device), kernel=kernel,
+                                 scale_align=4 if cfg.block == 128 else 1)
+
+
 def _col_major(s: torch.Tensor) -> torch.Tensor:
     """The same 2-D tensor with stride (1, rows) (copies only if it is not already so)."""
     if s.stride(0) == 1 and (s.shape[1] == 1 or s.stride(1) == s.shape[0]):
@@ -111,9 +121,10 @@ def _col_major(s: torch.Tensor) -> torch.Tensor:
     return s.t().contiguous().t()
 
 
-def _scaled_mm_blockwise(a: BlockFp8, b: BlockFp8, out_dtype: torch.dtype) -> torch.Tensor:
+def _scaled_mm_blockwise(a: BlockFp8, b: BlockFp8, out_dtype: torch.dtype,
+                         bias: torch.Tensor | None = None) -> torch.Tensor:
     """cuBLAS blockwise FP8 (Hopper): a (M x K, 1x128 blocks) @ b (K x N, 128x128 blocks, or
-    1x128 blocks along K, i.e. per column)."""
+    1x128 blocks along K, i.e. per column), plus ``bias`` in the GEMM's epilogue."""
     sm = getattr(F, "scaled_mm", None)
     if sm is None:
         raise RuntimeError("block=128 needs torch.nn.functional.scaled_mm (torch >= 2.10)")
@@ -122,18 +133,45 @@ def _scaled_mm_blockwise(a: BlockFp8, b: BlockFp8, out_dtype: torch.dtype) -> to
     a_data, scale_a = _rows_aligned(a)  # (Mp, K) and (Mp, K/128) with stride (1, Mp)
     b_data = b.data if b.data.t().is_contiguous() else b.data.t().contiguous().t()
     if b.block == (128, 1):  # per-column 1x128 along K: scales (N, K/128), stride (1, N)
-        return sm(a_data, b_data, scale_a, st.BlockWise1x128, _col_major(b.scale.t()),
-                  st.BlockWise1x128, output_dtype=out_dtype)[:m]
-    kb, nb = b.scale.shape
+        return _with_bias(sm, bias, a_data, b_data, scale_a, st.BlockWise1x128,
+                          _col_major(b.scale.t()), st.BlockWise1x128, out_dtype)[:m]
+    return _with_bias(sm, bias, a_data, b_data, scale_a, st.BlockWise1x128,
+                      _weight_scales(b.scale), st.BlockWise128x128, out_dtype)[:m]
+
+
+def _weight_scales(scale: torch.Tensor) -> torch.Tensor:
+    """A 128x128-block operand's (K/128 x N/128) scales as cuBLAS reads them: (L4 x N/128) with
+    stride (1, L4), L4 = K/128 rounded up to 4, padding zeros. In place when the quantizer
+    stored them so (``quantize_operand_pair``), else copied."""
+    kb, nb = scale.shape
     l4 = -(-kb // 4) * 4
-    if kb == l4 and b.scale.stride() == (1, kb):
-        scale_b = b.scale  # (K/128, N/128), stride (1, K/128): cuBLAS's layout already
-    else:
-        sb = torch.zeros((nb, l4), dtype=torch.float32, device=b.scale.device)
-        sb[:, :kb] = b.scale.t()
-        scale_b = sb.t()  # (L4, N/128), stride (1, L4)
-    return sm(a_data, b_data, scale_a, st.BlockWise1x128, scale_b, st.BlockWise128x128,
-              output_dtype=out_dtype)[:m]
+    if (scale.stride() == (1, l4) and nb > 0 and l4 > 0
+            and scale.untyped_storage().nbytes() >= 4 * (scale.storage_offset() + l4 * nb)):
+        return scale.as_strided((l4, nb), (1, l4))
+    sb = torch.zeros((nb, l4), dtype=torch.float32, device=scale.device)
+    sb[:, :kb] = scale.t()
+    return sb.t()
+
+
+_BIAS_IN_GEMM: dict[str, bool] = {}  # per scaling recipe: does scaled_mm take a bias here?
+
+
+def _with_bias(sm, bias: torch.Tensor | None, a_data: torch.Tensor, b_data: torch.Tensor,
+               scale_a: torch.Tensor, recipe_a, scale_b: torch.Tensor, recipe_b,
+               out_dtype: torch.dtype) -> torch.Tensor:
+    """scaled_mm with the bias added in its epilogue (one pass over the output fewer) where
+    this torch/cuBLAS accepts a bias for the recipe; else added after. Learned on first use."""
+    key = f"{recipe_a}/{recipe_b}/{out_dtype}"
+    if bias is not None and _BIAS_IN_GEMM.get(key, True):
+        try:
+            y = sm(a_data, b_data, scale_a, recipe_a, scale_b, recipe_b,
+                   bias=bias.to(out_dtype), output_dtype=out_dtype)
+            _BIAS_IN_GEMM[key] = True
+            return y
+        except RuntimeError:
+            _BIAS_IN_GEMM[key] = False
+    y = sm(a_data, b_data, scale_a, recipe_a, scale_b, recipe_b, output_dtype=out_dtype)
+    return y if bias is None else y + bias.to(out_dtype)
 
 
 def _rows_aligned(a: BlockFp8) -> tuple[torch.Tensor, torch.Tensor]:
@@ -154,17 +192,19 @@ def _rows_aligned(a: BlockFp8) -> tuple[torch.Tensor, torch.Tensor]:
     return _rows_aligned(BlockFp8(pd, ps, a.block))
 
 
-def fp8_matmul(a: BlockFp8, b: BlockFp8, out_dtype: torch.dtype, kernel: Kernel) -> torch.Tensor:
-    """A @ B for either route; the reference where no GPU kernel runs."""
+def fp8_matmul(a: BlockFp8, b: BlockFp8, out_dtype: torch.dtype, kernel: Kernel,
+               bias: torch.Tensor | None = None) -> torch.Tensor:
+    """A @ B (+ bias, added to the fp32 accumulator) for either route; the reference where no
+    GPU kernel runs."""
     if kernel is Kernel.PYTORCH:
-        return gemm_reference(a, b, out_dtype)
+        return gemm_reference(a, b, out_dtype, bias=bias)
     if a.block == (32, 32):
-        return gemm(a, b, out_dtype, kernel=kernel)
+        return gemm(a, b, out_dtype, kernel=kernel, bias=bias)
     if a.block != (1, 128) or b.block not in ((128, 128), (128, 1)):
         raise ValueError(f"no FP8 GEMM for blocks {a.block} x {b.block}")
     if a.data.device.type != "cuda":  # interpreter runs: no cuBLAS on CPU
-        return gemm_reference(a, b, out_dtype)
-    return _scaled_mm_blockwise(a, b, out_dtype)
+        return gemm_reference(a, b, out_dtype, bias=bias)
+    return _scaled_mm_blockwise(a, b, out_dtype, bias)
 
 
 def _k_contiguous(q: BlockFp8) -> BlockFp8:
@@ -173,10 +213,11 @@ def _k_contiguous(q: BlockFp8) -> BlockFp8:
     return BlockFp8(q.data.t().contiguous().t(), q.scale, q.block)
 
 
-def input_grad(gq: BlockFp8, wq: BlockFp8, q: torch.Tensor | None, dtype: torch.dtype,
+def input_grad(gq: BlockFp8, wk: BlockFp8, q: torch.Tensor | None, dtype: torch.dtype,
                kernel: Kernel) -> torch.Tensor:
-    """dX = dY W from the FP8 gradient and the weight's bytes read transposed; un-rotated."""
-    dx = fp8_matmul(gq, _k_contiguous(wq), dtype, kernel)
+    """dX = dY W from the FP8 gradient and the weight's K-major operand (``layer_weight``);
+    un-rotated."""
+    dx = fp8_matmul(gq, wk, dtype, kernel)
     return apply_hadamard(dx, q.t()) if q is not None else dx
 
 
@@ -222,20 +263,22 @@ def grad_quantize(grad: torch.Tensor, cfg: Fp8Config, kernel: Kernel
                     scale_col_major=cfg.block == 128), None
 
 
-def layer_weight(weight: torch.Tensor, cfg: Fp8Config, kernel: Kernel) -> BlockFp8:
-    """The weight in FP8: already gathered as FP8 (FSDP), or quantized now."""
+def layer_weight(weight: torch.Tensor, cfg: Fp8Config, kernel: Kernel
+                 ) -> tuple[BlockFp8, BlockFp8]:
+    """The weight in FP8 for the forward GEMM and, K-major, for the input gradient's:
+    already gathered as FP8 (FSDP; the K-major copy is made here), or quantized now."""
     if isinstance(weight, Fp8BlockWeight):
         if weight.fp8.block != cfg.weight_block:
             raise ValueError(f"weight blocks {weight.fp8.block} != {cfg.weight_block}")
-        return weight.fp8
-    return quantize_weight(weight, cfg, kernel)
+        return weight.fp8, _k_contiguous(weight.fp8)
+    return quantize_weight_operands(weight, cfg, kernel)
 
 
 class _Fp8LinearFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                 cfg: Fp8Config, kernel: Kernel) -> torch.Tensor:
-        wq = layer_weight(weight, cfg, kernel)
+        wq, wk = layer_weight(weight, cfg, kernel)
         q = hadamard_for(cfg, x.device)
         xt = None
         if q is None and dual_route(cfg, x.shape[0]):  # x^T along tokens for the wgrad too
@@ -243,9 +286,7 @@ class _Fp8LinearFn(torch.autograd.Function):
         else:
             xq = quantize(x, cfg.act_block, hadamard=q, kernel=kernel,
                           scale_col_major=cfg.block == 128)
-        y = fp8_matmul(xq, wq.t(), x.dtype, kernel)
-        if bias is not None:
-            y = y + bias.to(y.dtype)
+        y = fp8_matmul(xq, wq.t(), x.dtype, kernel, bias=bias)
         ctx.cfg, ctx.kernel, ctx.has_bias = cfg, kernel, bias is not None
         ctx.w_dtype = weight.dtype
         # Only an FP8 activation is kept where the weight gradient is FP8 and has it: block 32
@@ -253,11 +294,11 @@ class _Fp8LinearFn(torch.autograd.Function):
         ctx.fp8_act = cfg.wgrad == "fp8" and cfg.block == 32
         ctx.xt_saved = xt is not None
         if ctx.fp8_act:
-            ctx.save_for_backward(wq.data, wq.scale, xq.data, xq.scale)
+            ctx.save_for_backward(wk.data, wk.scale, xq.data, xq.scale)
         elif ctx.xt_saved:
-            ctx.save_for_backward(wq.data, wq.scale, xt.data, xt.scale)
+            ctx.save_for_backward(wk.data, wk.scale, xt.data, xt.scale)
         else:
-            ctx.save_for_backward(wq.data, wq.scale, x)
+            ctx.save_for_backward(wk.data, wk.scale, x)
         return y
 
     @staticmethod
@@ -265,13 +306,13 @@ class _Fp8LinearFn(torch.autograd.Function):
         cfg: Fp8Config = ctx.cfg
         kernel: Kernel = ctx.kernel
         saved = ctx.saved_tensors
-        wq = BlockFp8(saved[0], saved[1], cfg.weight_block)
+        wk = BlockFp8(saved[0], saved[1], cfg.weight_block)
         grad = grad.contiguous()
         q = hadamard_for(cfg, grad.device)
         gq, gt = grad_quantize(grad, cfg, kernel)
         dx = dw = db = None
         if ctx.needs_input_grad[0]:
-            dx = input_grad(gq, wq, q, grad.dtype, kernel)
+            dx = input_grad(gq, wk, q, grad.dtype, kernel)
         if ctx.needs_input_grad[1]:
             xq = BlockFp8(saved[2], saved[3], cfg.act_block) if ctx.fp8_act else None
             xt = BlockFp8(saved[2], saved[3], (1, 128)) if ctx.xt_saved else None

@@ -33,16 +33,14 @@ class _NormLinearFn(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, norm_w: torch.Tensor, weight: torch.Tensor,
                 bias: torch.Tensor | None, eps: float, cfg: Fp8Config, kernel: Kernel,
                 out_dtype: torch.dtype) -> torch.Tensor:
-        wq = layer_weight(weight, cfg, kernel)
+        wq, wk = layer_weight(weight, cfg, kernel)
         q = hadamard_for(cfg, x.device)
         xq, rstd = rmsnorm_quantize(x, norm_w, eps, cfg.act_block, hadamard=q, kernel=kernel,
                                     scale_col_major=cfg.block == 128)
-        y = fp8_matmul(xq, wq.t(), out_dtype, kernel)
-        if bias is not None:
-            y = y + bias.to(y.dtype)
+        y = fp8_matmul(xq, wq.t(), out_dtype, kernel, bias=bias)
         ctx.cfg, ctx.kernel, ctx.has_bias, ctx.w_dtype = cfg, kernel, bias is not None, weight.dtype
         ctx.eps, ctx.out_dtype = eps, out_dtype
-        ctx.save_for_backward(x, rstd, norm_w, wq.data, wq.scale, xq.data, xq.scale)
+        ctx.save_for_backward(x, rstd, norm_w, wk.data, wk.scale, xq.data, xq.scale)
         return y
 
     @staticmethod

@@ -98,7 +98,8 @@ def _to_e4m3(v, rows, pid_c, C, seed, TR: tl.constexpr, TC: tl.constexpr,
 def _quantize_store(xf, rows, cols, pid_r, pid_c, q_ptr, s_ptr, R, C, stride_sr, stride_sc,
                     seed, BR: tl.constexpr, BC: tl.constexpr, TR: tl.constexpr,
                     TC: tl.constexpr, STOCHASTIC: tl.constexpr, HW_CAST: tl.constexpr):
-    """Quantize an fp32 (TR x TC) tile at (rows, cols) and store its bytes and block scales."""
+    """Quantize an fp32 (TR x TC) tile at (rows, cols) and store its bytes and block scales
+    (``R``: the rows stored, padding included). Returns the bytes and the scales."""
     x4 = tl.reshape(xf, (TR // BR, BR, TC // BC, BC))
     amax = tl.max(tl.max(tl.abs(x4), axis=3), axis=1)  # (TR/BR, TC/BC)
     scale, inv = _pow2_scales(amax)
@@ -106,6 +107,14 @@ def _quantize_store(xf, rows, cols, pid_r, pid_c, q_ptr, s_ptr, R, C, stride_sr,
     b = _to_e4m3(v, rows, pid_c, C, seed, TR, TC, STOCHASTIC, HW_CAST)
     mask = (rows[:, None] < R) & (cols[None, :] < C)
     tl.store(q_ptr + rows[:, None].to(tl.int64) * C + cols[None, :], b, mask=mask)
+    _store_scales(s_ptr, scale, pid_r, pid_c, R, C, stride_sr, stride_sc, BR, BC, TR, TC)
+    return b, scale
+
+
+@triton.jit
+def _store_scales(s_ptr, scale, pid_r, pid_c, R, C, stride_sr, stride_sc, BR: tl.constexpr,
+                  BC: tl.constexpr, TR: tl.constexpr, TC: tl.constexpr):
+    """A tile's (TR/BR x TC/BC) block scales at their (block row, block column) strides."""
     srows = pid_r * (TR // BR) + tl.arange(0, TR // BR)
     scols = pid_c * (TC // BC) + tl.arange(0, TC // BC)
     n_sr = (R + BR - 1) // BR
@@ -115,15 +124,20 @@ def _quantize_store(xf, rows, cols, pid_r, pid_c, q_ptr, s_ptr, R, C, stride_sr,
 
 
 @triton.jit
-def _quantize_kernel(x_ptr, q_ptr, s_ptr, h_ptr, R, C, stride_xr, stride_xc, stride_sr,
-                     stride_sc, seed, inv_sqrt_n, R_BUCKET, BR: tl.constexpr, BC: tl.constexpr,
-                     TR: tl.constexpr, TC: tl.constexpr,
-                     HB: tl.constexpr, HAD_FP32: tl.constexpr, STOCHASTIC: tl.constexpr,
-                     HW_CAST: tl.constexpr):
+def _quantize_kernel(x_ptr, q_ptr, s_ptr, h_ptr, qt_ptr, st_ptr, R, RS, C, stride_xr,
+                     stride_xc, stride_sr, stride_sc, stride_str, stride_stc, seed, inv_sqrt_n,
+                     R_BUCKET, BR: tl.constexpr, BC: tl.constexpr, TR: tl.constexpr,
+                     TC: tl.constexpr, HB: tl.constexpr, HAD_FP32: tl.constexpr,
+                     STOCHASTIC: tl.constexpr, HW_CAST: tl.constexpr,
+                     TRANSPOSED: tl.constexpr):
     # R_BUCKET (the row count rounded up to a power of two) exists for the autotuner's key
     # only: a jagged batch has a new token count every step, and keyed on the exact count the
     # tuner benchmarked every tile again at every step (an FP8 training step of the H200
     # recipe ran ~40x slower than bf16).
+    # Rows R..RS are the padding a cuBLAS operand needs: quantized as zero rows here, so no
+    # separate fill kernels run. TRANSPOSED also writes the bytes transposed (C x R, row-major)
+    # and the scales a second time at (stride_str, stride_stc): the weight's K-major copy for
+    # the input-gradient GEMM, from the same read.
     pid_r = tl.program_id(0)
     pid_c = tl.program_id(1)
     rows = pid_r * TR + tl.arange(0, TR)
@@ -135,18 +149,24 @@ def _quantize_kernel(x_ptr, q_ptr, s_ptr, h_ptr, R, C, stride_xr, stride_xc, str
         xf = _rotate(x, h_ptr, inv_sqrt_n, TR, TC, HB, HAD_FP32)
     else:
         xf = x.to(tl.float32)
-    _quantize_store(xf, rows, cols, pid_r, pid_c, q_ptr, s_ptr, R, C, stride_sr, stride_sc,
-                    seed, BR, BC, TR, TC, STOCHASTIC, HW_CAST)
+    b, scale = _quantize_store(xf, rows, cols, pid_r, pid_c, q_ptr, s_ptr, RS, C, stride_sr,
+                               stride_sc, seed, BR, BC, TR, TC, STOCHASTIC, HW_CAST)
+    if TRANSPOSED:
+        tl.store(qt_ptr + cols[:, None].to(tl.int64) * RS + rows[None, :], tl.trans(b),
+                 mask=(cols[:, None] < C) & (rows[None, :] < RS))
+        _store_scales(st_ptr, scale, pid_r, pid_c, RS, C, stride_str, stride_stc, BR, BC, TR,
+                      TC)
 
 
 @triton.jit
-def _rmsnorm_quantize_kernel(x_ptr, w_ptr, q_ptr, s_ptr, rstd_ptr, h_ptr, R, C, stride_xr,
+def _rmsnorm_quantize_kernel(x_ptr, w_ptr, q_ptr, s_ptr, rstd_ptr, h_ptr, R, RS, C, stride_xr,
                              stride_sr, stride_sc, eps, inv_sqrt_n, BR: tl.constexpr,
                              BC: tl.constexpr, TR: tl.constexpr, TC: tl.constexpr,
                              HB: tl.constexpr, HAD_FP32: tl.constexpr, HW_CAST: tl.constexpr):
     """RMSNorm fused with quantization: one program owns TR whole rows. Pass 1 sums squares,
     pass 2 re-reads the rows (from L2), normalizes, scales by the norm weight, rotates and
-    quantizes. HBM: read x once, write fp8 once; the bf16 normalized tensor never exists."""
+    quantizes. HBM: read x once, write fp8 once; the bf16 normalized tensor never exists.
+    Rows R..RS (a cuBLAS operand's padding) are stored as quantized zeros."""
     pid_r = tl.program_id(0)
     rows = pid_r * TR + tl.arange(0, TR)
     row_ok = rows < R
@@ -168,7 +188,7 @@ def _rmsnorm_quantize_kernel(x_ptr, w_ptr, q_ptr, s_ptr, rstd_ptr, h_ptr, R, C, 
         xf = x * rstd[:, None] * w[None, :]
         if HB > 0:
             xf = _rotate(xf, h_ptr, inv_sqrt_n, TR, TC, HB, HAD_FP32)
-        _quantize_store(xf, rows, cols, pid_r, c0 // TC, q_ptr, s_ptr, R, C, stride_sr,
+        _quantize_store(xf, rows, cols, pid_r, c0 // TC, q_ptr, s_ptr, RS, C, stride_sr,
                         stride_sc, 0, BR, BC, TR, TC, False, HW_CAST)
 
 
@@ -278,40 +298,51 @@ _TILES = [triton.Config({"TR": tr, "TC": tc}, num_warps=w)
           for tr, tc, w in ((32, 128, 4), (64, 128, 4), (64, 128, 8), (128, 128, 8),
                             (32, 256, 4), (16, 256, 4))]
 _quantize_autotuned = triton.autotune(
-    configs=_TILES, key=["R_BUCKET", "C", "BR", "BC", "HB", "STOCHASTIC", "HW_CAST"],
+    configs=_TILES,
+    key=["R_BUCKET", "C", "BR", "BC", "HB", "STOCHASTIC", "HW_CAST", "TRANSPOSED"],
     prune_configs_by={"early_config_prune": _prune})(_quantize_kernel)
 
 
 GEMM_ROW_ALIGN = 16  # rows of a cuBLAS blockwise FP8 operand (token counts are arbitrary)
 
 
-def padded_gemm_operand(rows: int, cols: int, block: tuple[int, int], device: torch.device
-                        ) -> tuple[torch.Tensor, torch.Tensor]:
+def padded_gemm_operand(rows: int, cols: int, block: tuple[int, int], device: torch.device,
+                        fill: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """(fp8 bytes, column-major scales) for ``rows`` rows, as views of storage holding
     ``rows`` rounded up to GEMM_ROW_ALIGN: cuBLAS's blockwise FP8 GEMM rejects a row count
     (a jagged batch's token count) its scale layout cannot align, and the padding lets the
-    GEMM run on the padded extent without copying the operand. Pad rows hold zeros with
-    scale 1. Scales are per row (1 x N blocks), as that GEMM's activation operand has."""
+    GEMM run on the padded extent without copying the operand. Scales are per row (1 x N
+    blocks), as that GEMM's activation operand has. ``fill``: pad rows hold zeros with scale 1
+    (for a copy into the storage); the quantizers write their own (zero rows, quantized), so
+    they pass False and no fill kernels run."""
     if block[0] != 1:
         raise ValueError(f"a blockwise GEMM's row-padded operand has 1xN blocks, not {block}")
-    rp = -(-rows // GEMM_ROW_ALIGN) * GEMM_ROW_ALIGN
+    rp = padded_rows(rows)
     sc = -(-cols // block[1])
     q = torch.empty((rp, cols), dtype=FP8_DTYPE, device=device)
-    q[rows:].view(torch.uint8).zero_()
-    s = torch.ones((sc, rp), dtype=torch.float32, device=device).t()
+    s = torch.empty((sc, rp), dtype=torch.float32, device=device).t()
+    if fill and rp > rows:
+        q[rows:].view(torch.uint8).zero_()
+        s[rows:].fill_(1.0)
     return q[:rows], s[:rows]
 
 
+def padded_rows(rows: int) -> int:
+    """Rows of a cuBLAS blockwise operand's storage: ``rows`` rounded up to GEMM_ROW_ALIGN."""
+    return -(-rows // GEMM_ROW_ALIGN) * GEMM_ROW_ALIGN
+
+
 def _outputs(x: torch.Tensor, block: tuple[int, int], col_major: bool
-             ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(fp8 bytes, one fp32 scale per block) to quantize ``x`` into. ``col_major``: the operand
-    of cuBLAS's blockwise GEMM (1xN blocks), in row-padded storage (padded_gemm_operand)."""
+             ) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(fp8 bytes, one fp32 scale per block, rows to store) to quantize ``x`` into.
+    ``col_major``: the operand of cuBLAS's blockwise GEMM (1xN blocks), in row-padded storage
+    (padded_gemm_operand) whose padding the kernel writes."""
     r, c = x.shape
     if col_major:
-        return padded_gemm_operand(r, c, block, x.device)
+        return (*padded_gemm_operand(r, c, block, x.device, fill=False), padded_rows(r))
     sr, sc = scale_shape(r, c, block)
     return (torch.empty((r, c), dtype=FP8_DTYPE, device=x.device),
-            torch.empty((sr, sc), dtype=torch.float32, device=x.device))
+            torch.empty((sr, sc), dtype=torch.float32, device=x.device), r)
 
 
 def _hadamard_operand(x: torch.Tensor, hadamard: torch.Tensor | None
@@ -331,26 +362,74 @@ def quantize_triton(x: torch.Tensor, block: tuple[int, int], *, hadamard: torch.
                     stochastic: bool, seed: int, scale_col_major: bool = False,
                     hw_cast: bool | None = None) -> BlockFp8:
     """``scale_col_major``: write the scales column-major (the layout cuBLAS blockwise wants
-    for 1x128 activation scales), returned as a strided view of the same logical shape.
-    ``hw_cast``: as in :func:`quantize_dual`."""
+    for 1x128 activation scales), returned as a strided view of the same logical shape, in
+    row-padded storage (``padded_gemm_operand``). ``hw_cast``: as in :func:`quantize_dual`."""
+    q, s, rs = _outputs(x, block, scale_col_major)
+    _launch_quantize(x, q, s, rs, block, hadamard, stochastic, seed, hw_cast)
+    return BlockFp8(q, s, block)
+
+
+def _launch_quantize(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, rs: int,
+                     block: tuple[int, int], hadamard: torch.Tensor | None, stochastic: bool,
+                     seed: int, hw_cast: bool | None, qt: torch.Tensor | None = None,
+                     st: torch.Tensor | None = None) -> None:
+    """Run the quantizer over ``x`` into ``q``/``s`` (``rs`` rows stored, padding included),
+    and, given ``qt``/``st``, the transposed bytes and second scales too."""
     r, c = x.shape
     br, bc = block
-    q, s = _outputs(x, block, scale_col_major)
     hb, h, inv_sqrt_n = _hadamard_operand(x, hadamard)
     interpret = os.environ.get("TRITON_INTERPRET") == "1"
     had_fp32 = interpret or x.dtype != torch.bfloat16
-    args = (x, q, s, h, r, c, x.stride(0), x.stride(1), s.stride(0), s.stride(1), seed,
-            inv_sqrt_n, triton.next_power_of_2(r))
+    transposed = qt is not None
+    qt, st = (qt, st) if transposed else (q, s)
+    args = (x, q, s, h, qt, st, r, rs, c, x.stride(0), x.stride(1), s.stride(0), s.stride(1),
+            st.stride(0) if transposed else 0, st.stride(1) if transposed else 0, seed,
+            inv_sqrt_n, triton.next_power_of_2(rs))
     flags = dict(BR=br, BC=bc, HB=hb, HAD_FP32=had_fp32, STOCHASTIC=stochastic,
-                 HW_CAST=hardware_cast(x, hw_cast))
+                 HW_CAST=hardware_cast(x, hw_cast), TRANSPOSED=transposed)
     if interpret or x.device.type != "cuda":
         tr, tc = max(br, 32), max(bc, 128, hb)
-        grid = (triton.cdiv(r, tr), triton.cdiv(c, tc))
+        grid = (triton.cdiv(rs, tr), triton.cdiv(c, tc))
         _quantize_kernel[grid](*args, TR=tr, TC=tc, **flags, num_warps=4)
     else:
-        grid = lambda meta: (triton.cdiv(r, meta["TR"]), triton.cdiv(c, meta["TC"]))
+        grid = lambda meta: (triton.cdiv(rs, meta["TR"]), triton.cdiv(c, meta["TC"]))
         _quantize_autotuned[grid](*args, **flags)
-    return BlockFp8(q, s, block)
+
+
+def _aligned_scales(rows: int, cols: int, align: int, device: torch.device) -> torch.Tensor:
+    """A (rows x cols) fp32 view with row stride ``cols`` rounded up to ``align``; the padding
+    columns are zeros (cuBLAS's 128x128 weight scales want a leading dimension divisible by
+    4)."""
+    ld = -(-cols // align) * align
+    make = torch.zeros if ld > cols else torch.empty
+    return make((rows, ld), dtype=torch.float32, device=device)[:, :cols]
+
+
+def quantize_operand_pair(w: torch.Tensor, block: tuple[int, int], *,
+                          hadamard: torch.Tensor | None = None,
+                          kernel: Kernel | str | None = None, scale_align: int = 1
+                          ) -> tuple[BlockFp8, BlockFp8]:
+    """A weight (R x C) in square blocks, laid out for both of its GEMMs from one read:
+    (W, W again with its bytes stored transposed). The first is the forward's operand (read
+    transposed, so its reduction dimension C is contiguous); the second is the input
+    gradient's (dY W reduces over R, and Hopper's fp8 MMA wants that dimension contiguous).
+    Square blocks: both hold the same scale values. ``scale_align``: each copy's scales are
+    stored with the leading dimension its GEMM reads rounded up to this (4 for cuBLAS's
+    128x128 blocks), so neither needs re-laying-out per call."""
+    if block[0] != block[1]:
+        raise ValueError(f"an operand pair needs square blocks, not {block}")
+    which = resolve_kernel(kernel, w)
+    if which is Kernel.PYTORCH:
+        wq = quantize_reference(w, block, hadamard=hadamard)
+        return wq, BlockFp8(wq.data.t().contiguous().t(), wq.scale, block)
+    r, c = w.shape
+    sr, sc = scale_shape(r, c, block)
+    q = torch.empty((r, c), dtype=FP8_DTYPE, device=w.device)
+    qt = torch.empty((c, r), dtype=FP8_DTYPE, device=w.device)
+    s = _aligned_scales(sr, sc, scale_align, w.device)  # (sr, sc), row stride >= sc
+    st = _aligned_scales(sc, sr, scale_align, w.device).t()  # (sr, sc), stride (1, >= sr)
+    _launch_quantize(w, q, s, r, block, hadamard, False, 0, None, qt=qt, st=st)
+    return BlockFp8(q, s, block), BlockFp8(qt.t(), st, block)
 
 
 def quantize(x: torch.Tensor, block: tuple[int, int] = (32, 32), *,
@@ -389,13 +468,13 @@ def rmsnorm_quantize(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
     x = x if x.stride(1) == 1 else x.contiguous()
     r, c = x.shape
     br, bc = block
-    q, s = _outputs(x, block, scale_col_major)
+    q, s, rs = _outputs(x, block, scale_col_major)
     rstd = torch.empty((r,), dtype=torch.float32, device=x.device)
     hb, h, inv_sqrt_n = _hadamard_operand(x, hadamard)
     interpret = os.environ.get("TRITON_INTERPRET") == "1"
     tr, tc = max(br, 32), max(bc, 128, hb)
-    _rmsnorm_quantize_kernel[(triton.cdiv(r, tr),)](
-        x, weight, q, s, rstd, h, r, c, x.stride(0), s.stride(0), s.stride(1), eps, inv_sqrt_n,
+    _rmsnorm_quantize_kernel[(triton.cdiv(rs, tr),)](
+        x, weight, q, s, rstd, h, r, rs, c, x.stride(0), s.stride(0), s.stride(1), eps, inv_sqrt_n,
         BR=br, BC=bc, TR=tr, TC=tc, HB=hb, HAD_FP32=interpret or x.dtype != torch.bfloat16,
         HW_CAST=hardware_cast(x),
         num_warps=4 if tr * tc <= 64 * 128 else 8)

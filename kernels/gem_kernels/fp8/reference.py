@@ -160,10 +160,14 @@ def dequantize_reference(q: BlockFp8, dtype: torch.dtype = torch.float32) -> tor
     return (q.data.float() * s).to(dtype)
 
 
-def gemm_reference(a: BlockFp8, b: BlockFp8, out_dtype: torch.dtype = torch.bfloat16
-                   ) -> torch.Tensor:
-    """A (M x K) @ B (K x N) on the dequantized operands, accumulated in fp32."""
-    return (dequantize_reference(a) @ dequantize_reference(b)).to(out_dtype)
+def gemm_reference(a: BlockFp8, b: BlockFp8, out_dtype: torch.dtype = torch.bfloat16,
+                   bias: torch.Tensor | None = None) -> torch.Tensor:
+    """A (M x K) @ B (K x N) on the dequantized operands, accumulated in fp32, plus ``bias``
+    (N) before the one rounding to ``out_dtype``."""
+    c = dequantize_reference(a) @ dequantize_reference(b)
+    if bias is not None:
+        c = c + bias.float()
+    return c.to(out_dtype)
 
 
 def rms_inv(x: torch.Tensor, eps: float) -> torch.Tensor:
