@@ -17,6 +17,9 @@ BENCHES: dict[str, tuple[str, str]] = {
               "64-token block attention + RoPE vs SDPA on blocks, FlexAttention, sliding JFA."),
     "fp8": ("gem_kernels.bench.fp8_linear",
             "FP8 block-scaled linear vs bf16 matmul vs rowwise torch._scaled_mm."),
+    "fp8-cost": ("gem_kernels.bench.fp8_layer_cost",
+                 "One FP8 layer's training call at narrow recipe shapes vs bf16 nn.Linear: "
+                 "host time, GPU time, launches."),
     "bbs": ("gem_platform.balance.bench",
             "Straggler overhead without balancing, with BBS and with a global partition (CPU)."),
 }
