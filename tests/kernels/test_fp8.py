@@ -542,3 +542,27 @@ def test_under_autocast_the_layer_works_in_autocast_dtype(fused_norm):
     assert gemms.dtypes == [(torch.bfloat16, torch.bfloat16)]  # the bf16 weight gradient
     assert lin.weight.grad.dtype == torch.float32 and x.grad.dtype == torch.float32
     assert torch.isfinite(lin.weight.grad).all()
+
+
+def test_scaled_mm_bias_falls_back_where_refused():
+    """cuBLAS's blockwise GEMM takes the bias in its epilogue for a bf16 output; torch 2.11
+    refuses one for an fp32 output (ValueError, seen on the H200), and then the bias is added
+    after the GEMM instead. CPU stand-in for scaled_mm with that rule (no cuBLAS here)."""
+    from gem_kernels.fp8.linear import _BIAS_IN_GEMM, _with_bias
+
+    calls = []
+
+    def scaled_mm(a, b, sa, ra, sb, rb, bias=None, output_dtype=None):
+        calls.append(bias is not None)
+        if bias is not None and output_dtype == torch.float32:
+            raise ValueError("Bias is not supported when out_dtype is set to Float32")
+        y = (a @ b).to(output_dtype)
+        return y if bias is None else y + bias
+
+    a, b, bias = torch.randn(8, 4), torch.randn(4, 6), torch.randn(6)
+    _BIAS_IN_GEMM.clear()
+    for dtype in (torch.bfloat16, torch.float32):
+        y = _with_bias(scaled_mm, bias, a, b, None, "r", None, "r", dtype)
+        torch.testing.assert_close(y, (a @ b).to(dtype) + bias.to(dtype))
+    assert calls == [True, False]  # fp32: never offered the bias, so nothing was refused
+    _BIAS_IN_GEMM.clear()

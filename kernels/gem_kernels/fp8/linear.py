@@ -160,15 +160,17 @@ def _with_bias(sm, bias: torch.Tensor | None, a_data: torch.Tensor, b_data: torc
                scale_a: torch.Tensor, recipe_a, scale_b: torch.Tensor, recipe_b,
                out_dtype: torch.dtype) -> torch.Tensor:
     """scaled_mm with the bias added in its epilogue (one pass over the output fewer) where
-    this torch/cuBLAS accepts a bias for the recipe; else added after. Learned on first use."""
+    this torch/cuBLAS accepts a bias for the recipe; else added after. torch 2.11 refuses a
+    bias with an fp32 output (ValueError), so that is never tried; other refusals are learned
+    on first use."""
     key = f"{recipe_a}/{recipe_b}/{out_dtype}"
-    if bias is not None and _BIAS_IN_GEMM.get(key, True):
+    if bias is not None and out_dtype != torch.float32 and _BIAS_IN_GEMM.get(key, True):
         try:
             y = sm(a_data, b_data, scale_a, recipe_a, scale_b, recipe_b,
                    bias=bias.to(out_dtype), output_dtype=out_dtype)
             _BIAS_IN_GEMM[key] = True
             return y
-        except RuntimeError:
+        except (RuntimeError, ValueError):
             _BIAS_IN_GEMM[key] = False
     y = sm(a_data, b_data, scale_a, recipe_a, scale_b, recipe_b, output_dtype=out_dtype)
     return y if bias is None else y + bias.to(out_dtype)

@@ -99,7 +99,7 @@ def _quantize_store(xf, rows, cols, pid_r, pid_c, q_ptr, s_ptr, R, C, stride_sr,
                     seed, BR: tl.constexpr, BC: tl.constexpr, TR: tl.constexpr,
                     TC: tl.constexpr, STOCHASTIC: tl.constexpr, HW_CAST: tl.constexpr):
     """Quantize an fp32 (TR x TC) tile at (rows, cols) and store its bytes and block scales
-    (``R``: the rows stored, padding included). Returns the bytes and the scales."""
+    (``R``: the rows stored, padding included)."""
     x4 = tl.reshape(xf, (TR // BR, BR, TC // BC, BC))
     amax = tl.max(tl.max(tl.abs(x4), axis=3), axis=1)  # (TR/BR, TC/BC)
     scale, inv = _pow2_scales(amax)
@@ -108,7 +108,6 @@ def _quantize_store(xf, rows, cols, pid_r, pid_c, q_ptr, s_ptr, R, C, stride_sr,
     mask = (rows[:, None] < R) & (cols[None, :] < C)
     tl.store(q_ptr + rows[:, None].to(tl.int64) * C + cols[None, :], b, mask=mask)
     _store_scales(s_ptr, scale, pid_r, pid_c, R, C, stride_sr, stride_sc, BR, BC, TR, TC)
-    return b, scale
 
 
 @triton.jit
@@ -124,20 +123,16 @@ def _store_scales(s_ptr, scale, pid_r, pid_c, R, C, stride_sr, stride_sc, BR: tl
 
 
 @triton.jit
-def _quantize_kernel(x_ptr, q_ptr, s_ptr, h_ptr, qt_ptr, st_ptr, R, RS, C, stride_xr,
-                     stride_xc, stride_sr, stride_sc, stride_str, stride_stc, seed, inv_sqrt_n,
-                     R_BUCKET, BR: tl.constexpr, BC: tl.constexpr, TR: tl.constexpr,
-                     TC: tl.constexpr, HB: tl.constexpr, HAD_FP32: tl.constexpr,
-                     STOCHASTIC: tl.constexpr, HW_CAST: tl.constexpr,
-                     TRANSPOSED: tl.constexpr):
+def _quantize_kernel(x_ptr, q_ptr, s_ptr, h_ptr, R, RS, C, stride_xr, stride_xc, stride_sr,
+                     stride_sc, seed, inv_sqrt_n, R_BUCKET, BR: tl.constexpr, BC: tl.constexpr,
+                     TR: tl.constexpr, TC: tl.constexpr, HB: tl.constexpr,
+                     HAD_FP32: tl.constexpr, STOCHASTIC: tl.constexpr, HW_CAST: tl.constexpr):
     # R_BUCKET (the row count rounded up to a power of two) exists for the autotuner's key
     # only: a jagged batch has a new token count every step, and keyed on the exact count the
     # tuner benchmarked every tile again at every step (an FP8 training step of the H200
     # recipe ran ~40x slower than bf16).
     # Rows R..RS are the padding a cuBLAS operand needs: quantized as zero rows here, so no
-    # separate fill kernels run. TRANSPOSED also writes the bytes transposed (C x R, row-major)
-    # and the scales a second time at (stride_str, stride_stc): the weight's K-major copy for
-    # the input-gradient GEMM, from the same read.
+    # separate fill kernels run.
     pid_r = tl.program_id(0)
     pid_c = tl.program_id(1)
     rows = pid_r * TR + tl.arange(0, TR)
@@ -149,13 +144,8 @@ def _quantize_kernel(x_ptr, q_ptr, s_ptr, h_ptr, qt_ptr, st_ptr, R, RS, C, strid
         xf = _rotate(x, h_ptr, inv_sqrt_n, TR, TC, HB, HAD_FP32)
     else:
         xf = x.to(tl.float32)
-    b, scale = _quantize_store(xf, rows, cols, pid_r, pid_c, q_ptr, s_ptr, RS, C, stride_sr,
-                               stride_sc, seed, BR, BC, TR, TC, STOCHASTIC, HW_CAST)
-    if TRANSPOSED:
-        tl.store(qt_ptr + cols[:, None].to(tl.int64) * RS + rows[None, :], tl.trans(b),
-                 mask=(cols[:, None] < C) & (rows[None, :] < RS))
-        _store_scales(st_ptr, scale, pid_r, pid_c, RS, C, stride_str, stride_stc, BR, BC, TR,
-                      TC)
+    _quantize_store(xf, rows, cols, pid_r, pid_c, q_ptr, s_ptr, RS, C, stride_sr, stride_sc,
+                    seed, BR, BC, TR, TC, STOCHASTIC, HW_CAST)
 
 
 @triton.jit
@@ -298,8 +288,7 @@ _TILES = [triton.Config({"TR": tr, "TC": tc}, num_warps=w)
           for tr, tc, w in ((32, 128, 4), (64, 128, 4), (64, 128, 8), (128, 128, 8),
                             (32, 256, 4), (16, 256, 4))]
 _quantize_autotuned = triton.autotune(
-    configs=_TILES,
-    key=["R_BUCKET", "C", "BR", "BC", "HB", "STOCHASTIC", "HW_CAST", "TRANSPOSED"],
+    configs=_TILES, key=["R_BUCKET", "C", "BR", "BC", "HB", "STOCHASTIC", "HW_CAST"],
     prune_configs_by={"early_config_prune": _prune})(_quantize_kernel)
 
 
@@ -371,22 +360,18 @@ def quantize_triton(x: torch.Tensor, block: tuple[int, int], *, hadamard: torch.
 
 def _launch_quantize(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, rs: int,
                      block: tuple[int, int], hadamard: torch.Tensor | None, stochastic: bool,
-                     seed: int, hw_cast: bool | None, qt: torch.Tensor | None = None,
-                     st: torch.Tensor | None = None) -> None:
-    """Run the quantizer over ``x`` into ``q``/``s`` (``rs`` rows stored, padding included),
-    and, given ``qt``/``st``, the transposed bytes and second scales too."""
+                     seed: int, hw_cast: bool | None) -> None:
+    """Run the quantizer over ``x`` (any strides) into ``q``/``s`` (``rs`` rows stored,
+    padding included; ``s`` at any strides)."""
     r, c = x.shape
     br, bc = block
     hb, h, inv_sqrt_n = _hadamard_operand(x, hadamard)
     interpret = os.environ.get("TRITON_INTERPRET") == "1"
     had_fp32 = interpret or x.dtype != torch.bfloat16
-    transposed = qt is not None
-    qt, st = (qt, st) if transposed else (q, s)
-    args = (x, q, s, h, qt, st, r, rs, c, x.stride(0), x.stride(1), s.stride(0), s.stride(1),
-            st.stride(0) if transposed else 0, st.stride(1) if transposed else 0, seed,
+    args = (x, q, s, h, r, rs, c, x.stride(0), x.stride(1), s.stride(0), s.stride(1), seed,
             inv_sqrt_n, triton.next_power_of_2(rs))
     flags = dict(BR=br, BC=bc, HB=hb, HAD_FP32=had_fp32, STOCHASTIC=stochastic,
-                 HW_CAST=hardware_cast(x, hw_cast), TRANSPOSED=transposed)
+                 HW_CAST=hardware_cast(x, hw_cast))
     if interpret or x.device.type != "cuda":
         tr, tc = max(br, 32), max(bc, 128, hb)
         grid = (triton.cdiv(rs, tr), triton.cdiv(c, tc))
@@ -409,27 +394,32 @@ def quantize_operand_pair(w: torch.Tensor, block: tuple[int, int], *,
                           hadamard: torch.Tensor | None = None,
                           kernel: Kernel | str | None = None, scale_align: int = 1
                           ) -> tuple[BlockFp8, BlockFp8]:
-    """A weight (R x C) in square blocks, laid out for both of its GEMMs from one read:
-    (W, W again with its bytes stored transposed). The first is the forward's operand (read
-    transposed, so its reduction dimension C is contiguous); the second is the input
-    gradient's (dY W reduces over R, and Hopper's fp8 MMA wants that dimension contiguous).
-    Square blocks: both hold the same scale values. ``scale_align``: each copy's scales are
-    stored with the leading dimension its GEMM reads rounded up to this (4 for cuBLAS's
-    128x128 blocks), so neither needs re-laying-out per call."""
+    """A weight (R x C) in square blocks, laid out for both of its GEMMs: (W, W again with
+    its bytes stored transposed). The first is the forward's operand (read transposed, so its
+    reduction dimension C is contiguous); the second is the input gradient's (dY W reduces
+    over R, and Hopper's fp8 MMA wants that dimension contiguous). Square blocks: the second
+    is the quantizer run over W's transposed view, which gives the same bytes and scales.
+    ``scale_align``: each copy's scales are stored with the leading dimension its GEMM reads
+    rounded up to this (4 for cuBLAS's 128x128 blocks), so neither is re-laid-out per call.
+    Two quantizer launches replace a quantization, a byte transpose and two scale copies."""
     if block[0] != block[1]:
         raise ValueError(f"an operand pair needs square blocks, not {block}")
     which = resolve_kernel(kernel, w)
     if which is Kernel.PYTORCH:
         wq = quantize_reference(w, block, hadamard=hadamard)
         return wq, BlockFp8(wq.data.t().contiguous().t(), wq.scale, block)
+    if hadamard is not None:  # the rotation is along W's columns: the transposed view can't
+        wq = quantize_triton(w, block, hadamard=hadamard, stochastic=False, seed=0)
+        return wq, BlockFp8(wq.data.t().contiguous().t(), wq.scale, block)
     r, c = w.shape
     sr, sc = scale_shape(r, c, block)
     q = torch.empty((r, c), dtype=FP8_DTYPE, device=w.device)
     qt = torch.empty((c, r), dtype=FP8_DTYPE, device=w.device)
     s = _aligned_scales(sr, sc, scale_align, w.device)  # (sr, sc), row stride >= sc
-    st = _aligned_scales(sc, sr, scale_align, w.device).t()  # (sr, sc), stride (1, >= sr)
-    _launch_quantize(w, q, s, r, block, hadamard, False, 0, None, qt=qt, st=st)
-    return BlockFp8(q, s, block), BlockFp8(qt.t(), st, block)
+    st = _aligned_scales(sc, sr, scale_align, w.device)  # (sc, sr), row stride >= sr
+    _launch_quantize(w, q, s, r, block, None, False, 0, None)
+    _launch_quantize(w.t(), qt, st, c, block, None, False, 0, None)
+    return BlockFp8(q, s, block), BlockFp8(qt.t(), st.t(), block)
 
 
 def quantize(x: torch.Tensor, block: tuple[int, int] = (32, 32), *,
