@@ -83,6 +83,10 @@ class TrainConfig(_Strict):
     peak_tflops: float | None = Field(
         None, gt=0, description="peak for MFU; default: table by GPU and dtype, measured on CPU"
     )
+    perf_warmup_steps: int = Field(
+        10, ge=0, description="steps each process trains before the final QPS and MFU start "
+        "counting (kernel compilation and autotuning, allocator growth); at least one step "
+        "is always counted")
 
 
 class PrecisionConfig(_Strict):

@@ -40,11 +40,14 @@ class Crash(Exception):
 def test_resumed_run_equals_uninterrupted(tiny_recipe, monkeypatch):
     d, tree = tiny_recipe
     monkeypatch.chdir(d)
-    recipe = recipe_from_dict(tree)
+    recipe = recipe_from_dict({**tree, "train": {**tree["train"], "perf_warmup_steps": 2}})
 
     full: list[tuple[int, float]] = []
-    train(recipe, sink=lambda m, s: full.append((s, m["train/loss"])) if "train/loss" in m
-          else None, echo=lambda _: None)
+    straight = train(recipe, sink=lambda m, s: full.append((s, m["train/loss"]))
+                     if "train/loss" in m else None, echo=lambda _: None)
+    # QPS and MFU leave out each process's first 2 steps (compilation, autotuning)
+    assert straight["perf/steps_measured"] == 4
+    assert straight["perf/qps"] > 0 and straight["perf/qps_all_steps"] > 0
 
     logged: list[tuple[int, float]] = []
 
@@ -68,6 +71,9 @@ def test_resumed_run_equals_uninterrupted(tiny_recipe, monkeypatch):
     for (_, a), (_, b) in zip(logged, full, strict=True):
         assert a == pytest.approx(b, rel=1e-5, abs=1e-6)
     assert summary["train/final_loss"] == pytest.approx(full[-1][1], rel=1e-5)
+    # steps 3-4 measured before the crash (kept in the checkpoint); the resumed process warms
+    # up on step 5 (at most all but one of its steps) and measures step 6
+    assert summary["perf/steps_measured"] == 3
     # only the newest two checkpoints are kept
     assert sorted(p.name for p in (d / "ckpts").glob("step_*")) == ["step_00000002",
                                                                     "step_00000004"]

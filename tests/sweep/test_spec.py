@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from gem_platform.recipe import TrainConfig
 from gem_platform.sweep.config import SweepError, load_sweep
 from tests.conftest import REPO, run_gemctl
 
@@ -87,6 +88,11 @@ def test_fingerprint_tracks_what_changes_results(spec_dir):
     assert load_sweep(write(spec_dir, text)).fingerprint() == one
     assert load_sweep(write(spec_dir, text.replace("[0, 1]", "[0, 2]"))).fingerprint() != one
     assert load_sweep(write(spec_dir, text), ["train.steps=3"]).fingerprint() != one
+    # a setting at its default is not part of it: recipes that gain a setting (with a default
+    # that keeps what they did) keep their sweeps resumable
+    default = f"train.perf_warmup_steps={TrainConfig().perf_warmup_steps}"
+    assert load_sweep(write(spec_dir, text), [default]).fingerprint() == one
+    assert load_sweep(write(spec_dir, text), ["train.perf_warmup_steps=3"]).fingerprint() != one
 
 
 @pytest.mark.parametrize("text, needle", [

@@ -134,11 +134,14 @@ class SweepPlan:
         return Recipe.model_validate(tree)
 
     def fingerprint(self) -> str:
-        """Hash of everything that decides the results: same fingerprint = same sweep."""
+        """Hash of everything that decides the results: same fingerprint = same sweep. Only
+        settings that differ from their defaults enter, so a new recipe setting (whose default
+        keeps the old behaviour) does not turn an interrupted sweep into a new one."""
         body = {"name": self.name, "seeds": self.seeds,
-                "arms": {a.name: a.recipe.model_dump(mode="json") for a in self.arms}}
+                "arms": {a.name: a.recipe.model_dump(mode="json", exclude_defaults=True)
+                         for a in self.arms}}
         for arm in body["arms"].values():
-            arm["tracking"].pop("tags", None)
+            arm.get("tracking", {}).pop("tags", None)
         raw = json.dumps(body, sort_keys=True, default=str).encode()
         return hashlib.sha256(raw).hexdigest()[:16]
 

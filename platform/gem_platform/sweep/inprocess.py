@@ -74,12 +74,14 @@ def run_in_process(plan: SweepPlan, out: str | Path, echo: Callable[[str], None]
 
 def _arm_fingerprints(plan: SweepPlan) -> dict[str, str]:
     """What decides a trial's result apart from its seed, per arm: its recipe, without where
-    the data lives (a results file moves between machines with the sweep) or tracking."""
+    the data lives (a results file moves between machines with the sweep) or tracking. Only
+    the settings that differ from their defaults enter, so a new recipe setting (added with
+    a default that keeps the old behaviour) leaves existing results files resumable."""
     out = {}
     for arm in plan.arms:
-        tree = arm.recipe.model_dump(mode="json")
+        tree = arm.recipe.model_dump(mode="json", exclude_defaults=True)
         tree.pop("tracking", None)
-        tree["data"].pop("path", None)
+        tree.get("data", {}).pop("path", None)
         raw = json.dumps(tree, sort_keys=True, default=str).encode()
         out[arm.name] = hashlib.sha256(raw).hexdigest()[:16]
     return out
