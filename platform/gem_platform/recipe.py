@@ -101,6 +101,11 @@ class PrecisionConfig(_Strict):
     keep_last_bf16: int = Field(
         1, ge=0, description="the last N linear layers that would otherwise run in FP8 stay bf16")
     keep_bf16: list[str] = Field(default_factory=list, description="module name patterns")
+    min_features: int = Field(
+        0, ge=0, description="linear layers whose narrower side (min of in and out features) "
+        "is below this stay bf16. On the H200 an FP8 layer's training call is slower than "
+        "bf16 at 256-1024 features (host-bound: 0.27-0.45x) and faster at 2048 "
+        "(1.22x, block 128), docs/bench/fp8_layer_cost.json; 0 converts every layer")
 
     @model_validator(mode="after")
     def _hadamard_pow2(self) -> PrecisionConfig:

@@ -114,3 +114,17 @@ def test_convert_keeps_last_and_named_layers():
     assert convert_to_fp8(model, block=32, hadamard=False, hadamard_block=128,
                           stochastic_rounding=False, wgrad="bf16", keep_last=0,
                           keep=["tower.*", "odd"]) == ["gate"]  # head: 1 output, too narrow
+
+
+def test_conversion_skips_layers_narrower_than_min_features():
+    """min_features keeps narrow layers bf16, by the narrower side of each layer, and
+    keep_last then counts only the layers left."""
+    from gem_platform.precision import convert_to_fp8
+
+    model = nn.Sequential(nn.Linear(64, 256), nn.Linear(256, 256), nn.Linear(256, 128),
+                          nn.Linear(256, 256))
+    names = convert_to_fp8(model, block=32, keep_last=1, min_features=256)
+    assert names == ["1"]  # 0 (64 in) and 2 (128 out) too narrow; 3 kept as the last capable
+    assert [type(m) is nn.Linear for m in model] == [True, False, True, True]
+    assert convert_to_fp8(nn.Sequential(nn.Linear(64, 64)), block=32, keep_last=0,
+                          min_features=0) == ["0"]

@@ -117,7 +117,8 @@ def build_model(recipe: Recipe, meta: DatasetMeta, device: torch.device) -> nn.M
         p = recipe.precision
         convert_to_fp8(model, block=p.block, hadamard=p.hadamard, hadamard_block=p.hadamard_block,
                        stochastic_rounding=p.stochastic_rounding, wgrad=p.wgrad,
-                       keep_last=p.keep_last_bf16, keep=p.keep_bf16)
+                       keep_last=p.keep_last_bf16, keep=p.keep_bf16,
+                       min_features=p.min_features)
     return model.to(device)
 
 
