@@ -2,11 +2,17 @@
 
 Two routes (``block``):
 - 32: GEM's square 32x32 blocks for activations, weights and output gradients; our Triton
-  quantizer and Triton GEMM. Each tensor is quantized once: the backward reads the weight's
-  and the gradient's bytes and scales transposed.
+  quantizer and Triton GEMM. Square blocks survive transposition: the backward uses the same
+  bytes and scales as the forward, transposed.
 - 128: activations and output gradients in 1x128 blocks, weights in 128x128 blocks, GEMMs
   through cuBLAS blockwise scaled_mm (``torch.nn.functional.scaled_mm``, Hopper). The weight's
   128x128 blocks are reused transposed for the input gradient.
+In both, the weight's transposed copy is laid out K-major for Hopper's fp8 MMA by running the
+quantizer over the weight's transposed view (identical values, written in the other order),
+and its scales are stored where cuBLAS reads them, so a call makes no copies. The bias is added
+in the GEMM's epilogue (the Triton GEMM's, or scaled_mm's for a bf16 output), and the padding
+rows a cuBLAS operand needs are written by the quantizer: a layer's forward is the weight's two
+quantizations, the activation's and the GEMM (plus autocast's casts, as for nn.Linear).
 
 Weight gradient: bf16 by default (GEM keeps it out of low precision). ``wgrad='fp8'``: block 32
 computes it from the same 32x32 FP8 gradient and activation (and then the layer saves only the
@@ -107,8 +113,8 @@ def quantize_weight(w: torch.Tensor, cfg: Fp8Config, kernel: Kernel | str | None
 
 def quantize_weight_operands(w: torch.Tensor, cfg: Fp8Config, kernel: Kernel
                              ) -> tuple[BlockFp8, BlockFp8]:
-    """The weight as quantize_weight gives it, plus its K-major copy for the input gradient,
-    from one quantizer pass, with scales already in the layout each GEMM reads."""
+    """The weight as quantize_weight gives it, plus its K-major copy for the input gradient
+    (``quantize_operand_pair``), with scales already in the layout each GEMM reads."""
     return quantize_operand_pair(w.detach(), cfg.weight_block,
                                  hadamard=hadamard_for(cfg, w.device), kernel=kernel,
                                  scale_align=4 if cfg.block == 128 else 1)

@@ -107,13 +107,6 @@ def _quantize_store(xf, rows, cols, pid_r, pid_c, q_ptr, s_ptr, R, C, stride_sr,
     b = _to_e4m3(v, rows, pid_c, C, seed, TR, TC, STOCHASTIC, HW_CAST)
     mask = (rows[:, None] < R) & (cols[None, :] < C)
     tl.store(q_ptr + rows[:, None].to(tl.int64) * C + cols[None, :], b, mask=mask)
-    _store_scales(s_ptr, scale, pid_r, pid_c, R, C, stride_sr, stride_sc, BR, BC, TR, TC)
-
-
-@triton.jit
-def _store_scales(s_ptr, scale, pid_r, pid_c, R, C, stride_sr, stride_sc, BR: tl.constexpr,
-                  BC: tl.constexpr, TR: tl.constexpr, TC: tl.constexpr):
-    """A tile's (TR/BR x TC/BC) block scales at their (block row, block column) strides."""
     srows = pid_r * (TR // BR) + tl.arange(0, TR // BR)
     scols = pid_c * (TC // BC) + tl.arange(0, TC // BC)
     n_sr = (R + BR - 1) // BR
