@@ -88,6 +88,18 @@ def test_deltas_per_arm(cmp):
     assert cmp.arms[0].deltas == {}
 
 
+def test_an_arm_with_fewer_seeds_is_paired_on_the_seeds_it_shares():
+    """A cut-short arm (or one from another sweep) is compared on the seeds both ran: the
+    baseline's other seeds, here much higher, do not enter its delta."""
+    trials = [run("base", s, ne, 0.75, 1000) for s, ne in enumerate((0.80, 0.81, 0.90, 0.91))]
+    trials += [run("short", 0, 0.802, 0.75, 1000), run("short", 1, 0.812, 0.75, 1000)]
+    d = compare_trials(trials, "base").arms[1].deltas["eval/ne_ctr"]
+    assert d.method == "paired"
+    assert d.value == pytest.approx(0.002 / 0.805 * 100)  # percent of the same seeds' mean
+    single = compare_trials(trials[:4] + trials[4:5], "base").arms[1].deltas["eval/ne_ctr"]
+    assert single.method == "welch"  # one shared seed: nothing to pair an interval on
+
+
 def test_gates(cmp):
     fails = check_gates(cmp, Gates(max_ne_regression_pct=0.1))
     assert {(f.arm, f.metric) for f in fails} == {("worse", "eval/ne_ctr"),

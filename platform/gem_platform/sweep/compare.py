@@ -184,15 +184,22 @@ def _by_seed(runs: list[TrialRun], name: str) -> dict[str, float] | None:
     return by_seed if len(by_seed) == len(pairs) else None
 
 
-def delta_to_baseline(runs: list[TrialRun], base_runs: list[TrialRun], name: str) -> Delta:
-    """Paired over seeds when both arms ran the same (at least two) seeds once each, else
-    Welch over the two sets of runs."""
+def delta_to_baseline(runs: list[TrialRun], base_runs: list[TrialRun], name: str,
+                      percent: bool = False) -> Delta:
+    """Paired over the seeds both arms ran (at least two, each once), else Welch over the two
+    sets of runs; with ``percent``, in percent of the baseline's mean over the same runs.
+    Pairing on the common seeds matters when one arm ran fewer: a cut-short sweep, or arms
+    from two sweeps. Seed-to-seed spread is often larger than the effect, so a difference of
+    means over different seeds measures mostly which seeds each arm got."""
     arm, base = _by_seed(runs, name), _by_seed(base_runs, name)
-    if arm and base and arm.keys() == base.keys() and len(arm) >= 2:
-        seeds = sorted(arm)
-        return paired_delta([arm[s] for s in seeds], [base[s] for s in seeds])
-    return welch_delta([r.metrics[name] for r in runs if name in r.metrics],
-                       [r.metrics[name] for r in base_runs if name in r.metrics])
+    seeds = sorted(arm.keys() & base.keys()) if arm and base else []
+    if len(seeds) >= 2:
+        d = paired_delta([arm[s] for s in seeds], [base[s] for s in seeds])
+        base_values = [base[s] for s in seeds]
+    else:
+        base_values = [r.metrics[name] for r in base_runs if name in r.metrics]
+        d = welch_delta([r.metrics[name] for r in runs if name in r.metrics], base_values)
+    return relative(d, summarize(base_values).mean) if percent else d
 
 
 def compare_trials(trials: list[TrialRun], baseline: str | None = None) -> Comparison:
@@ -220,10 +227,8 @@ def compare_trials(trials: list[TrialRun], baseline: str | None = None) -> Compa
         for name in names:
             res.metrics[name] = summarize(values(runs, name))
             if arm != base:
-                d = delta_to_baseline(runs, arms[base], name)
-                if _relative_metric(name):
-                    d = relative(d, summarize(values(arms[base], name)).mean)
-                res.deltas[name] = d
+                res.deltas[name] = delta_to_baseline(runs, arms[base], name,
+                                                     percent=_relative_metric(name))
         results.append(res)
     results.sort(key=lambda r: r.arm != base)
     sweeps = sorted({t.sweep_id for t in trials if t.sweep_id})
