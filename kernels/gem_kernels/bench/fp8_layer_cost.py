@@ -64,7 +64,7 @@ def _layer(variant: str, lin: torch.nn.Linear) -> torch.nn.Module:
 
 def _train_call(layer: torch.nn.Module, x: torch.Tensor, gy: torch.Tensor
                 ) -> Callable[[], object]:
-    params = [p for p in layer.parameters()]
+    params = list(layer.parameters())
 
     def call() -> object:
         with torch.autocast("cuda", dtype=torch.bfloat16):

@@ -65,7 +65,6 @@ def _case_rows(m: int, k: int, n: int, rep_ms: float, errors: dict) -> list[Benc
     from gem_kernels.dispatch import Kernel
     from gem_kernels.fp8 import Fp8BlockLinear, Fp8Config, gemm, quantize, quantize_dual
     from gem_kernels.fp8.linear import (
-        _k_contiguous,
         _scaled_mm_blockwise,
         fp8_matmul,
         hadamard_for,
@@ -138,7 +137,7 @@ def _case_rows(m: int, k: int, n: int, rep_ms: float, errors: dict) -> list[Benc
     # the backward's parts on the 128 route: what an FP8 weight gradient can save at best
     g128, gt128 = quantize_dual(gy)
     _, xt128 = quantize_dual(x)
-    wk = _k_contiguous(quantize(w, (128, 128)))
+    wk = quantize(w, (128, 128)).k_major()
     add("gemm_b128_dgrad", "bwd", lambda: fp8_matmul(g128, wk, torch.bfloat16,
                                                      Kernel.TRITON), f_fwd)
     add("gemm_b128_wgrad", "bwd", lambda: fp8_matmul(gt128, xt128.t(), torch.float32,

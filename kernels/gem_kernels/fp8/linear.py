@@ -215,12 +215,6 @@ def fp8_matmul(a: BlockFp8, b: BlockFp8, out_dtype: torch.dtype, kernel: Kernel,
     return _scaled_mm_blockwise(a, b, out_dtype, bias)
 
 
-def _k_contiguous(q: BlockFp8) -> BlockFp8:
-    """Same bytes as q with the row (reduction) dimension contiguous: Hopper's fp8 MMA wants
-    both operands K-major. Copies the bytes once (cheap for weights)."""
-    return BlockFp8(q.data.t().contiguous().t(), q.scale, q.block)
-
-
 def input_grad(gq: BlockFp8, wk: BlockFp8, q: torch.Tensor | None, dtype: torch.dtype,
                kernel: Kernel) -> torch.Tensor:
     """dX = dY W from the FP8 gradient and the weight's K-major operand (``layer_weight``);
@@ -239,7 +233,7 @@ def weight_grad(grad: torch.Tensor, gq: BlockFp8, x: torch.Tensor | None,
     if cfg.wgrad == "fp8" and cfg.block == 32 and xq is not None:
         gt = gq.t()
         gt = BlockFp8(gt.data.contiguous(), gt.scale, gt.block)
-        dw = fp8_matmul(gt, _k_contiguous(xq), torch.float32, kernel)
+        dw = fp8_matmul(gt, xq.k_major(), torch.float32, kernel)
         return apply_hadamard(dw, q.t()) if q is not None else dw
     if x is None and xt is None:
         raise ValueError("weight_grad needs the activation for this configuration")
@@ -278,7 +272,7 @@ def layer_weight(weight: torch.Tensor, cfg: Fp8Config, kernel: Kernel
     if isinstance(weight, Fp8BlockWeight):
         if weight.fp8.block != cfg.weight_block:
             raise ValueError(f"weight blocks {weight.fp8.block} != {cfg.weight_block}")
-        return weight.fp8, _k_contiguous(weight.fp8)
+        return weight.fp8, weight.fp8.k_major()
     return quantize_weight_operands(weight, cfg, kernel)
 
 

@@ -400,10 +400,10 @@ def quantize_operand_pair(w: torch.Tensor, block: tuple[int, int], *,
     which = resolve_kernel(kernel, w)
     if which is Kernel.PYTORCH:
         wq = quantize_reference(w, block, hadamard=hadamard)
-        return wq, BlockFp8(wq.data.t().contiguous().t(), wq.scale, block)
+        return wq, wq.k_major()
     if hadamard is not None:  # the rotation is along W's columns: the transposed view can't
         wq = quantize_triton(w, block, hadamard=hadamard, stochastic=False, seed=0)
-        return wq, BlockFp8(wq.data.t().contiguous().t(), wq.scale, block)
+        return wq, wq.k_major()
     r, c = w.shape
     sr, sc = scale_shape(r, c, block)
     q = torch.empty((r, c), dtype=FP8_DTYPE, device=w.device)

@@ -44,6 +44,11 @@ class BlockFp8:
         """The transposed operand: same bytes and scales, swapped strides (no requantization)."""
         return BlockFp8(self.data.t(), self.scale.t(), (self.block[1], self.block[0]))
 
+    def k_major(self) -> BlockFp8:
+        """The same values with the row (reduction) dimension contiguous, for a GEMM that
+        reduces over rows: Hopper's fp8 MMA wants both operands K-major. Copies the bytes."""
+        return BlockFp8(self.data.t().contiguous().t(), self.scale, self.block)
+
     @property
     def shape(self) -> torch.Size:
         return self.data.shape
