@@ -24,8 +24,6 @@ def plan(
 ) -> None:
     """Print every process group, the network tier each collective crosses and its bytes per
     step, for the recipe's model on a cluster of the given shape."""
-    from gem_platform.model import GemModel
-    from gem_platform.model.sizes import model_sizes, planning_meta
     from gem_platform.recipe import load_recipe
     from gem_platform.topology import COLUMNS, GROUP_COLUMNS, ClusterShape, build_plan
     from gem_platform.topology.plan import human_bytes
@@ -37,6 +35,10 @@ def plan(
         if hosts_per_zone is not None:
             cluster_sets.append(f"parallel.hosts_per_zone={hosts_per_zone}")
     r = load_recipe(recipe, [*(set_ or []), *cluster_sets])
+    # The model (torch, the kernels) loads only once the recipe is valid.
+    from gem_platform.model import GemModel
+    from gem_platform.model.sizes import model_sizes, planning_meta
+
     world = r.parallel.workers
     gph = min(gpus_per_host, world)
     sizes = model_sizes(GemModel(r.model, planning_meta(r)), r)
@@ -79,11 +81,12 @@ def profile_data(
 ) -> None:
     """Padding waste and straggler overhead of the recipe's data, without training: no
     balancing vs BBS vs a global balanced partition (the upper bound)."""
-    from gem_platform.balance.profile import profile_lengths
-    from gem_platform.data.parquet import SampleTable
     from gem_platform.recipe import load_recipe
 
     r = load_recipe(recipe, set_ or [])
+    from gem_platform.balance.profile import profile_lengths
+    from gem_platform.data.parquet import SampleTable
+
     r.data.prepare()
     lengths = SampleTable.load(r.data.path, "train").seq_lengths
     world = world or r.parallel.workers

@@ -87,10 +87,11 @@ def submit(
         submit_remote(recipe, set_ or [], jobs_address, local=local,
                       extra_args=["--resume", resume] if resume else None)
         return
-    from gem_platform.launch import submit as submit_run
     from gem_platform.recipe import load_recipe
 
     r = load_recipe(recipe, set_ or [])
+    from gem_platform.launch import submit as submit_run
+
     workers = 1 if local else r.parallel.workers
     render.console.print(f"[bold]gemctl submit[/] {recipe}: {workers} worker(s), attention="
                          f"{r.model.attention}, precision={r.precision.mode}, "
@@ -119,9 +120,10 @@ def profile(
 ) -> None:
     """Where a step's time goes: train the recipe a few steps here under torch.profiler."""
     from gem_platform.recipe import load_recipe
-    from gem_platform.train.profile import profile_recipe, render_profile, write_profile
 
     r = load_recipe(recipe, set_ or [])
+    from gem_platform.train.profile import profile_recipe, render_profile, write_profile
+
     result = profile_recipe(r, warmup, active, top,
                             echo=lambda line: render.console.print(line, highlight=False))
     render_profile(result, render.console)

@@ -145,11 +145,14 @@ def sweep(
                       extra_args=["--new"] if new else None)
         return
 
-    from gem_platform.sweep.compare import compare as compare_runs
     from gem_platform.sweep.config import load_sweep
-    from gem_platform.sweep.runner import run_sweep
 
     plan = load_sweep(spec, set_ or [], tracking_uri)
+    # Ray, torch and MLflow load only once the spec and every arm's recipe are valid, so a bad
+    # spec is reported in a second.
+    from gem_platform.sweep.compare import compare as compare_runs
+    from gem_platform.sweep.runner import run_sweep
+
     arms = ", ".join(a.name for a in plan.arms)
     console.print(
         f"[bold]gemctl sweep[/] {spec}: {len(plan.arms)} arms ({arms}) x seeds {plan.seeds}, "

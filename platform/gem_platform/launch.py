@@ -2,7 +2,8 @@
 
 The driver validates everything it can before any worker starts (data, world size, cluster,
 tracking), opens the MLflow run, launches Ray Train (V2) workers that each call
-:func:`gem_platform.train.loop.train`, and closes the run FINISHED or FAILED.
+:func:`gem_platform.train.loop.train`, and closes the run FINISHED or FAILED. The training
+code (torch, TorchRec) is imported by the functions that train, so bad input fails fast.
 """
 
 from __future__ import annotations
@@ -20,8 +21,6 @@ from gem_platform.errors import ClusterError, GemError, RecipeError
 from gem_platform.net import connect_error
 from gem_platform.recipe import Recipe
 from gem_platform.tracking import RunTracker, resolve_tracking_uri
-from gem_platform.train.checkpoint import LOCAL_ROOT, LocalStore, latest_checkpoint
-from gem_platform.train.loop import TrainingDiverged
 
 RAY_STORAGE = "gem_runs/ray"
 
@@ -154,6 +153,8 @@ def _run_on_ray(recipe: Recipe, tracker: RunTracker, address: str | None,
     from ray.util.queue import Empty, Queue
 
     from gem_platform.topology import label_selectors, place_on_ray, verify_placement
+    from gem_platform.train.checkpoint import latest_checkpoint
+    from gem_platform.train.loop import TrainingDiverged
 
     _init_ray(recipe, address)
     backend = recipe.parallel.backend
@@ -240,6 +241,7 @@ def _resume_point(latest: Path | None, resume: bool, echo: Callable[[str], None]
 
 def _run_local(recipe: Recipe, tracker: RunTracker, echo: Callable[[str], None],
                resume: bool) -> dict[str, Any]:
+    from gem_platform.train.checkpoint import LOCAL_ROOT, LocalStore, latest_checkpoint
     from gem_platform.train.loop import train
 
     root = LOCAL_ROOT.resolve() / tracker.run_id

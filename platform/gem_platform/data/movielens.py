@@ -24,18 +24,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from gem_platform.data.meta import DatasetMeta, SparseFeatureSpec
-from gem_platform.data.parquet import (
-    SampleArrays,
-    gather_jagged,
-    shard_name,
-    staged_dataset,
-    write_shard,
-)
 from gem_platform.errors import DataError
+
+if TYPE_CHECKING:  # the Parquet writer (torch, TorchRec) loads once the input checks out
+    from gem_platform.data.parquet import SampleArrays
 
 # MovieLens 1M age codes; 100K raw ages map onto the same buckets.
 AGE_BUCKETS: tuple[int, ...] = (1, 18, 25, 35, 45, 50, 56)
@@ -294,6 +291,8 @@ def _samples(
     max_history: int,
 ) -> SampleArrays:
     """Samples for the time-sorted rating positions ``rows`` (histories from earlier rows)."""
+    from gem_platform.data.parquet import SampleArrays, gather_jagged
+
     n = len(rows)
     lengths = np.minimum(rows - user_start[rows], max_history)
     hist_off = np.zeros(n + 1, dtype=np.int64)
@@ -419,6 +418,8 @@ def convert_movielens(
     split_rows = {
         s: rng.permutation(np.flatnonzero(m)) for s, m in (("train", ~is_eval), ("eval", is_eval))
     }
+    from gem_platform.data.parquet import shard_name, staged_dataset, write_shard
+
     stats = {}
     with staged_dataset(out, "output") as tmp:
         for split, rows in split_rows.items():

@@ -7,10 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any
-
-from mlflow.entities import Run
-from mlflow.exceptions import MlflowException
+from typing import TYPE_CHECKING, Any
 
 from gem_platform.sweep import store
 from gem_platform.sweep.config import SweepError
@@ -23,6 +20,9 @@ from gem_platform.sweep.stats import (
     summarize,
     welch_delta,
 )
+
+if TYPE_CHECKING:  # MLflow loads only when tracked runs are collected
+    from mlflow.entities import Run
 
 QUALITY = ("ne", "auc")
 EFFICIENCY = {
@@ -135,6 +135,8 @@ def collect(uri: str, ids: list[str]) -> tuple[list[TrialRun], list[str], list[s
         parent = ref.parent if ref else None
         runs: list[Run]
         if parent is None:
+            from mlflow.exceptions import MlflowException
+
             try:
                 run = c.get_run(ident)
             except MlflowException:

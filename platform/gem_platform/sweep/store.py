@@ -4,9 +4,11 @@ queries the runner (resume, no duplicates), ``compare`` and ``runs`` share."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from mlflow.entities import Run
-from mlflow.tracking import MlflowClient
+if TYPE_CHECKING:  # MLflow loads when a client is made, not when a command merely parses
+    from mlflow.entities import Run
+    from mlflow.tracking import MlflowClient
 
 TAG_PARENT = "mlflow.parentRunId"
 TAG_RUN_NAME = "mlflow.runName"
@@ -29,6 +31,8 @@ class SweepRef:
 
 
 def client(uri: str) -> MlflowClient:
+    from mlflow.tracking import MlflowClient
+
     return MlflowClient(tracking_uri=uri)
 
 
