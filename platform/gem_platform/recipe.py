@@ -104,8 +104,8 @@ class PrecisionConfig(_Strict):
     min_features: int = Field(
         0, ge=0, description="linear layers whose narrower side (min of in and out features) "
         "is below this stay bf16. On the H200 an FP8 layer's training call is slower than "
-        "bf16 at 256-1024 features (0.17-0.50x: launch-bound) and faster at 2048 "
-        "(1.10-1.22x, block 128), docs/bench/fp8_layer_cost_*.json; 0 converts every layer")
+        "bf16 at 256-1024 features (0.16-0.50x: launch-bound) and level to 1.10x at 2048 "
+        "(block 128), docs/bench/fp8_layer_cost*.json; 0 converts every layer")
 
     @model_validator(mode="after")
     def _hadamard_pow2(self) -> PrecisionConfig:
