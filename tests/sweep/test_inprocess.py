@@ -76,6 +76,10 @@ def test_bad_results_and_mismatched_resume(swept, tmp_path):
     proc = run_gemctl("compare", str(bad), cwd=tmp_path)
     assert proc.returncode == 2 and "not a sweep results file" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
+    proc = run_gemctl("compare", "missing.json", cwd=tmp_path)
+    assert proc.returncode == 2 and "Cannot read sweep results missing.json" in proc.stderr, \
+        proc.stderr
+    assert not (tmp_path / "mlflow.db").exists()  # a missing file is not looked up as a run id
     # the same file resumed with different recipes: refused, file untouched
     before = (swept / "results.json").read_text()
     plan = load_sweep(swept / "prec.yaml", ["train.steps=3"])

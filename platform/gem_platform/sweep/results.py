@@ -51,7 +51,10 @@ def write_results(path: str | Path, header: dict[str, Any], trials: list[TrialRu
 
 
 def is_results_file(ident: str) -> bool:
-    return ident.endswith(".json") and Path(ident).is_file()
+    """Whether a compare argument names a results file: by its suffix, not by its existence
+    (no sweep or run id ends in .json), so a mistyped path is reported as a missing file, not
+    searched for in the MLflow store."""
+    return ident.endswith(".json")
 
 
 def load_results(path: str | Path) -> tuple[list[TrialRun], dict[str, Any]]:
