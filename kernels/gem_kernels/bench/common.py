@@ -60,6 +60,22 @@ def graph_replay_ms(fn: Callable[[], object], stream: torch.cuda.Stream | None =
     return time_ms(graph.replay, rep_ms=rep_ms)
 
 
+def host_us_per_call(fn: Callable[[], object], n: int = 50) -> float:
+    """Host time to issue one call, measured while the GPU is kept busy (so launches never
+    wait on it): the floor under which the call's GPU time can no longer hide its host work."""
+    import time
+
+    fn()
+    torch.cuda.synchronize()
+    torch.cuda._sleep(2_000_000_000)  # ~1 s of GPU time ahead of the calls
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    host = (time.perf_counter() - t0) / n * 1e6
+    torch.cuda.synchronize()
+    return host
+
+
 def fill_rates(row: BenchRow, flops: float | None = None, bytes_moved: float | None = None,
                peak_tflops: float = H200_BF16_TFLOPS) -> BenchRow:
     """Fill useful TFLOP/s and HBM TB/s (and their fractions of the ceilings) from counts."""

@@ -7,9 +7,10 @@ a bias, under bf16 autocast, as the models use it. Per shape (tokens x in -> out
 
 Columns: ``ms`` the call's wall time with both host and GPU working as in training (the
 larger of the two wins); ``extra.gpu_us`` the same call replayed from a CUDA graph (GPU time
-alone); ``extra.host_us`` the time the host needs to issue the call; ``extra.kernels`` the
-kernels (and memsets and copies) it launches; ``extra.host_top`` the Python functions where
-the host time goes (cProfile, own time per call). When ``host_us`` exceeds ``gpu_us`` the
+alone); ``extra.host_us`` the time the host needs to issue the call (the GPU kept busy, so
+no launch waits on it); ``extra.kernels`` the kernels (and memsets and copies) it launches;
+``extra.host_top`` the Python functions where the host time goes (cProfile, own time per
+call). When ``host_us`` exceeds ``gpu_us`` the
 layer is launch-bound: narrow layers gain nothing from a faster GEMM until they launch less.
 
 Command for docs/bench/fp8_layer_cost.json (on the H200):
@@ -23,7 +24,6 @@ from __future__ import annotations
 import argparse
 import cProfile
 import pstats
-import time
 import traceback
 from collections.abc import Callable
 
@@ -35,6 +35,7 @@ from gem_kernels.bench.common import (
     add_ratios,
     fill_rates,
     graph_replay_ms,
+    host_us_per_call,
     print_table,
     time_ms,
     write_json,
@@ -72,18 +73,6 @@ def _train_call(layer: torch.nn.Module, x: torch.Tensor, gy: torch.Tensor
         return torch.autograd.grad(y, [x, *params], gy)
 
     return call
-
-
-def host_us(fn: Callable[[], object], calls: int = 20) -> float:
-    """Microseconds the host spends issuing one call, the GPU queue kept from filling up."""
-    fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return (t1 - t0) / calls * 1e6
 
 
 def kernels_per_call(fn: Callable[[], object]) -> int:
@@ -130,7 +119,7 @@ def _case_rows(m: int, k: int, n: int, rep_ms: float, errors: dict) -> list[Benc
             fn = _train_call(_layer(variant, lin), x, gy)
             ms = time_ms(fn, warmup_ms=25, rep_ms=rep_ms)
             extra = {"gpu_us": round(graph_replay_ms(fn, rep_ms=rep_ms) * 1e3, 1),
-                     "host_us": round(host_us(fn), 1), "kernels": kernels_per_call(fn),
+                     "host_us": round(host_us_per_call(fn), 1), "kernels": kernels_per_call(fn),
                      "host_top": host_top(fn)}
         except Exception as e:  # a variant that cannot run here is reported, not fatal
             errors[f"{case}/{variant}"] = f"{type(e).__name__}: {e}"[:400]

@@ -93,11 +93,11 @@ from gem_kernels.bench.common import (
     add_ratios,
     fill_rates,
     graph_replay_ms,
+    host_us_per_call,
     print_table,
     time_ms,
     write_json,
 )
-from gem_kernels.bench.jfa import host_us_per_call
 from gem_kernels.testing import lognormal_lengths, offsets_from_lengths
 
 ACTIVATION = "gelu_tanh"

@@ -47,6 +47,7 @@ from gem_kernels.bench.common import (
     BenchRow,
     add_ratios,
     fill_rates,
+    host_us_per_call,
     print_table,
     time_ms,
     write_json,
@@ -391,22 +392,6 @@ TUNE_BOUNDARIES = ("trick", "trick_fused", "mask_all")
 TUNE_BWD_D64 = [(64, 64, 4, 2, 64, 64, 4, 2), (64, 64, 4, 3, 64, 64, 4, 3),
                 (128, 64, 8, 2, 128, 64, 8, 2), (64, 128, 4, 2, 128, 64, 8, 2),
                 (128, 64, 4, 2, 64, 128, 4, 2)]
-
-
-def host_us_per_call(fn, n: int = 50) -> float:
-    """Host time to issue one call, measured while the GPU is kept busy (so launches never
-    wait on it): the floor under which the call's GPU time can no longer hide its host work."""
-    import time
-
-    fn()
-    torch.cuda.synchronize()
-    torch.cuda._sleep(2_000_000_000)  # ~1 s of GPU time ahead of the calls
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    host = (time.perf_counter() - t0) / n * 1e6
-    torch.cuda.synchronize()
-    return host
 
 
 def tune(out_dir: Path) -> list[dict]:
