@@ -3,24 +3,40 @@ final, artifacts = the resolved recipe, the placement plan and a summary JSON.
 
 The driver creates and closes the run (always FINISHED or FAILED); rank 0 of the training
 workers logs step metrics into it by run id.
+
+Contracts:
+
+- Credentials never reach the store: every param, tag, text artifact and error message goes
+  through :func:`gem_platform.net.redact` first.
+- A new sqlite store is created once, under a file lock beside the database, so two first
+  runs against the same fresh file don't race in MLflow's schema set-up.
+- Every failure of the store (unreachable, locked, corrupt, refused) surfaces as a
+  :class:`TrackingError` naming the (redacted) store, never as an MLflow or SQLAlchemy
+  traceback.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import functools
 import json
 import math
 import os
 import tempfile
 import time
 import urllib.parse
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from gem_platform.errors import TrackingError
-from gem_platform.net import connect_error
+from gem_platform.errors import GemError, TrackingError
+from gem_platform.net import connect_error, redact
 
 PARAM_VALUE_LIMIT = 6000
 DEFAULT_DB = "mlflow.db"
+_READY: set[str] = set()  # stores this process has already opened (schema in place)
+T = TypeVar("T")
 
 
 def resolve_tracking_uri(configured: str | None) -> str:
@@ -31,29 +47,100 @@ def resolve_tracking_uri(configured: str | None) -> str:
     return uri
 
 
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///`` URI, else None."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    return Path(uri.removeprefix("sqlite:///"))
+
+
 def check_reachable(uri: str, timeout: float = 3.0) -> None:
     """Fail fast (seconds, not minutes of retries) when a tracking server can't be reached."""
     parsed = urllib.parse.urlparse(uri)
     if parsed.scheme in ("http", "https"):
-        port = parsed.port or (443 if parsed.scheme == "https" else 80)
-        err = connect_error(parsed.hostname or "", port, timeout)
+        try:
+            port = parsed.port or (443 if parsed.scheme == "https" else 80)
+        except ValueError:
+            port = None
+        if not parsed.hostname or port is None:
+            raise TrackingError(f"MLflow tracking URI {redact(uri)} has no valid host:port.",
+                                "Use http://HOST:PORT, e.g. http://127.0.0.1:5000.")
+        err = connect_error(parsed.hostname, port, timeout)
         if err is not None:
             raise TrackingError(
-                f"MLflow tracking server {uri} is unreachable ({err}).",
+                f"MLflow tracking server {redact(uri)} is unreachable ({err}).",
                 "Start it (e.g. `mlflow server --host 127.0.0.1 --port 5000`), fix "
                 "tracking.uri / MLFLOW_TRACKING_URI, or unset them to use ./mlflow.db.",
             )
     elif parsed.scheme == "sqlite":
-        db = Path(uri.removeprefix("sqlite:///"))
-        if not db.parent.exists():
-            raise TrackingError(f"MLflow store {uri}: folder {db.parent} does not exist.",
+        db = sqlite_path(uri)
+        if db is None or not db.parent.exists():
+            where = db.parent if db is not None else uri
+            raise TrackingError(f"MLflow store {redact(uri)}: folder {where} does not exist.",
                                 "Create the folder or point tracking.uri elsewhere.")
+        if db.is_dir():
+            raise TrackingError(f"MLflow store {redact(uri)} is a directory, not a database.",
+                                "Point tracking.uri at a file, e.g. sqlite:///mlflow.db.")
 
 
-def _client(uri: str):
+def store_error(uri: str, err: BaseException) -> TrackingError:
+    """The clear error for any exception an MLflow call raised against ``uri``."""
+    first = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
+    return TrackingError(
+        f"MLflow store {redact(uri)} can't be used: {type(err).__name__}: {redact(first)}.",
+        "Check tracking.uri / MLFLOW_TRACKING_URI (a reachable server, or a writable sqlite "
+        "file made by this MLflow version).")
+
+
+@contextlib.contextmanager
+def _store_lock(db: Path) -> Iterator[None]:
+    """An exclusive lock beside the sqlite file, held while its schema is set up."""
+    lock = db.with_name(db.name + ".lock")
+    with open(lock, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def client(uri: str):
+    """An MlflowClient on ``uri`` whose store exists: a new sqlite file is created (schema and
+    all) once, under a file lock, so concurrent first runs don't race. Raises TrackingError."""
     from mlflow.tracking import MlflowClient
 
-    return MlflowClient(tracking_uri=uri)
+    db = sqlite_path(uri)
+    if db is None or uri in _READY:
+        return MlflowClient(tracking_uri=uri)
+    check_reachable(uri)
+    try:
+        with _store_lock(db):
+            c = MlflowClient(tracking_uri=uri)
+            c.search_experiments(max_results=1)  # builds the store (and its schema) now
+    except GemError:
+        raise
+    except Exception as err:  # MLflow, SQLAlchemy and alembic raise many types
+        raise store_error(uri, err) from None
+    _READY.add(uri)
+    return c
+
+
+_client = client
+
+
+def _tracked(method: Callable[..., T]) -> Callable[..., T]:
+    """Turn any store failure inside a RunTracker method into a TrackingError."""
+
+    @functools.wraps(method)
+    def wrapper(self: RunTracker, *args: Any, **kwargs: Any) -> T:
+        try:
+            return method(self, *args, **kwargs)
+        except GemError:
+            raise
+        except Exception as err:
+            raise store_error(self.uri, err) from None
+
+    return wrapper
 
 
 def _clean(metrics: dict[str, Any]) -> dict[str, float]:
@@ -67,7 +154,10 @@ def _clean(metrics: dict[str, Any]) -> dict[str, float]:
 
 
 class RunTracker:
-    """A handle on one MLflow run, usable from the driver or (by run id) from a worker."""
+    """A handle on one MLflow run, usable from the driver or (by run id) from a worker.
+
+    Every method raises TrackingError (naming the redacted store) when the store fails, and
+    redacts credentials from what it records."""
 
     def __init__(self, uri: str, run_id: str) -> None:
         self.uri, self.run_id = uri, run_id
@@ -77,14 +167,14 @@ class RunTracker:
     def start(cls, uri: str, experiment: str, run_name: str | None, params: dict[str, Any],
               tags: dict[str, str] | None = None) -> RunTracker:
         check_reachable(uri)
-        client = _client(uri)
+        c = _client(uri)
         try:
-            exp = client.get_experiment_by_name(experiment)
-            exp_id = exp.experiment_id if exp else client.create_experiment(experiment)
-            run = client.create_run(exp_id, run_name=run_name, tags=tags or {})
+            exp = c.get_experiment_by_name(experiment)
+            exp_id = exp.experiment_id if exp else c.create_experiment(experiment)
+            run = c.create_run(exp_id, run_name=run_name and redact(run_name),
+                               tags={k: redact(str(v)) for k, v in (tags or {}).items()})
         except Exception as err:  # mlflow raises many types for an unusable store
-            raise TrackingError(f"MLflow store {uri} can't be used: {err}.",
-                                "Check tracking.uri / MLFLOW_TRACKING_URI.") from None
+            raise store_error(uri, err) from None
         tracker = cls(uri, run.info.run_id)
         tracker.log_params(params)
         return tracker
@@ -95,34 +185,40 @@ class RunTracker:
         from gem_platform.errors import RecipeError
 
         check_reachable(uri)
-        client = _client(uri)
+        c = _client(uri)
         try:
-            run = client.get_run(run_id)
+            run = c.get_run(run_id)
         except Exception:
             raise TrackingError(
-                f"There is no MLflow run {run_id!r} in {uri}.",
+                f"There is no MLflow run {run_id[:100]!r} in {redact(uri)}.",
                 "Pass the run id that gemctl submit printed (see the MLflow UI), and the same "
                 "tracking store (tracking.uri / MLFLOW_TRACKING_URI).",
             ) from None
         recorded = run.data.params
-        differ = sorted(k for k, v in params.items()
-                        if k in recorded and recorded[k] != str(v)[:PARAM_VALUE_LIMIT])
+        now = {k: param_value(v) for k, v in params.items()}
+        differ = sorted(k for k, v in now.items() if k in recorded and recorded[k] != v)
         if differ:
-            shown = ", ".join(f"{k} (run: {recorded[k]}, now: {params[k]})" for k in differ[:5])
+            shown = ", ".join(f"{k} (run: {recorded[k][:80]}, now: {now[k][:80]})"
+                              for k in differ[:5])
             raise RecipeError(
                 f"Run {run_id} was trained with a different recipe: {shown}.",
                 "Resume with the recipe and --set overrides the run started with.",
             )
-        client.update_run(run_id, status="RUNNING")
+        try:
+            c.update_run(run_id, status="RUNNING")
+        except Exception as err:
+            raise store_error(uri, err) from None
         return cls(uri, run_id)
 
+    @_tracked
     def log_params(self, params: dict[str, Any]) -> None:
         from mlflow.entities import Param
 
-        items = [Param(k, str(v)[:PARAM_VALUE_LIMIT]) for k, v in sorted(params.items())]
+        items = [Param(k, param_value(v)) for k, v in sorted(params.items())]
         for i in range(0, len(items), 100):
             self._client.log_batch(self.run_id, params=items[i : i + 100])
 
+    @_tracked
     def log_metrics(self, metrics: dict[str, Any], step: int) -> None:
         from mlflow.entities import Metric
 
@@ -131,16 +227,19 @@ class RunTracker:
         for i in range(0, len(items), 500):
             self._client.log_batch(self.run_id, metrics=items[i : i + 500])
 
+    @_tracked
     def last_step(self, key: str = "train/loss") -> int:
         """The highest step recorded for ``key`` (0 if none): where a resumed run's record
         stands."""
         history = self._client.get_metric_history(self.run_id, key)
         return max((m.step for m in history), default=0)
 
+    @_tracked
     def log_text(self, text: str, artifact_file: str) -> None:
+        """Store ``text`` (credentials redacted) as the artifact ``artifact_file``."""
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / Path(artifact_file).name
-            path.write_text(text)
+            path.write_text(redact(text))
             parent = str(Path(artifact_file).parent)
             self._client.log_artifact(self.run_id, str(path),
                                       artifact_path=None if parent == "." else parent)
@@ -148,13 +247,21 @@ class RunTracker:
     def log_json(self, obj: Any, artifact_file: str) -> None:
         self.log_text(json.dumps(obj, indent=2, sort_keys=True, default=str), artifact_file)
 
+    @_tracked
     def set_tag(self, key: str, value: str) -> None:
-        self._client.set_tag(self.run_id, key, value)
+        self._client.set_tag(self.run_id, key, redact(str(value)))
 
+    @_tracked
     def finish(self, ok: bool, reason: str | None = None) -> None:
         if reason:
             self.set_tag("gem.failure_reason", reason[:5000])
         self._client.set_terminated(self.run_id, status="FINISHED" if ok else "FAILED")
 
+    @_tracked
     def status(self) -> str:
         return self._client.get_run(self.run_id).info.status
+
+
+def param_value(value: Any) -> str:
+    """How a param is recorded: as text, credentials redacted, cut to MLflow's limit."""
+    return redact(str(value))[:PARAM_VALUE_LIMIT]

@@ -31,9 +31,10 @@ class SweepRef:
 
 
 def client(uri: str) -> MlflowClient:
-    from mlflow.tracking import MlflowClient
+    """A client whose store exists (a new sqlite file is set up once, under a lock)."""
+    from gem_platform.tracking import client as tracking_client
 
-    return MlflowClient(tracking_uri=uri)
+    return tracking_client(uri)
 
 
 def all_experiment_ids(c: MlflowClient) -> list[str]:
