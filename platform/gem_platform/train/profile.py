@@ -4,8 +4,11 @@ A run's QPS and MFU say how fast it is, not why. This trains the recipe in-proce
 ``warmup + active`` steps (the warm-up absorbs autotuning and compilation), profiles the
 ``active`` ones, and reports per step: the wall time, the device's busy time (the sum of kernel
 times; far below the wall time means the host is the bottleneck), the busy time by kind of
-kernel (library matmul, our attention, FP8 quantize and GEMM, copies, element-wise, ...) and the
-costliest kernels. On a CPU run the same tables rank the operators by their own CPU time.
+kernel (matmul, our attention, element-wise, copy/fill, reduction, optimizer, FP8 quantize and
+GEMM, gather/scatter, other), as time and as a share of the step, and the costliest kernels.
+Only device kernels (and copies) count: the profiler's own spans and user annotations such as
+``Optimizer.step#AdamW.step`` cover kernels counted on their own and are left out. On a CPU run
+the same tables rank the operators by their own CPU time.
 
     gemctl profile recipes/h200.yaml --set precision.mode=fp8_block --out gem_runs/fp8.json
     python -m gem_platform.train.profile ...   (the same, where gemctl is not installed)
@@ -30,14 +33,19 @@ from gem_kernels.bench.common import device_info
 from gem_platform.errors import GemError
 from gem_platform.recipe import Recipe, load_recipe
 
-# First match wins: our kernels by their Triton names, then the libraries' by theirs.
+# First match wins: our kernels by their Triton names, then the compiler's (inductor names its
+# Triton kernels triton_poi_* pointwise, triton_red_* / triton_per_* reductions, triton_tem_*
+# templates: matmuls), then the libraries' by theirs.
 KINDS: tuple[tuple[str, str], ...] = (
     ("fp8 quantize", r"quantize"),
     ("fp8 gemm (triton)", r"_gemm_body"),
-    ("attention (triton)", r"gdpa|jfa|block_attn|_block_|rope|^(fwd|bwd)_kernel"),
-    ("matmul (library)", r"gemm|xmma|cutlass|nvjet|cublas|matmul|addmm|\bb?mm\b|linear"),
+    ("matmul", r"^triton_tem_"),
+    ("reduction", r"^triton_(red|per)_"),
+    ("element-wise", r"^triton_poi_"),
+    ("attention (ours)", r"gdpa|jfa|block_attn|_block_|rope|^(fwd|bwd)_kernel"),
+    ("matmul", r"gemm|xmma|cutlass|nvjet|cublas|matmul|addmm|\bb?mm\b|linear"),
+    ("optimizer", r"multi_tensor|adam|foreach|optimizer"),
     ("gather / scatter", r"embedding|fbgemm|index|scatter|gather"),
-    ("optimizer", r"multi_tensor|adam|adagrad|foreach"),
     ("copy / fill", r"copy|memcpy|memset|fill|cat|pad|contiguous|to_copy"),
     ("reduction", r"reduce|sum|norm|amax"),
     ("element-wise",
@@ -78,6 +86,7 @@ class StepProfile:
     busy_ms: float  # sum of kernel times (CUDA) or operator self times (CPU)
     busy_fraction: float
     by_kind: dict[str, float] = field(default_factory=dict)  # ms per step
+    by_kind_of_step: dict[str, float] = field(default_factory=dict)  # fraction of step_ms
     top: list[KernelRow] = field(default_factory=list)
     resolved_recipe: dict = field(default_factory=dict)  # what was trained, overrides applied
 
@@ -116,6 +125,14 @@ def profile_recipe(recipe: Recipe, warmup: int = 20, active: int = 10, top: int 
     return _summarize(prof, recipe, str(device), cuda, active, step_ms, top)
 
 
+def is_annotation(evt) -> bool:  # noqa: ANN001 (a profiler FunctionEventAvg)
+    """True for the profiler's own spans (``ProfilerStep#N``) and user annotations such as
+    ``Optimizer.step#AdamW.step``: on the device track they cover kernels counted on their
+    own, and on CPU their self time is Python between operators, not an operator."""
+    return bool(getattr(evt, "is_user_annotation", False)) or evt.key.startswith(
+        ("ProfilerStep", "Optimizer.step", "Optimizer.zero_grad"))
+
+
 def _summarize(prof, recipe: Recipe, device: str, cuda: bool, active: int, step_ms: float,
                top: int) -> StepProfile:
     rows = []
@@ -126,7 +143,7 @@ def _summarize(prof, recipe: Recipe, device: str, cuda: bool, active: int, step_
             us = evt.self_device_time_total
         else:
             us = evt.self_cpu_time_total
-        if us > 0 and not evt.key.startswith("ProfilerStep"):  # the step's own span
+        if us > 0 and not is_annotation(evt):
             rows.append((evt.key, us / 1e3 / active, evt.count / active))
     busy = sum(ms for _, ms, _ in rows)
     by_kind: dict[str, float] = {}
@@ -139,6 +156,8 @@ def _summarize(prof, recipe: Recipe, device: str, cuda: bool, active: int, step_
         environment=device_info(), active_steps=active, step_ms=step_ms, busy_ms=busy,
         busy_fraction=busy / step_ms if step_ms > 0 else float("nan"),
         by_kind=dict(sorted(by_kind.items(), key=lambda kv: kv[1], reverse=True)),
+        by_kind_of_step={k: ms / step_ms if step_ms > 0 else float("nan")
+                         for k, ms in sorted(by_kind.items(), key=lambda kv: -kv[1])},
         top=[KernelRow(name, kernel_kind(name), ms, calls, ms / busy if busy else 0.0)
              for name, ms, calls in rows[:top]],
         resolved_recipe=recipe.model_dump(mode="json"))
@@ -159,9 +178,10 @@ def render_profile(result: StepProfile, console=None) -> None:
     console.print(f"[bold]{result.recipe}[/] ({result.precision}, {result.device}): "
                   f"step {result.step_ms:.1f} ms, {unit}s busy {result.busy_ms:.1f} ms "
                   f"({result.busy_fraction:.0%}) over {result.active_steps} steps")
-    kinds = Table("kind", "ms / step", "share of busy")
+    kinds = Table("kind", "ms / step", "share of busy", "share of step")
     for kind, ms in result.by_kind.items():
-        kinds.add_row(kind, f"{ms:.2f}", f"{ms / result.busy_ms:.1%}" if result.busy_ms else "-")
+        kinds.add_row(kind, f"{ms:.2f}", f"{ms / result.busy_ms:.1%}" if result.busy_ms else "-",
+                      f"{ms / result.step_ms:.1%}" if result.step_ms > 0 else "-")
     console.print(kinds)
     table = Table(unit, "kind", "ms / step", "calls / step", "share")
     for r in result.top:
