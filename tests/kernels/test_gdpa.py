@@ -568,10 +568,10 @@ def test_hopper_resources_dq_transposed_runs_every_product_as_warpgroup_mma() ->
 
     code = ("from dataclasses import replace\n"
             "from gem_kernels.gdpa.resources import dkdv_resources\n"
-            "from gem_kernels.gdpa.triton_bwd import one_pass_config\n"
+            "from gem_kernels.gdpa.triton_bwd import DqMode, one_pass_config\n"
             "c = one_pass_config(2048, 2048, 128)\n"
-            "a = dkdv_resources(c, 2)\n"
-            "b = dkdv_resources(replace(c, dq_transposed=False), 2)\n"
+            "a = dkdv_resources(c, DqMode.ATOMIC)\n"
+            "b = dkdv_resources(replace(c, dq_transposed=False), DqMode.ATOMIC)\n"
             "print(a.wgmma, a.mma_sync, a.spill_store_bytes, a.registers, b.mma_sync)\n")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,

@@ -20,11 +20,7 @@ _INTERPRET_META = {"CTAS": 1, "num_warps": 4}
 # (else one contiguous chunk each). VEC_PLAN: how the plan row is read, which decides how far
 # Triton's pipeliner prefetches (triton_kernels._plan_entry). HOIST keeps the block-relative
 # RoPE table in registers; SPLIT_PV does P V in two column halves. Defaults: what the autotuner
-# chose with RoPE on the H200 (docs/bench/block_attention.json, tuned_launch; bench --sweep
-# times every setting longer). Striding gained 3-4% on the forward over chunks (long-tail
-# B64 H4: 73.3 vs 76.0 us); the two-deep prefetch (VEC_PLAN at num_stages=3, one program per
-# SM at head_dim 128) ran 19-23% slower than two programs per SM that overlap each other's
-# loads.
+# chose with RoPE on the H200 (block_attention/DESIGN.md says how they compared).
 DEFAULT_META = {
     64: ({"CTAS": 4, "num_warps": 4, "num_stages": 3, "HOIST": True, "SPLIT_PV": True,
           "STRIDE": True, "VEC_PLAN": False},
@@ -74,12 +70,6 @@ def use_autotune(enabled: bool) -> None:
 
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
-
-
-def triton_supported(q: torch.Tensor, block: int) -> bool:
-    """The kernels cover fp16/bf16, head_dim 64/128 and block 64 (other shapes: reference)."""
-    return (q.dtype in (torch.float16, torch.bfloat16) and q.shape[-1] in (64, 128)
-            and block == 64)
 
 
 def build_plan(offsets: torch.Tensor, total_tokens: int, block: int

@@ -11,9 +11,22 @@ from gem_kernels.block_attention.rope import Rope
 from gem_kernels.dispatch import Kernel, resolve_kernel, same_dtype
 
 
+def triton_unsupported(q: torch.Tensor, block: int) -> str | None:
+    """Why the Triton kernels cannot take these inputs (they take fp16/bf16, head_dim 64 or
+    128 and block 64), or None when they can."""
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        return f"takes fp16/bf16 inputs, not {q.dtype}"
+    if q.shape[-1] not in (64, 128):
+        return f"takes head_dim 64 or 128, not {q.shape[-1]}"
+    if block != 64:
+        return f"takes block 64, not {block}"
+    return None
+
+
 def block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets: torch.Tensor,
                     *, block: int = 64, rope: Rope | None = None, scale: float | None = None,
-                    causal: bool = False, kernel: Kernel | str | None = None) -> torch.Tensor:
+                    causal: bool = False, kernel: Kernel | str | None = None,
+                    deterministic: bool | None = None) -> torch.Tensor:
     """Softmax attention within fixed ``block``-token blocks of each jagged sequence.
 
     q, k, v: (total_tokens, heads, head_dim) bf16/fp16 (fp32 runs on the reference); offsets:
@@ -23,24 +36,23 @@ def block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets: 
     and k by position within the sequence inside the kernel (tables rounded to the input dtype
     there; RopeTables must cover every position used). ``scale`` defaults to
     1/sqrt(head_dim). ``kernel``: None/'auto' (Triton on CUDA, reference elsewhere), 'triton'
-    or 'pytorch'. Returns (total_tokens, heads, head_dim) in the operands' common dtype
-    (autocast's inside an autocast region).
+    or 'pytorch'. ``deterministic`` is accepted for the ops' common signature
+    (gem_kernels.dispatch): each (block, head) gradient is written by one program, with no
+    atomics, so the Triton backward is bitwise reproducible either way. Returns
+    (total_tokens, heads, head_dim) in the operands' common dtype (autocast's inside an
+    autocast region).
     """
+    del deterministic  # always deterministic
     q, k, v = same_dtype(q, k, v)
     check_inputs(q, k, v, offsets, block)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
-    which = resolve_kernel(kernel, q, k, v)
+    which = resolve_kernel(kernel, q, k, v, unsupported=triton_unsupported(q, block),
+                           op="block_attention")
     if which is Kernel.PYTORCH:
         return block_attention_reference(q, k, v, offsets, block=block, rope=rope, scale=scale,
                                          causal=causal)
-    from gem_kernels.block_attention.autograd import block_attention_triton, triton_supported
+    from gem_kernels.block_attention.autograd import block_attention_triton
 
-    if not triton_supported(q, block):
-        if kernel is not None and Kernel(kernel) is Kernel.TRITON:
-            raise RuntimeError(f"the Triton block attention kernel does not support dtype "
-                               f"{q.dtype} / head_dim {q.shape[-1]} / block {block}")
-        return block_attention_reference(q, k, v, offsets, block=block, rope=rope, scale=scale,
-                                         causal=causal)
     return block_attention_triton(q, k, v, offsets, block=block, rope=rope, scale=scale,
                                   causal=causal)

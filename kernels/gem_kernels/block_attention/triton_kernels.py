@@ -70,8 +70,7 @@ def _plan_entry(PLAN, blk, VEC_PLAN: tl.constexpr):
     head_dim 128: one program per SM). Read as scalars, the next item's tiles are issued once
     the current item is computed and are waited for at the top of the next iteration (82 KiB:
     two programs per SM, which overlap each other's loads). A launch setting
-    (autograd.TUNE_SPACE): on the H200 the scalar read with two programs per SM was the faster
-    forward at head_dim 128 (long-tail B64 H4 with RoPE: 73.3 vs 87.5 us), about even at 64.
+    (autograd.TUNE_SPACE); block_attention/DESIGN.md compares the two.
     """
     if VEC_PLAN:
         i = tl.arange(0, 4)

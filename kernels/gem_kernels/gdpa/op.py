@@ -1,8 +1,11 @@
 """Public GDPA op: Triton kernels on CUDA (through an autograd Function that owns the
-persistent schedules), PyTorch reference elsewhere."""
+persistent schedules), PyTorch reference elsewhere (gem_kernels.dispatch's rule). The backward
+runs one of the BackwardMode plans: the fastest for the shape, or, when
+gem_kernels.dispatch.deterministic_backward() says so, one without floating-point atomics."""
 
 from __future__ import annotations
 
+import enum
 import functools
 import math
 import os
@@ -10,7 +13,7 @@ from dataclasses import replace
 
 import torch
 
-from gem_kernels.dispatch import Kernel, resolve_kernel, same_dtype
+from gem_kernels.dispatch import Kernel, deterministic_backward, resolve_kernel, same_dtype
 from gem_kernels.gdpa.activations import ACT_CODE
 from gem_kernels.gdpa.reference import check_inputs, gdpa_reference
 from gem_kernels.gdpa.schedule import Schedule, ScheduleCache, build_schedule
@@ -28,7 +31,8 @@ from gem_kernels.gdpa.triton_bwd import (
     short_kv_stream_config,
     short_q_config,
 )
-from gem_kernels.gdpa.triton_fwd import TileConfig, fwd_config, launch_fwd
+from gem_kernels.gdpa.triton_common import TileConfig
+from gem_kernels.gdpa.triton_fwd import fwd_config, launch_fwd
 from gem_kernels.gdpa.tuning import Tuner, length_bucket
 
 _NORM_CODE = {"none": 0, "kv_len": 1, "max_len": 2}
@@ -98,48 +102,65 @@ def forward_schedule(q_offsets: torch.Tensor, kv_offsets: torch.Tensor, heads: i
 SHORT_SIDE = 64  # a side this short fits one tile: the backward runs as one fused kernel
 
 
-def backward_mode(max_q: int, max_kv: int, dtype: torch.dtype = torch.bfloat16) -> str:
-    """'short_kv' (cross attention: one pass over Q per KV sample, no atomics), 'short_q'
-    (pooled) or, for self attention, 'one_pass' (one pass over key blocks, dQ summed in fp32
-    by atomics; S and act' computed once instead of twice) with 16-bit inputs and
-    'two_kernel' (dK/dV and dQ kernels, deterministic; smaller tiles) with fp32 ones, whose
-    one-pass tiles would not fit. 'short_kv_atomic' (one pass over query blocks, dK and dV
-    summed by atomics) is kept for comparison. 'one_pass_phased' is the one-pass backward as
-    three launches (first, middle, last key blocks: no zeroed fp32 buffer, no final cast);
-    with default configs the op times it against 'one_pass' on its first call per shape
-    class and keeps the faster (see one_pass_candidates); 'one_pass_phased_hoisted' is the
-    phased plan with the last phase's partial-dQ load outside the software pipeline."""
+class BackwardMode(str, enum.Enum):
+    """A backward launch plan (gem_kernels.gdpa.triton_bwd has the kernels); prints as its
+    value."""
+
+    SHORT_KV = "short_kv"  # KV <= 64 rows: one pass, a sample's whole KV per item, no atomics
+    SHORT_KV_ATOMIC = "short_kv_atomic"  # KV <= 64 rows: over query blocks, dK/dV by atomics
+    SHORT_Q = "short_q"  # Q <= 64 rows: over key blocks, dQ summed by atomics
+    ONE_PASS = "one_pass"  # over key blocks, dQ summed by fp32 atomics
+    ONE_PASS_PHASED = "one_pass_phased"  # ONE_PASS as first / middle / last key-block launches
+    ONE_PASS_PHASED_HOISTED = "one_pass_phased_hoisted"  # phased, last phase's load hoisted
+    TWO_KERNEL = "two_kernel"  # dK/dV over key blocks, then dQ over query blocks, no atomics
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def deterministic(self) -> bool:
+        """No floating-point atomics: the same inputs give bitwise-identical gradients."""
+        return self in (BackwardMode.SHORT_KV, BackwardMode.TWO_KERNEL)
+
+
+def backward_mode(max_q: int, max_kv: int, dtype: torch.dtype = torch.bfloat16,
+                  deterministic: bool = False) -> BackwardMode:
+    """The default plan for a shape: SHORT_KV when max_kv <= SHORT_SIDE (deterministic as it
+    is); else, when ``deterministic``, TWO_KERNEL; else SHORT_Q when max_q <= SHORT_SIDE,
+    ONE_PASS with 16-bit inputs (the op then times it against ONE_PASS_PHASED, see
+    one_pass_candidates) and TWO_KERNEL with fp32 ones (whose one-pass tiles would not fit).
+    The other modes run only when asked for (GDPAFunction's bwd_mode)."""
     if max_kv <= SHORT_SIDE:
-        return "short_kv"
+        return BackwardMode.SHORT_KV
+    if deterministic:
+        return BackwardMode.TWO_KERNEL
     if max_q <= SHORT_SIDE:
-        return "short_q"
-    return "one_pass" if dtype.itemsize == 2 else "two_kernel"
+        return BackwardMode.SHORT_Q
+    return BackwardMode.ONE_PASS if dtype.itemsize == 2 else BackwardMode.TWO_KERNEL
 
 
-def one_pass_candidates(max_q: int, max_kv: int, d: int) -> tuple[tuple[str, TileConfig], ...]:
-    """(mode, config) plans of the long-KV backward, the heuristic default first: the
-    atomic one-pass kernel and the phased one (128-key blocks, 8 warps), with dQ computed
-    transposed (TileConfig.dq_transposed: a warpgroup MMA; ptxas sm_90, d=128: no mma.sync
-    left and 24 KiB less shared memory) at 3 and 4 stages, and with dQ as the 32-row
-    mma.sync product dS K (the previous plans).
-    H200 (self, log-normal mean 470, gelu_tanh), the op's own timing in one run
-    (docs/bench/gdpa_self.json): dQ transposed atomic / phased 1.626 / 1.627 ms at 3
-    stages, 1.595 / 1.612 at 4; dS K 1.728 / 1.724. An earlier run: 64-key blocks with 4
-    warps and two programs per SM 1.74-2.07 ms (one program's activation math was to overlap
-    the other's matmuls; it did not pay), 64-key blocks with 8 warps 2.86: no longer timed."""
+def one_pass_candidates(max_q: int, max_kv: int, d: int
+                        ) -> tuple[tuple[BackwardMode, TileConfig], ...]:
+    """(mode, config) plans the op times for the long-KV backward on the first call per shape
+    class, the heuristic default first: ONE_PASS and ONE_PASS_PHASED with the default config
+    (dQ computed transposed), with 4 stages, and with dQ as the dS K product. All give the
+    same gradients up to the atomics' rounding. Why these: gdpa/DESIGN.md."""
     cfg = _one_pass_config(max_q, max_kv, d)
     s4 = replace(cfg, num_stages=4)
     mma_sync = replace(cfg, dq_transposed=False)
-    return (("one_pass", cfg), ("one_pass_phased", cfg),
-            ("one_pass", s4), ("one_pass_phased", s4),
-            ("one_pass", mma_sync), ("one_pass_phased", mma_sync))
+    one, phased = BackwardMode.ONE_PASS, BackwardMode.ONE_PASS_PHASED
+    return ((one, cfg), (phased, cfg), (one, s4), (phased, s4), (one, mma_sync),
+            (phased, mma_sync))
 
 
-def run_backward(mode: str, cfg: TileConfig | None, cfg_q: TileConfig | None, q, k, v, do,
-                 q_offsets, kv_offsets, max_q, max_kv, act, norm_code, scale):
-    """(dq, dk, dv) by one backward plan; cfg / cfg_q None: the heuristic configs."""
+def run_backward(mode: BackwardMode | str, cfg: TileConfig | None, cfg_q: TileConfig | None,
+                 q, k, v, do, q_offsets, kv_offsets, max_q, max_kv, act, norm_code, scale):
+    """(dq, dk, dv) by one backward plan; cfg / cfg_q None: the heuristic configs (cfg
+    configures the kernel over key blocks, or the fused kernel of SHORT_KV and SHORT_Q; cfg_q
+    the dQ kernel of TWO_KERNEL and the fused kernel of SHORT_KV_ATOMIC)."""
+    mode = _backward_mode(mode)
     d, heads = q.shape[-1], q.shape[1]
-    if mode == "short_kv":
+    if mode is BackwardMode.SHORT_KV:
         cfg = cfg or _short_kv_stream_config(max_kv, d)
         if max_kv > cfg.block_rows:
             raise ValueError(f"short_kv backward needs max_kv <= {cfg.block_rows}")
@@ -147,31 +168,30 @@ def run_backward(mode: str, cfg: TileConfig | None, cfg_q: TileConfig | None, q,
                              cover_empty_rows=True)
         return launch_bwd_short_kv_stream(q, k, v, do, sched, cfg, act, norm_code, scale,
                                           max_kv)
-    if mode == "short_kv_atomic":
+    if mode is BackwardMode.SHORT_KV_ATOMIC:
         cfg = cfg_q or _short_kv_config(max_kv, d)
         if max_kv > cfg.block_cols:
             raise ValueError(f"short_kv backward needs max_kv <= {cfg.block_cols}")
         sched = schedule_for(q_offsets, kv_offsets, heads, cfg, q.device)
         return launch_bwd_short_kv(q, k, v, do, sched, cfg, act, norm_code, scale, max_kv)
-    if mode == "short_q":
+    if mode is BackwardMode.SHORT_Q:
         cfg = cfg or _short_q_config(max_q, d)
         if max_q > cfg.block_cols:
             raise ValueError(f"short_q backward needs max_q <= {cfg.block_cols}")
         sched = schedule_for(kv_offsets, q_offsets, heads, cfg, q.device)
         return launch_bwd_short_q(q, k, v, do, sched, cfg, act, norm_code, scale, max_kv)
-    if mode == "one_pass":
+    if mode is BackwardMode.ONE_PASS:
         cfg = cfg or _one_pass_config(max_q, max_kv, d)
         sched = schedule_for(kv_offsets, q_offsets, heads, cfg, q.device)
         return launch_bwd_one_pass(q, k, v, do, sched, cfg, act, norm_code, scale, max_kv)
-    if mode in ("one_pass_phased", "one_pass_phased_hoisted"):
+    if mode in (BackwardMode.ONE_PASS_PHASED, BackwardMode.ONE_PASS_PHASED_HOISTED):
         cfg = cfg or _one_pass_config(max_q, max_kv, d)
         scheds = [schedule_for(kv_offsets, q_offsets, heads, cfg, q.device,
                                cover_empty_rows=(b == "first"), blocks=b)
                   for b in ("first", "middle", "last")]
-        return launch_bwd_one_pass_phased(q, k, v, do, scheds, cfg, act, norm_code, scale,
-                                          max_kv, hoisted=mode == "one_pass_phased_hoisted")
-    if mode != "two_kernel":
-        raise ValueError(f"unknown backward mode {mode!r}")
+        return launch_bwd_one_pass_phased(
+            q, k, v, do, scheds, cfg, act, norm_code, scale, max_kv,
+            hoisted=mode is BackwardMode.ONE_PASS_PHASED_HOISTED)
     cfg_kv = cfg or _dkdv_config(max_q, max_kv, d)
     cfg_q = cfg_q or _dq_config(max_q, max_kv, d)
     sched_kv = schedule_for(kv_offsets, q_offsets, heads, cfg_kv, q.device)
@@ -180,34 +200,49 @@ def run_backward(mode: str, cfg: TileConfig | None, cfg_q: TileConfig | None, q,
                       max_kv)
 
 
+def _backward_mode(mode: BackwardMode | str) -> BackwardMode:
+    try:
+        return BackwardMode(mode)
+    except ValueError:
+        raise ValueError(f"unknown GDPA backward mode {mode!r}; one of "
+                         f"{[m.value for m in BackwardMode]}") from None
+
+
 class GDPAFunction(torch.autograd.Function):
-    """Configs and bwd_mode default to the heuristics; the benchmark overrides them. In
-    'short_kv_atomic' mode dq_cfg configures the fused kernel, in 'short_kv' and 'short_q'
-    modes dkdv_cfg does."""
+    """The Triton forward and backward as one autograd node. Configs and bwd_mode default to
+    the heuristics (benchmarks and tests override them; see run_backward for which config
+    goes to which kernel). ``deterministic``: the default plan is one without floating-point
+    atomics (backward_mode); an explicit bwd_mode that has atomics is then refused."""
 
     @staticmethod
     def forward(ctx, q, k, v, q_offsets, kv_offsets, max_q, max_kv, activation, scale,
-                norm_code, fwd_cfg=None, dkdv_cfg=None, dq_cfg=None, bwd_mode=None):
+                norm_code, fwd_cfg=None, dkdv_cfg=None, dq_cfg=None, bwd_mode=None,
+                deterministic=False):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         q_offsets = _as_offsets(q_offsets, q.device)
         kv_offsets = _as_offsets(kv_offsets, q.device)
-        d, heads = q.shape[-1], q.shape[1]
-        cfg = fwd_cfg or _fwd_config(max_q, max_kv, d)
-        sched = forward_schedule(q_offsets, kv_offsets, heads, cfg, max_kv, q.device)
-        out = launch_fwd(q, k, v, sched, cfg, ACT_CODE[activation],
-                         norm_code, scale, max_kv)
+        out = gdpa_forward(q, k, v, q_offsets, kv_offsets, max_q, max_kv, activation, scale,
+                           norm_code, fwd_cfg)
+        if bwd_mode is None:
+            mode = backward_mode(max_q, max_kv, q.dtype, deterministic)
+        else:
+            mode = _backward_mode(bwd_mode)
+            if deterministic and not mode.deterministic:
+                raise ValueError(f"GDPA backward mode {mode.value!r} sums with fp32 atomics and "
+                                 "is not deterministic; leave bwd_mode None or pick one of "
+                                 f"{[m.value for m in BackwardMode if m.deterministic]}")
         ctx.save_for_backward(q, k, v, q_offsets, kv_offsets)
         ctx.meta = (max_q, max_kv, activation, scale, norm_code, dkdv_cfg, dq_cfg,
-                    bwd_mode, bwd_mode or backward_mode(max_q, max_kv, q.dtype))
+                    bwd_mode is None and dkdv_cfg is None, mode)
         return out
 
     @staticmethod
     def backward(ctx, do):
         q, k, v, q_offsets, kv_offsets = ctx.saved_tensors
-        max_q, max_kv, activation, scale, norm_code, dkdv_cfg, dq_cfg, asked, mode = ctx.meta
+        max_q, max_kv, activation, scale, norm_code, dkdv_cfg, dq_cfg, tune, mode = ctx.meta
         act, do = ACT_CODE[activation], do.contiguous()
         args = (q, k, v, do, q_offsets, kv_offsets, max_q, max_kv, act, norm_code, scale)
-        if mode == "one_pass" and asked is None and dkdv_cfg is None:
+        if tune and mode is BackwardMode.ONE_PASS:
             d = q.shape[-1]
             key = ("one_pass", length_bucket(max_q), length_bucket(max_kv), d, q.dtype,
                    activation, q.device)
@@ -215,20 +250,25 @@ class GDPAFunction(torch.autograd.Function):
                 key, one_pass_candidates(max_q, max_kv, d),
                 lambda c: run_backward(c[0], c[1], None, *args), q.device)
         dq, dk, dv = run_backward(mode, dkdv_cfg, dq_cfg, *args)
-        return (dq, dk, dv) + (None,) * 11
+        return (dq, dk, dv) + (None,) * 12
 
 
-def triton_supported(q: torch.Tensor) -> bool:
-    """The kernels take fp16/bf16/fp32 and a power-of-two head_dim in [16, 256]."""
+def triton_unsupported(q: torch.Tensor) -> str | None:
+    """Why the Triton kernels cannot take ``q`` (they take fp16/bf16/fp32 and a power-of-two
+    head_dim in [16, 256]), or None when they can."""
     d = q.shape[-1]
-    return (q.dtype in (torch.float16, torch.bfloat16, torch.float32)
-            and 16 <= d <= 256 and d & (d - 1) == 0)
+    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        return f"takes fp16/bf16/fp32 inputs, not {q.dtype}"
+    if not (16 <= d <= 256 and d & (d - 1) == 0):
+        return f"takes a power-of-two head_dim in [16, 256], not {d}"
+    return None
 
 
 def gdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: torch.Tensor,
          kv_offsets: torch.Tensor, max_q: int, max_kv: int, *, activation: str = "silu",
          scale: float | None = None, norm: str = "none",
-         kernel: Kernel | str | None = None) -> torch.Tensor:
+         kernel: Kernel | str | None = None, deterministic: bool | None = None
+         ) -> torch.Tensor:
     """Generalized dot-product attention on jagged Q and jagged KV, no softmax.
 
     out_i = sum over the KV rows j of i's sample of act(scale * q_i . k_j) * v_j, optionally
@@ -237,19 +277,16 @@ def gdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: torch.Ten
     int64 (B+1,); max_q / max_kv >= the longest Q / KV sample. activation: "silu", "gelu",
     "gelu_tanh" or "identity" (the Triton path evaluates gelu_tanh by a polynomial, see
     activations.py). scale defaults to 1/sqrt(d). kernel: None/'auto' (Triton on CUDA,
-    reference elsewhere), 'triton' or 'pytorch'. Returns (total_q, H, d) in the operands'
+    reference elsewhere), 'triton' or 'pytorch'. deterministic: the Triton backward uses no
+    floating-point atomics, so repeated calls give bitwise-identical gradients; None follows
+    gem_kernels.dispatch.deterministic_backward(). Returns (total_q, H, d) in the operands'
     common dtype (autocast's inside an autocast region).
     """
     q, k, v = same_dtype(q, k, v)
     check_inputs(q, k, v, q_offsets, kv_offsets, activation, norm)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
-    which = resolve_kernel(kernel, q, k, v)
-    if which is Kernel.TRITON and not triton_supported(q):
-        if kernel is not None and Kernel(kernel) is Kernel.TRITON:
-            raise RuntimeError(f"the Triton GDPA kernels do not support dtype {q.dtype} / "
-                               f"head_dim {q.shape[-1]}")
-        which = Kernel.PYTORCH
+    which = resolve_kernel(kernel, q, k, v, unsupported=triton_unsupported(q), op="gdpa")
     if which is Kernel.PYTORCH:
         return gdpa_reference(q, k, v, q_offsets, kv_offsets, max_q, max_kv,
                               activation=activation, scale=scale, norm=norm)
@@ -258,14 +295,15 @@ def gdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: torch.Ten
         return gdpa_forward(q, k, v, q_offsets, kv_offsets, int(max_q), int(max_kv),
                             activation, float(scale), _NORM_CODE[norm])
     return GDPAFunction.apply(q, k, v, q_offsets, kv_offsets, int(max_q), int(max_kv),
-                              activation, float(scale), _NORM_CODE[norm])
+                              activation, float(scale), _NORM_CODE[norm], None, None, None,
+                              None, deterministic_backward(deterministic))
 
 
 def gdpa_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: torch.Tensor,
                  kv_offsets: torch.Tensor, max_q: int, max_kv: int, activation: str,
                  scale: float, norm_code: int, cfg: TileConfig | None = None) -> torch.Tensor:
-    """The Triton forward alone (no autograd node): inference and no-grad calls skip the
-    autograd Function's host overhead, which short shapes do not hide."""
+    """The Triton forward alone (no autograd node): GDPAFunction's forward, and inference and
+    no-grad calls, which skip the autograd Function's host overhead."""
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     q_offsets = _as_offsets(q_offsets, q.device)
     kv_offsets = _as_offsets(kv_offsets, q.device)

@@ -1,7 +1,7 @@
 """Registers, spills and matrix instructions of the GDPA dK/dV kernel on Hopper, read on any
 machine: Triton compiles the kernel for sm_90 without a GPU and its bundled ptxas reports
 the resources, so a tile or pipeline change can be judged before a GPU run. The ptxas figures
-quoted in the backward's comments come from here:
+quoted in gdpa/DESIGN.md come from here:
 
     PYTHONPATH=kernels python -m gem_kernels.gdpa.resources
 
@@ -23,8 +23,8 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from gem_kernels.gdpa.activations import ACT_CODE, scale_args
-from gem_kernels.gdpa.triton_bwd import _gdpa_dkdv_kernel, one_pass_config
-from gem_kernels.gdpa.triton_fwd import TileConfig
+from gem_kernels.gdpa.triton_bwd import DqMode, _gdpa_dkdv_kernel, one_pass_config
+from gem_kernels.gdpa.triton_common import TileConfig
 
 HOPPER = ("cuda", 90, 64)  # triton GPUTarget(backend, arch, warp size)
 
@@ -44,7 +44,7 @@ class KernelResources:
     mma_sync: int  # warp-level MMAs (mma.sync), Hopper's slower path
 
 
-def dkdv_resources(cfg: TileConfig, with_dq: int, head_dim: int = 128,
+def dkdv_resources(cfg: TileConfig, with_dq: DqMode, head_dim: int = 128,
                    activation: str = "gelu_tanh", scale: float | None = None,
                    stages: int | None = None) -> KernelResources:
     """Compiles _gdpa_dkdv_kernel for sm_90 with bf16 inputs, 16-byte aligned pointers and
@@ -57,7 +57,7 @@ def dkdv_resources(cfg: TileConfig, with_dq: int, head_dim: int = 128,
     stages = cfg.num_stages if stages is None else stages
     fold, cscale = scale_args(act, scale, torch.bfloat16, cfg.scale_mode)
     consts = dict(ACT=act, NORM=0, D=head_dim, BN=cfg.block_rows, BM=cfg.block_cols,
-                  STAGES=stages, PREFETCH=cfg.prefetch, PREC="tf32", WITH_DQ=with_dq,
+                  STAGES=stages, PREFETCH=cfg.prefetch, PREC="tf32", WITH_DQ=int(with_dq),
                   FOLD=fold, CSCALE=cscale, DQ_T=cfg.dq_transposed)
     pointers = {"Q": "bf16", "K": "bf16", "V": "bf16", "DO": "bf16", "DK": "bf16",
                 "DV": "bf16", "DQ": "bf16", "DQ32": "fp32", "items": "i32", "prog_ptr": "i32"}
@@ -101,14 +101,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--activation", default="gelu_tanh")
     args = ap.parse_args(argv)
     base = one_pass_config(2048, 2048, args.head_dim)
-    phases = {2: "atomic / middle", 3: "first", 4: "last", 5: "last, hoisted"}
+    phases = {DqMode.ATOMIC: "atomic / middle", DqMode.PHASE_FIRST: "first",
+              DqMode.PHASE_LAST: "last", DqMode.PHASE_LAST_HOISTED: "last, hoisted"}
     print(f"{'config':34s} {'phase':16s} {'stages':>6s} {'regs':>5s} {'spill st/ld':>12s} "
           f"{'shared':>7s} {'wgmma':>6s} {'mma.sync':>8s}")
     for cfg in (base, replace(base, num_stages=4), replace(base, dq_transposed=False)):
         name = (f"{cfg.block_rows}x{cfg.block_cols} w{cfg.num_warps} s{cfg.num_stages}"
                 f"{' dq_transposed' if cfg.dq_transposed else ''}")
         for with_dq, phase in phases.items():
-            stages = min(cfg.num_stages, 2) if with_dq == 4 else cfg.num_stages
+            stages = min(cfg.num_stages, 2) if with_dq is DqMode.PHASE_LAST else cfg.num_stages
             r = dkdv_resources(cfg, with_dq, args.head_dim, args.activation, stages=stages)
             print(f"{name:34s} {phase:16s} {stages:6d} {r.registers:5d} "
                   f"{r.spill_store_bytes:5d}/{r.spill_load_bytes:<6d} {r.shared_bytes:7d} "

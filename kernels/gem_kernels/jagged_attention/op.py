@@ -19,12 +19,17 @@ from gem_kernels.jagged_attention.triton_bwd import (
     _jfa_bwd_dkdv_kernel,
     _jfa_bwd_dq_kernel,
 )
+from gem_kernels.jagged_attention.triton_common import (
+    LOAD_PTR,
+    LOAD_TMA_DEVICE,
+    LOAD_TMA_RAGGED,
+    LOG2E,
+)
 from gem_kernels.jagged_attention.triton_fwd import (
     BOUNDARY_MASK_ALL,
     BOUNDARY_TRICK,
     BOUNDARY_TRICK_FUSED,
     BOUNDARY_WHERE,
-    LOG2E,
     _jfa_fwd_kernel,
 )
 
@@ -32,15 +37,14 @@ SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
 
 
 def default_boundary(head_dim: int, causal: bool, window) -> str:
-    """With causal/window masks: 'trick' (only band tiles are masked; 'mask_all' would mask
-    every tile there too). Without: one key loop either way (a second loop for the partial
-    tile drains the software pipeline: 'trick' and 'where' ran 3-7% slower). H200 (bench
-    --tune, mix B256 H8): d=64 runs best with the fused boundary trick (0.532 ms vs 0.567
-    masked), d=128 with every tile masked (0.959 ms vs 0.969 fused trick; log-normal 0.707
-    vs 0.722)."""
+    """How the forward handles the partial key tile at a sequence end (BOUNDARY_MODES):
+    'trick' with causal/window masks (only band tiles are masked), else one key loop:
+    'trick_fused' for head_dim <= 64, 'mask_all' above. Why: jagged_attention/DESIGN.md."""
     if causal or window is not None:
         return "trick"
     return "trick_fused" if head_dim <= 64 else "mask_all"
+
+
 BOUNDARY_MODES = {"trick": BOUNDARY_TRICK, "trick_fused": BOUNDARY_TRICK_FUSED,
                   "where": BOUNDARY_WHERE, "mask_all": BOUNDARY_MASK_ALL}
 
@@ -49,9 +53,14 @@ def _interpret() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def triton_supported(q: torch.Tensor) -> bool:
-    return (q.dtype in (torch.bfloat16, torch.float16) and q.shape[-1] in SUPPORTED_HEAD_DIMS
-            and (q.device.type == "cuda" or _interpret()))
+def triton_unsupported(q: torch.Tensor) -> str | None:
+    """Why the Triton kernels cannot take ``q`` (they take fp16/bf16 and head_dim in
+    SUPPORTED_HEAD_DIMS), or None when they can."""
+    if q.dtype not in (torch.bfloat16, torch.float16):
+        return f"takes fp16/bf16 inputs, not {q.dtype}"
+    if q.shape[-1] not in SUPPORTED_HEAD_DIMS:
+        return f"takes head_dim in {SUPPORTED_HEAD_DIMS}, not {q.shape[-1]}"
+    return None
 
 
 def _tma_available(device: torch.device) -> bool:
@@ -62,9 +71,6 @@ def _tma_available(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device)[0] >= 9
 
 
-# Load paths (the kernels' USE_TMA): masked pointer loads, per-sequence device-side tensor
-# descriptors, or one host-side ragged descriptor per tensor (triton.tools.ragged_tma).
-LOAD_PTR, LOAD_TMA_DEVICE, LOAD_TMA_RAGGED = 0, 1, 2
 LOAD_MODES = {"ptr": LOAD_PTR, "tma_device": LOAD_TMA_DEVICE, "tma_ragged": LOAD_TMA_RAGGED}
 DEFAULT_TMA_MODE = LOAD_TMA_RAGGED
 
@@ -126,30 +132,26 @@ class BwdConfig:
 
 
 def default_fwd_config(head_dim: int, causal: bool, window) -> FwdConfig:
+    """Forward tiles: small ones under the interpreter, 64x64 for a narrow window band (fewer
+    wasted keys at its edges), else 128-row query tiles (64-key with one warpgroup at
+    head_dim <= 64, 128-key with 8 warps above). Why: jagged_attention/DESIGN.md."""
     if _interpret():
         return FwdConfig(32, 16, 4, 1)
     if window is not None and window[0] + window[1] < 256:
-        # narrow band: 64-row tiles waste fewer keys at the band edges
         return FwdConfig(64, 64, 4, 2)
     if head_dim <= 64:
-        # H200 (bench --tune, mix B256 H8 d=64): one warpgroup per 128-row tile, 64-key
-        # tiles, 3 stages: 0.532 ms vs 0.717 for the d=128 tiles (8 warps) and 0.537-0.69
-        # for the other nine shapes tried.
         return FwdConfig(128, 64, 4, 3)
-    # H200 sweep (bench --sweep, log-normal batch, d=128): 128x128 tiles, 8 warps, 3 stages,
-    # ragged TMA: 0.748 ms vs 0.759-0.921 ms for the other tiles and load paths tried.
     return FwdConfig(128, 128, 8, 3)
 
 
 def default_bwd_config(head_dim: int, causal: bool, window) -> BwdConfig:
+    """Backward tiles: small ones under the interpreter; at head_dim <= 64 without a narrow
+    window, 128-row query tiles for both kernels (dQ with 8 warps); else 64x64 tiles, 4 warps,
+    2 stages. Why: jagged_attention/DESIGN.md."""
     if _interpret():
         return BwdConfig(32, 16, 4, 1, 32, 16, 4, 1)
     if head_dim <= 64 and not (window is not None and window[0] + window[1] < 256):
-        # H200 (bench --tune, mix d=64): dK/dV walks 128-row query tiles, dQ owns 128-row
-        # tiles with 8 warps: 1.65 ms vs 1.95 for the d=128 tiles.
         return BwdConfig(64, 128, 4, 2, 128, 64, 8, 2)
-    # H200 sweep: 64x64 tiles, 4 warps, 2 stages for both kernels, ragged TMA (2.22 ms vs
-    # 2.32-3.5 ms for 128-row tiles, 8 warps, 3 stages or the other load paths).
     return BwdConfig(64, 64, 4, 2, 64, 64, 4, 2)
 
 
@@ -239,7 +241,7 @@ def jfa_backward(do, q, k, v, out, lse, offsets, *, causal, window, scale,
 
 class _JaggedAttentionFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, offsets, causal, window, scale, deterministic, options):
+    def forward(ctx, q, k, v, offsets, causal, window, scale, options):
         sched = ScheduleCache(offsets, q.shape[0])
         out, lse = jfa_forward(q, k, v, offsets, causal=causal, window=window, scale=scale,
                                sched=sched, **options.get("fwd", {}))
@@ -255,15 +257,14 @@ class _JaggedAttentionFn(torch.autograd.Function):
         dq, dk, dv = jfa_backward(do, q, k, v, out, lse, offsets, causal=ctx.causal,
                                   window=ctx.window, scale=ctx.scale, sched=ctx.sched,
                                   **ctx.options.get("bwd", {}))
-        return dq, dk, dv, None, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None
 
 
 def jagged_attention_triton(q, k, v, offsets, max_len, *, causal=False, window=None, scale=None,
-                            deterministic=False, options: dict | None = None):
-    """Triton path of ``jagged_attention``. ``deterministic`` is accepted for the common
-    signature: this backward uses no atomics and is always bitwise reproducible.
-    ``options`` (benchmarks and tests): {"fwd": {config, boundary, use_tma}, "bwd": {config,
-    use_tma}}."""
+                            options: dict | None = None):
+    """Triton path of ``jagged_attention``; its backward uses no atomics and is always bitwise
+    reproducible. ``options`` (benchmarks and tests): {"fwd": {config, boundary, use_tma},
+    "bwd": {config, use_tma}}."""
     del max_len
     q, k, v = _rows_ok(q), _rows_ok(k), _rows_ok(v)
     offsets = offsets.to(device=q.device, dtype=torch.int64).contiguous()
@@ -272,37 +273,34 @@ def jagged_attention_triton(q, k, v, offsets, max_len, *, causal=False, window=N
     if window is not None:
         window = (int(window[0]), int(window[1]))
     return _JaggedAttentionFn.apply(q, k, v, offsets, bool(causal), window, float(scale),
-                                    bool(deterministic), options or {})
+                                    options or {})
 
 
 def jagged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets: torch.Tensor,
                      max_len: int, *, causal: bool = False,
                      window: tuple[int, int] | None = None, scale: float | None = None,
                      kernel: Kernel | str | None = None,
-                     deterministic: bool = False) -> torch.Tensor:
+                     deterministic: bool | None = None) -> torch.Tensor:
     """Softmax attention within each sequence of a jagged batch, no padding.
 
     q, k, v: (total_tokens, heads, head_dim) bf16/fp16 (fp32 accumulate; fp32 runs on the
     reference); offsets: int64 (B+1,); max_len >= the longest sequence. ``causal`` keeps keys
     j <= i; ``window=(left, right)`` keeps i-left <= j <= i+right (both may be given). ``scale``
     defaults to 1/sqrt(head_dim). A query with no valid key outputs 0. ``kernel``: None/'auto'
-    (Triton on CUDA, reference elsewhere), 'triton' or 'pytorch'. ``deterministic=True`` makes
-    the backward bitwise reproducible. Returns (total_tokens, heads, head_dim) in the operands'
-    common dtype (autocast's inside an autocast region).
+    (Triton on CUDA, reference elsewhere), 'triton' or 'pytorch'. ``deterministic`` is
+    accepted for the ops' common signature (gem_kernels.dispatch): the Triton backward uses no
+    atomics and is bitwise reproducible either way. Returns (total_tokens, heads, head_dim) in
+    the operands' common dtype (autocast's inside an autocast region).
     """
+    del deterministic  # always deterministic
     q, k, v = same_dtype(q, k, v)
     _check_inputs(q, k, v, offsets, window)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
-    which = resolve_kernel(kernel, q, k, v)
+    which = resolve_kernel(kernel, q, k, v, unsupported=triton_unsupported(q),
+                           op="jagged_attention")
     if which is Kernel.PYTORCH:
         return jagged_attention_reference(q, k, v, offsets, max_len, causal=causal,
                                           window=window, scale=scale)
-    if not triton_supported(q):
-        if kernel is not None and Kernel(kernel) is Kernel.TRITON:
-            raise RuntimeError(f"the Triton jagged attention kernel does not support dtype "
-                               f"{q.dtype} / head_dim {q.shape[-1]}")
-        return jagged_attention_reference(q, k, v, offsets, max_len, causal=causal,
-                                          window=window, scale=scale)
     return jagged_attention_triton(q, k, v, offsets, max_len, causal=causal, window=window,
-                                   scale=scale, deterministic=deterministic)
+                                   scale=scale)

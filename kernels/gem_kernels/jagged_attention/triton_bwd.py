@@ -19,7 +19,14 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from gem_kernels.jagged_attention.triton_fwd import _band_mask, _load_rows, _make_src, _store_rows
+from gem_kernels.jagged_attention.triton_common import (
+    band_mask,
+    load_rows,
+    make_src,
+    query_block_key_range,
+    sequence_block,
+    store_rows,
+)
 
 
 @triton.jit
@@ -46,7 +53,7 @@ def _dkdv_tiles(dk, dv, k, v, q_src, do_src, q_base, do_base, seq_start, lse_ptr
     offs_m0 = tl.arange(0, BLOCK_M)
     for start_m in tl.range(lo, hi, BLOCK_M):
         offs_m = start_m + offs_m0
-        q = _load_rows(q_src, q_base, seq_start, start_m, L, col0, stride_q, BLOCK_M, HEAD_DIM,
+        q = load_rows(q_src, q_base, seq_start, start_m, L, col0, stride_q, BLOCK_M, HEAD_DIM,
                        USE_TMA, True)
         lse = tl.load(lse_ptr + offs_m, mask=offs_m < L, other=float("inf"))
         qkT = tl.dot(k, tl.trans(q))  # (BLOCK_N, BLOCK_M)
@@ -60,7 +67,7 @@ def _dkdv_tiles(dk, dv, k, v, q_src, do_src, q_base, do_base, seq_start, lse_ptr
                 maskT = maskT & (offs_n[:, None] >= offs_m[None, :] - WL)
                 maskT = maskT & (offs_n[:, None] <= offs_m[None, :] + WR)
             pT = tl.where(maskT, pT, 0.0)
-        do = _load_rows(do_src, do_base, seq_start, start_m, L, col0, stride_do, BLOCK_M,
+        do = load_rows(do_src, do_base, seq_start, start_m, L, col0, stride_do, BLOCK_M,
                         HEAD_DIM, USE_TMA, True)
         dv = tl.dot(pT.to(do.dtype), do, dv)
         delta = tl.load(delta_ptr + offs_m, mask=offs_m < L, other=0.0)
@@ -78,13 +85,9 @@ def _jfa_bwd_dkdv_kernel(Q, K, V, DO, DK, DV, Qd, Kd, Vd, DOd, DKd, DVd, LSE, DE
                          HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                          CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, USE_TMA: tl.constexpr):
     h = tl.program_id(0)
-    pid = tl.program_id(1)
-    seq = tl.load(sched + pid)
+    seq, kblk, start, L = sequence_block(sched, n_sched, offsets)
     if seq < 0:
         return
-    kblk = tl.load(sched + n_sched + pid)
-    start = tl.load(offsets + seq).to(tl.int64)
-    L = (tl.load(offsets + seq + 1) - start).to(tl.int32)
     n0 = kblk * BLOCK_N
     col0 = h * HEAD_DIM
     H_D = H * HEAD_DIM
@@ -93,10 +96,10 @@ def _jfa_bwd_dkdv_kernel(Q, K, V, DO, DK, DV, Qd, Kd, Vd, DOd, DKd, DVd, LSE, DE
     v_base = V + start * stride_v
     do_base = DO + start * stride_do
     start32 = start.to(tl.int32)
-    q_src = _make_src(Qd, q_base, L, stride_q, H_D, BLOCK_M, HEAD_DIM, USE_TMA)
-    do_src = _make_src(DOd, do_base, L, stride_do, H_D, BLOCK_M, HEAD_DIM, USE_TMA)
-    k_src = _make_src(Kd, k_base, L, stride_k, H_D, BLOCK_N, HEAD_DIM, USE_TMA)
-    v_src = _make_src(Vd, v_base, L, stride_v, H_D, BLOCK_N, HEAD_DIM, USE_TMA)
+    q_src = make_src(Qd, q_base, L, stride_q, H_D, BLOCK_M, HEAD_DIM, USE_TMA)
+    do_src = make_src(DOd, do_base, L, stride_do, H_D, BLOCK_M, HEAD_DIM, USE_TMA)
+    k_src = make_src(Kd, k_base, L, stride_k, H_D, BLOCK_N, HEAD_DIM, USE_TMA)
+    v_src = make_src(Vd, v_base, L, stride_v, H_D, BLOCK_N, HEAD_DIM, USE_TMA)
     lse_ptr = LSE + h.to(tl.int64) * total_tokens + start
     delta_ptr = DELTA + h.to(tl.int64) * total_tokens + start
 
@@ -124,9 +127,9 @@ def _jfa_bwd_dkdv_kernel(Q, K, V, DO, DK, DV, Qd, Kd, Vd, DOd, DKd, DVd, LSE, DE
         full_lo = tl.cdiv(q_hi, BLOCK_M) * BLOCK_M
         full_hi = full_lo
 
-    k = _load_rows(k_src, k_base, start32, n0, L, col0, stride_k, BLOCK_N, HEAD_DIM, USE_TMA,
+    k = load_rows(k_src, k_base, start32, n0, L, col0, stride_k, BLOCK_N, HEAD_DIM, USE_TMA,
                    True)
-    v = _load_rows(v_src, v_base, start32, n0, L, col0, stride_v, BLOCK_N, HEAD_DIM, USE_TMA,
+    v = load_rows(v_src, v_base, start32, n0, L, col0, stride_v, BLOCK_N, HEAD_DIM, USE_TMA,
                    True)
     dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
@@ -145,11 +148,11 @@ def _jfa_bwd_dkdv_kernel(Q, K, V, DO, DK, DV, Qd, Kd, Vd, DOd, DKd, DVd, LSE, DE
                              full_hi, q_hi, L, col0, stride_q, stride_do, offs_n, qk_scale, WL,
                              WR, BLOCK_M, HEAD_DIM, True, CAUSAL, HAS_WINDOW, USE_TMA)
     dk = dk * sm_scale
-    dk_dst = _make_src(DKd, DK + start * stride_dk, L, stride_dk, H_D, BLOCK_N, HEAD_DIM, USE_TMA)
-    dv_dst = _make_src(DVd, DV + start * stride_dv, L, stride_dv, H_D, BLOCK_N, HEAD_DIM, USE_TMA)
-    _store_rows(dk_dst, DK + start * stride_dk, start32, n0, L, col0, stride_dk,
+    dk_dst = make_src(DKd, DK + start * stride_dk, L, stride_dk, H_D, BLOCK_N, HEAD_DIM, USE_TMA)
+    dv_dst = make_src(DVd, DV + start * stride_dv, L, stride_dv, H_D, BLOCK_N, HEAD_DIM, USE_TMA)
+    store_rows(dk_dst, DK + start * stride_dk, start32, n0, L, col0, stride_dk,
                 dk.to(DK.dtype.element_ty), BLOCK_N, HEAD_DIM, USE_TMA)
-    _store_rows(dv_dst, DV + start * stride_dv, start32, n0, L, col0, stride_dv,
+    store_rows(dv_dst, DV + start * stride_dv, start32, n0, L, col0, stride_dv,
                 dv.to(DV.dtype.element_ty), BLOCK_N, HEAD_DIM, USE_TMA)
 
 
@@ -161,15 +164,15 @@ def _dq_tiles(dq, q, do, lse, delta, k_src, v_src, k_base, v_base, seq_start, lo
               CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, USE_TMA: tl.constexpr):
     offs_n0 = tl.arange(0, BLOCK_N)
     for start_n in tl.range(lo, hi, BLOCK_N):
-        k = _load_rows(k_src, k_base, seq_start, start_n, L, col0, stride_k, BLOCK_N, HEAD_DIM,
+        k = load_rows(k_src, k_base, seq_start, start_n, L, col0, stride_k, BLOCK_N, HEAD_DIM,
                        USE_TMA, MASKED)
-        v = _load_rows(v_src, v_base, seq_start, start_n, L, col0, stride_v, BLOCK_N, HEAD_DIM,
+        v = load_rows(v_src, v_base, seq_start, start_n, L, col0, stride_v, BLOCK_N, HEAD_DIM,
                        USE_TMA, MASKED)
         qk = tl.dot(q, tl.trans(k))
         p = tl.math.exp2(qk * qk_scale - lse[:, None])
         if MASKED:
             offs_n = start_n + offs_n0
-            p = tl.where(_band_mask(offs_m, offs_n, L, WL, WR, CAUSAL, HAS_WINDOW, True), p, 0.0)
+            p = tl.where(band_mask(offs_m, offs_n, L, WL, WR, CAUSAL, HAS_WINDOW, True), p, 0.0)
         dp = tl.dot(do, tl.trans(v))
         ds = p * (dp - delta[:, None])
         dq = tl.dot(ds.to(k.dtype), k, dq)
@@ -184,13 +187,9 @@ def _jfa_bwd_dq_kernel(Q, K, V, DO, DQ, Qd, Kd, Vd, DOd, DQd, LSE, DELTA, offset
                        HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, USE_TMA: tl.constexpr):
     h = tl.program_id(0)
-    pid = tl.program_id(1)
-    seq = tl.load(sched + pid)
+    seq, qblk, start, L = sequence_block(sched, n_sched, offsets)
     if seq < 0:
         return
-    qblk = tl.load(sched + n_sched + pid)
-    start = tl.load(offsets + seq).to(tl.int64)
-    L = (tl.load(offsets + seq + 1) - start).to(tl.int32)
     m0 = qblk * BLOCK_M
     col0 = h * HEAD_DIM
     H_D = H * HEAD_DIM
@@ -199,35 +198,18 @@ def _jfa_bwd_dq_kernel(Q, K, V, DO, DQ, Qd, Kd, Vd, DOd, DQd, LSE, DELTA, offset
     v_base = V + start * stride_v
     do_base = DO + start * stride_do
     start32 = start.to(tl.int32)
-    q_src = _make_src(Qd, q_base, L, stride_q, H_D, BLOCK_M, HEAD_DIM, USE_TMA)
-    do_src = _make_src(DOd, do_base, L, stride_do, H_D, BLOCK_M, HEAD_DIM, USE_TMA)
-    k_src = _make_src(Kd, k_base, L, stride_k, H_D, BLOCK_N, HEAD_DIM, USE_TMA)
-    v_src = _make_src(Vd, v_base, L, stride_v, H_D, BLOCK_N, HEAD_DIM, USE_TMA)
+    q_src = make_src(Qd, q_base, L, stride_q, H_D, BLOCK_M, HEAD_DIM, USE_TMA)
+    do_src = make_src(DOd, do_base, L, stride_do, H_D, BLOCK_M, HEAD_DIM, USE_TMA)
+    k_src = make_src(Kd, k_base, L, stride_k, H_D, BLOCK_N, HEAD_DIM, USE_TMA)
+    v_src = make_src(Vd, v_base, L, stride_v, H_D, BLOCK_N, HEAD_DIM, USE_TMA)
 
     offs_m = m0 + tl.arange(0, BLOCK_M)
-    m_last = tl.minimum(m0 + BLOCK_M, L) - 1
-    hi = L
-    lo = 0
-    if CAUSAL:
-        hi = tl.minimum(hi, m_last + 1)
-    if HAS_WINDOW:
-        hi = tl.minimum(hi, m_last + WR + 1)
-        lo = tl.maximum(m0 - WL, 0)
-    lo = (lo // BLOCK_N) * BLOCK_N
-    full_hi = (L // BLOCK_N) * BLOCK_N
-    full_lo = lo
-    if CAUSAL:
-        full_hi = tl.minimum(full_hi, ((m0 + 1) // BLOCK_N) * BLOCK_N)
-    if HAS_WINDOW:
-        full_hi = tl.minimum(full_hi, ((m0 + WR + 1) // BLOCK_N) * BLOCK_N)
-        full_lo = tl.maximum(full_lo, tl.cdiv(tl.maximum(m_last - WL, 0), BLOCK_N) * BLOCK_N)
-    if full_hi <= full_lo:
-        full_lo = lo
-        full_hi = lo
+    lo, hi, full_lo, full_hi = query_block_key_range(m0, L, WL, WR, BLOCK_M, BLOCK_N, CAUSAL,
+                                                     HAS_WINDOW)
 
-    q = _load_rows(q_src, q_base, start32, m0, L, col0, stride_q, BLOCK_M, HEAD_DIM, USE_TMA,
+    q = load_rows(q_src, q_base, start32, m0, L, col0, stride_q, BLOCK_M, HEAD_DIM, USE_TMA,
                    True)
-    do = _load_rows(do_src, do_base, start32, m0, L, col0, stride_do, BLOCK_M, HEAD_DIM, USE_TMA,
+    do = load_rows(do_src, do_base, start32, m0, L, col0, stride_do, BLOCK_M, HEAD_DIM, USE_TMA,
                     True)
     row_ok = offs_m < L
     lse = tl.load(LSE + h.to(tl.int64) * total_tokens + start + offs_m, mask=row_ok,
@@ -249,6 +231,6 @@ def _jfa_bwd_dq_kernel(Q, K, V, DO, DQ, Qd, Kd, Vd, DOd, DQd, LSE, DELTA, offset
                    stride_k, stride_v, offs_m, qk_scale, WL, WR, BLOCK_N, HEAD_DIM, True,
                    CAUSAL, HAS_WINDOW, USE_TMA)
     dq = dq * sm_scale
-    dq_dst = _make_src(DQd, DQ + start * stride_dq, L, stride_dq, H_D, BLOCK_M, HEAD_DIM, USE_TMA)
-    _store_rows(dq_dst, DQ + start * stride_dq, start32, m0, L, col0, stride_dq,
+    dq_dst = make_src(DQd, DQ + start * stride_dq, L, stride_dq, H_D, BLOCK_M, HEAD_DIM, USE_TMA)
+    store_rows(dq_dst, DQ + start * stride_dq, start32, m0, L, col0, stride_dq,
                 dq.to(DQ.dtype.element_ty), BLOCK_M, HEAD_DIM, USE_TMA)
