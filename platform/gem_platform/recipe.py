@@ -8,6 +8,9 @@ reading code.
 from __future__ import annotations
 
 import copy
+import math
+import types
+import typing
 from pathlib import Path
 from typing import Any, Literal
 
@@ -21,6 +24,11 @@ from gem_platform.topology.config import ParallelConfig
 
 AttentionKind = Literal["full", "sliding", "block64", "padded"]
 
+MAX_RECIPE_BYTES = 1 << 20  # recipes are small YAML files; anything larger is a mistake
+MAX_YAML_NODES = 100_000  # values a document may expand to through aliases (YAML bombs)
+MAX_INT = 2**53  # integers above this lose precision in JSON and float64: never sane here
+ECHO_CHARS = 80  # how much of a user's value an error message quotes
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -29,25 +37,28 @@ class _Strict(BaseModel):
 class ModelConfig(_Strict):
     """GEM-style network: sequence tower, cross and pooled attention, DHEN experts, heads."""
 
-    d_model: int = Field(64, ge=8, description="width of sequence tokens")
-    num_heads: int = Field(2, ge=1)
-    seq_layers: int = Field(1, ge=0)
+    d_model: int = Field(64, ge=8, le=65536, description="width of sequence tokens")
+    num_heads: int = Field(2, ge=1, le=1024, description="attention heads (divide d_model)")
+    seq_layers: int = Field(1, ge=0, le=256, description="sequence self-attention layers")
     attention: AttentionKind = Field(
         "full",
         description="sequence self-attention: full jagged, sliding window, 64-token blocks, or "
         "the padded dense baseline",
     )
-    window: int = Field(64, ge=1, description="left window (tokens) for attention=sliding")
+    window: int = Field(64, ge=1, le=1 << 20,
+                        description="left window (tokens) for attention=sliding")
     causal: bool = Field(True, description="tokens attend only to older events")
     rope: bool = Field(False, description="rotary positions in block64 attention")
     qk_norm: bool = Field(True, description="RMS-normalize q and k: bounds the scores")
-    gdpa_activation: Literal["silu", "gelu", "gelu_tanh", "identity"] = "silu"
-    pooled_queries: int = Field(4, ge=1, description="queries of the pooled attention")
-    sparse_dim: int = Field(16, ge=2, description="TorchRec embedding dim of sparse features")
-    dhen_layers: int = Field(2, ge=1)
-    num_experts: int = Field(2, ge=1, description="MLP experts per DHEN layer")
-    expert_hidden: int = Field(128, ge=8)
-    head_hidden: int = Field(64, ge=8)
+    gdpa_activation: Literal["silu", "gelu", "gelu_tanh", "identity"] = Field(
+        "silu", description="element-wise activation of the cross and pooled attention (GDPA)")
+    pooled_queries: int = Field(4, ge=1, le=4096, description="queries of the pooled attention")
+    sparse_dim: int = Field(16, ge=2, le=65536,
+                            description="TorchRec embedding dim of sparse features")
+    dhen_layers: int = Field(2, ge=1, le=256, description="DHEN interaction layers")
+    num_experts: int = Field(2, ge=1, le=1024, description="MLP experts per DHEN layer")
+    expert_hidden: int = Field(128, ge=8, le=1 << 20, description="hidden width of an expert")
+    head_hidden: int = Field(64, ge=8, le=1 << 20, description="hidden width of the CTR/CVR heads")
     kernel: Literal["auto", "triton", "pytorch"] = Field(
         "auto", description="auto = Triton on CUDA, PyTorch reference elsewhere"
     )
@@ -65,47 +76,58 @@ class ModelConfig(_Strict):
 
 
 class TrainConfig(_Strict):
-    steps: int = Field(200, ge=1)
-    lr: float = Field(2e-3, gt=0)
-    sparse_lr: float = Field(0.05, gt=0, description="Adagrad learning rate of embeddings")
-    weight_decay: float = Field(0.01, ge=0)
-    warmup_steps: int = Field(20, ge=0)
-    grad_clip: float | None = Field(1.0, gt=0)
-    seed: int = 0
-    log_every: int = Field(10, ge=1)
-    eval_every: int = Field(0, ge=0, description="0 = evaluate only at the end")
-    eval_max_samples: int | None = Field(None, ge=1)
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    checkpoint_every: int = Field(0, ge=0, description="save a checkpoint every N steps; 0 = off")
-    keep_checkpoints: int = Field(2, ge=1, description="checkpoints kept (the newest)")
+    steps: int = Field(200, ge=1, le=10**9, description="training steps")
+    lr: float = Field(2e-3, gt=0, le=10, description="AdamW learning rate of the dense part")
+    sparse_lr: float = Field(0.05, gt=0, le=100, description="Adagrad learning rate of embeddings")
+    weight_decay: float = Field(0.01, ge=0, le=10, description="AdamW weight decay")
+    warmup_steps: int = Field(20, ge=0, le=10**9, description="linear learning-rate warm-up steps")
+    grad_clip: float | None = Field(1.0, gt=0, le=1e6,
+                                    description="gradient-norm clip; null = no clipping")
+    seed: int = Field(0, ge=0, le=2**32 - 1, description="seed of initialization and data order")
+    log_every: int = Field(10, ge=1, le=10**9,
+                           description="progress line and metrics every N steps")
+    eval_every: int = Field(0, ge=0, le=10**9, description="0 = evaluate only at the end")
+    eval_max_samples: int | None = Field(None, ge=1, le=MAX_INT,
+                                         description="cap on held-out samples; null = all")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="auto = CUDA when available, else CPU")
+    checkpoint_every: int = Field(0, ge=0, le=10**9,
+                                  description="save a checkpoint every N steps; 0 = off")
+    keep_checkpoints: int = Field(2, ge=1, le=1000, description="checkpoints kept (the newest)")
     max_failures: int = Field(
-        1, ge=0, description="worker-group restarts from the last checkpoint after a failure")
+        1, ge=0, le=100,
+        description="worker-group restarts from the last checkpoint after a failure")
     peak_tflops: float | None = Field(
-        None, gt=0, description="peak for MFU; default: table by GPU and dtype, measured on CPU"
+        None, gt=0, le=1e6,
+        description="peak for MFU; default: table by GPU and dtype, measured on CPU"
     )
     perf_warmup_steps: int = Field(
-        10, ge=0, description="steps each process trains before the final QPS and MFU start "
-        "counting (kernel compilation and autotuning, allocator growth); at least one step "
-        "is always counted")
+        10, ge=0, le=10**9,
+        description="steps each process trains before the final QPS and MFU start counting "
+        "(kernel compilation and autotuning, allocator growth); at least one step is always "
+        "counted")
 
 
 class PrecisionConfig(_Strict):
-    mode: Literal["fp32", "bf16", "fp8_block"] = "fp32"
+    mode: Literal["fp32", "bf16", "fp8_block"] = Field(
+        "fp32", description="training precision of the linear layers")
     block: Literal[32, 128] = Field(
         128, description="128: cuBLAS blockwise scaled_mm (the faster route on H200); "
         "32: square 32x32 blocks, Triton GEMM")
-    hadamard: bool = False
-    hadamard_block: int = Field(128, ge=32, le=128)
-    stochastic_rounding: bool = False
-    wgrad: Literal["bf16", "fp8"] = "bf16"
+    hadamard: bool = Field(False, description="random Hadamard transform before quantizing")
+    hadamard_block: int = Field(128, ge=32, le=128,
+                                description="Hadamard block size (a power of two)")
+    stochastic_rounding: bool = Field(False, description="stochastic rounding into FP8")
+    wgrad: Literal["bf16", "fp8"] = Field("bf16", description="precision of weight gradients")
     keep_last_bf16: int = Field(
-        1, ge=0, description="the last N linear layers that would otherwise run in FP8 stay bf16")
+        1, ge=0, le=10_000,
+        description="the last N linear layers that would otherwise run in FP8 stay bf16")
     keep_bf16: list[str] = Field(default_factory=list, description="module name patterns")
     min_features: int = Field(
-        0, ge=0, description="linear layers whose narrower side (min of in and out features) "
-        "is below this stay bf16. On the H200 an FP8 layer's training call is slower than "
-        "bf16 at 256-1024 features (0.16-0.50x: launch-bound) and level to 1.10x at 2048 "
-        "(block 128), docs/bench/fp8_layer_cost*.json; 0 converts every layer")
+        0, ge=0, le=1 << 24,
+        description="linear layers whose narrower side (min of in and out features) is below "
+        "this stay bf16 (docs/bench/fp8_layer_cost*.json measure where FP8 starts to pay); "
+        "0 converts every layer")
 
     @model_validator(mode="after")
     def _hadamard_pow2(self) -> PrecisionConfig:
@@ -119,13 +141,18 @@ class TrackingConfig(_Strict):
     uri: str | None = Field(
         None, description="MLflow tracking URI; default MLFLOW_TRACKING_URI or ./mlflow.db"
     )
-    experiment: str = "gem"
-    run_name: str | None = None
-    tags: dict[str, str] = Field(default_factory=dict)
+    experiment: str = Field("gem", min_length=1, max_length=500,
+                            description="MLflow experiment the run goes into")
+    run_name: str | None = Field(None, max_length=250,
+                                 description="MLflow run name; default: MLflow picks one")
+    tags: dict[str, str] = Field(default_factory=dict, description="extra MLflow run tags")
 
 
 class Recipe(_Strict):
-    name: str = "gem"
+    """A whole run: model, data, loader, training, parallelism, precision and tracking."""
+
+    name: str = Field("gem", min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$",
+                      description="recipe name (letters, digits, '_', '.', '-'): names run folders")
     model: ModelConfig = Field(default_factory=ModelConfig)
     data: DataConfig = Field(default_factory=DataConfig)
     loader: LoaderConfig = Field(default_factory=LoaderConfig)
@@ -173,20 +200,100 @@ def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def shorten(value: Any, limit: int = ECHO_CHARS) -> str:
+    """``repr``-free text of a user's value, cut to ``limit`` characters for error messages."""
+    text = value if isinstance(value, str) else repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class _DuplicateKey(yaml.YAMLError):
+    def __init__(self, key: Any, first: yaml.Mark, again: yaml.Mark) -> None:
+        super().__init__(f"the key {shorten(key)!r} appears twice (lines {first.line + 1} and "
+                         f"{again.line + 1})")
+
+
+class _TooLarge(yaml.YAMLError):
+    pass
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys (PyYAML keeps the last one silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, yaml.Mark] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                if key in seen:
+                    raise _DuplicateKey(key, seen[key], key_node.start_mark)
+                seen[key] = key_node.start_mark
+            except TypeError:  # an unhashable key: SafeLoader reports it below
+                break
+        return super().construct_mapping(node, deep=deep)
+
+
+def _expanded_size(node: yaml.Node, memo: dict[int, int], limit: int) -> int:
+    """How many values ``node`` stands for once every alias is expanded (linear time: a node
+    shared through aliases is measured once)."""
+    key = id(node)
+    if key in memo:
+        if memo[key] < 0:
+            raise _TooLarge("an alias refers to the collection that contains it")
+        return memo[key]
+    memo[key] = -1
+    if isinstance(node, yaml.SequenceNode):
+        size = 1 + sum(_expanded_size(child, memo, limit) for child in node.value)
+    elif isinstance(node, yaml.MappingNode):
+        size = 1 + sum(_expanded_size(k, memo, limit) + _expanded_size(v, memo, limit)
+                       for k, v in node.value)
+    else:
+        size = 1
+    if size > limit:
+        raise _TooLarge(f"its aliases expand to more than {limit:,} values")
+    memo[key] = size
+    return size
+
+
+def parse_yaml(text: str) -> Any:
+    """Parse one YAML document safely: plain data only, duplicate keys refused, alias expansion
+    bounded to MAX_YAML_NODES values. Raises yaml.YAMLError (with a mark where known)."""
+    loader = _StrictLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _expanded_size(node, {}, MAX_YAML_NODES)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def _yaml_problem(err: yaml.YAMLError) -> str:
+    mark = getattr(err, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+    problem = getattr(err, "problem", None) or (str(err).splitlines() or ["unreadable"])[0]
+    return f"{where}: {shorten(problem, 200)}"
+
+
 def parse_override(text: str) -> tuple[list[str], Any]:
     """``a.b.c=VALUE`` -> (["a","b","c"], VALUE parsed as YAML: 50 -> int, true -> bool)."""
     if "=" not in text:
         raise RecipeError(
-            f"Override '{text}' has no '='.", "Write overrides as --set section.field=value, "
-            "e.g. --set train.steps=50."
+            f"Override '{shorten(text)}' has no '='.", "Write overrides as "
+            "--set section.field=value, e.g. --set train.steps=50."
         )
     key, raw = text.split("=", 1)
     parts = key.strip().split(".")
     if not all(p.strip() for p in parts):
-        raise RecipeError(f"Override '{text}' has an empty field name.",
+        raise RecipeError(f"Override '{shorten(text)}' has an empty field name.",
                           "Use a dotted path such as model.attention=block64.")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = parse_yaml(raw) if raw.strip() else ""
+    except _TooLarge as err:
+        raise RecipeError(f"Override '{shorten(text)}' is refused: {err}.",
+                          "Pass a plain value.") from None
     except yaml.YAMLError:
         value = raw
     return parts, value
@@ -203,12 +310,62 @@ def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any
                 child = node[part] = {}
             if not isinstance(child, dict):
                 raise RecipeError(
-                    f"Override '{text}': '{'.'.join(parts[: i + 1])}' is a value, not a section.",
+                    f"Override '{shorten(text)}': '{'.'.join(parts[: i + 1])}' is a value, "
+                    "not a section.",
                     "Check the field path against `gemctl validate --schema`.",
                 )
             node = child
         node[parts[-1]] = value
     return tree
+
+
+def _number_kind(annotation: Any) -> str | None:
+    """'int' or 'float' when a field holds a plain number (possibly optional), else None."""
+    args = typing.get_args(annotation) if isinstance(
+        annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union else ()
+    kinds = {a for a in (args or (annotation,)) if a is not type(None)}
+    if kinds == {int}:
+        return "int"
+    if kinds <= {int, float} and kinds:
+        return "float"
+    return None
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """Pydantic models a field holds directly, in a list, or as mapping values."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in typing.get_args(annotation) for m in _models_in(arg)]
+
+
+def number_problems(model: type[BaseModel], tree: Any, prefix: str = "") -> list[str]:
+    """What pydantic's lax mode lets through but no run can use: a boolean where a number
+    belongs (``steps: true`` would be 1), a non-finite float, an integer beyond 2**53.
+    Returns one ``field.path: problem`` per offending value."""
+    if not isinstance(tree, dict):
+        return []
+    problems = []
+    for name, field in model.model_fields.items():
+        if name not in tree:
+            continue
+        value, path = tree[name], f"{prefix}{name}"
+        kind = _number_kind(field.annotation)
+        if kind is not None:
+            if isinstance(value, bool):
+                problems.append(f"{path}: expected {'an integer' if kind == 'int' else 'a number'}"
+                                f", got the boolean {str(value).lower()}")
+            elif isinstance(value, float) and not math.isfinite(value):
+                problems.append(f"{path}: must be a finite number, got {value}")
+            elif isinstance(value, int | float) and abs(value) > MAX_INT:
+                problems.append(f"{path}: {shorten(value, 30)} is out of any sane range")
+            continue
+        for sub in _models_in(field.annotation):
+            if isinstance(value, list):
+                for i, item in enumerate(value):
+                    problems += number_problems(sub, item, f"{path}.{i}.")
+            else:
+                problems += number_problems(sub, value, f"{path}.")
+    return problems
 
 
 def _format_validation_error(err: ValidationError, source: str) -> str:
@@ -219,49 +376,119 @@ def _format_validation_error(err: ValidationError, source: str) -> str:
         if e["type"] == "extra_forbidden":
             msg = "unknown field (check its spelling and section)"
         elif e["type"] == "literal_error":
-            msg = f"{msg} (got {e.get('input')!r})"
-        lines.append(f"{loc}: {msg.rstrip('.')}")
+            msg = f"{msg} (got {shorten(e.get('input'))})"
+        lines.append(f"{shorten(loc, 120)}: {shorten(msg.rstrip('.'), 300)}")
+    if len(lines) > 10:
+        lines = [*lines[:10], f"and {len(lines) - 10} more"]
     return f"Recipe {source} is invalid: " + "; ".join(lines) + "."
+
+
+SCHEMA_HINT = ("Fix the named fields; `gemctl validate --schema` lists every field, its type "
+               "and range.")
 
 
 def recipe_from_dict(tree: Any, source: str = "<dict>") -> Recipe:
     if tree is None:
-        tree = {}
+        raise RecipeError(f"Recipe {source} is empty.",
+                          "Write at least a name and the sections you change; start from "
+                          "recipes/demo.yaml.")
     if not isinstance(tree, dict):
         raise RecipeError(
             f"Recipe {source} must be a YAML mapping of sections, not {type(tree).__name__}.",
             "Start from recipes/demo.yaml.",
         )
+    problems = number_problems(Recipe, tree)
+    if problems:
+        raise RecipeError(f"Recipe {source} is invalid: " + "; ".join(problems[:10]) + ".",
+                          SCHEMA_HINT)
     try:
         return Recipe.model_validate(tree)
     except ValidationError as err:
-        raise RecipeError(
-            _format_validation_error(err, source),
-            "Fix the named fields; `gemctl validate RECIPE` checks a recipe without running it.",
-        ) from None
+        raise RecipeError(_format_validation_error(err, source), SCHEMA_HINT) from None
+
+
+def read_yaml_file(path: str | Path, what: str = "Recipe", example: str = "recipes/demo.yaml"
+                   ) -> Any:
+    """The parsed YAML document in ``path``; RecipeError (naming the file and the fix) when it
+    is missing, a directory, too large, unreadable, empty or not valid YAML."""
+    path = Path(path)
+    shown = shorten(str(path), 200)
+    if path.is_dir():
+        raise RecipeError(f"{what} {shown} is a directory, not a file.",
+                          f"Pass the path of a YAML file, e.g. {example}.")
+    if not path.is_file():
+        raise RecipeError(f"{what} file {shown} does not exist.",
+                          f"Pass the path of a YAML file, e.g. {example}.")
+    try:
+        if path.stat().st_size > MAX_RECIPE_BYTES:
+            raise RecipeError(f"{what} {shown} is {path.stat().st_size:,} bytes; a {what.lower()} "
+                              f"is a small YAML file (at most {MAX_RECIPE_BYTES:,}).",
+                              "Check that you passed the right file.")
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as err:
+        raise RecipeError(f"{what} file {shown} can't be read ({shorten(str(err), 200)}).",
+                          "Check the file's permissions and that it is UTF-8 text.") from None
+    try:
+        tree = parse_yaml(text)
+    except yaml.YAMLError as err:
+        raise RecipeError(f"{what} {shown} is not valid YAML{_yaml_problem(err)}.",
+                          "Fix the YAML: indentation, colons, quotes, each key once, no "
+                          "alias bombs.") from None
+    if tree is None:
+        raise RecipeError(f"{what} {shown} is empty.",
+                          f"Write the {what.lower()}'s fields; start from {example}.")
+    return tree
 
 
 def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
     """Read YAML safely, apply ``--set`` overrides, validate. Raises RecipeError."""
-    path = Path(path)
-    if not path.is_file():
-        raise RecipeError(f"Recipe file {path} does not exist.",
-                          "Pass the path of a YAML recipe, e.g. recipes/demo.yaml.")
-    try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as err:
-        raise RecipeError(f"Recipe file {path} can't be read ({err}).",
-                          "Check the file's permissions and that it is UTF-8 text.") from None
-    try:
-        tree = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise RecipeError(f"Recipe {path} is not valid YAML{where}: {problem}.",
-                          "Fix the YAML syntax (indentation, colons, quotes).") from None
+    source = shorten(str(path), 200)
+    tree = read_yaml_file(path)
     if overrides:
-        if tree is not None and not isinstance(tree, dict):
-            return recipe_from_dict(tree, str(path))
-        tree = apply_overrides(tree or {}, overrides)
-    return recipe_from_dict(tree, str(path))
+        if not isinstance(tree, dict):
+            return recipe_from_dict(tree, source)
+        tree = apply_overrides(tree, overrides)
+    return recipe_from_dict(tree, source)
+
+
+def _type_name(annotation: Any) -> str:
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is Literal:
+        return " | ".join(str(a) for a in args)
+    if origin is typing.Union or isinstance(annotation, types.UnionType):
+        return " | ".join("null" if a is type(None) else _type_name(a) for a in args)
+    if origin is not None:
+        return f"{origin.__name__}[{', '.join(_type_name(a) for a in args)}]"
+    return getattr(annotation, "__name__", str(annotation))
+
+
+def field_rows(model: type[BaseModel] | None = None, prefix: str = ""
+               ) -> list[tuple[str, str, str, str]]:
+    """(dotted field, type and range, default, description) for every field of the recipe,
+    sections expanded: what `gemctl validate --schema` prints."""
+    rows = []
+    for name, field in (model or Recipe).model_fields.items():
+        path = f"{prefix}{name}"
+        if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+            rows += field_rows(field.annotation, f"{path}.")
+            continue
+        kind = _type_name(field.annotation)
+        bounds = [f"{op} {getattr(m, attr)}" for m in field.metadata
+                  for attr, op in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<"))
+                  if getattr(m, attr, None) is not None]
+        if bounds:
+            kind += f" ({', '.join(bounds)})"
+        if field.is_required():
+            default = "(required)"
+        elif field.default_factory is not None:
+            made = field.default_factory()  # type: ignore[call-arg]
+            default = shorten(made.model_dump() if isinstance(made, BaseModel) else made, 60)
+        else:
+            default = "null" if field.default is None else shorten(field.default, 60)
+        rows.append((path, kind, str(default), field.description or ""))
+    return rows
+
+
+def recipe_json_schema() -> dict[str, Any]:
+    """The recipe's JSON Schema (pydantic's), with every field's description."""
+    return Recipe.model_json_schema()
