@@ -36,12 +36,11 @@ def plan(
             cluster_sets.append(f"parallel.hosts_per_zone={hosts_per_zone}")
     r = load_recipe(recipe, [*(set_ or []), *cluster_sets])
     # The model (torch, the kernels) loads only once the recipe is valid.
-    from gem_platform.model import GemModel
-    from gem_platform.model.sizes import model_sizes, planning_meta
+    from gem_platform.model.sizes import model_sizes, planning_model
 
     world = r.parallel.workers
     gph = min(gpus_per_host, world)
-    sizes = model_sizes(GemModel(r.model, planning_meta(r)), r)
+    sizes = model_sizes(planning_model(r), r)
     p = build_plan(r.parallel, ClusterShape(world, gph, hosts_per_zone), sizes)
     groups = Table(title=f"process groups: {world} ranks, {gph} per host, "
                          f"{hosts_per_zone or 'all'} hosts per zone", title_justify="left")

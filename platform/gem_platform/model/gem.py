@@ -32,8 +32,9 @@ from gem_platform.recipe import ModelConfig
 
 ITEM_FEATURES = ("hist_item", "ad_item")
 CATEGORY_FEATURES = ("hist_category", "ad_category")
-# seq_age is log1p(seconds): ~13 for a day-old event. Divided by log1p(one year) it stays in
-# [0, ~1], so age does not drown the item signal in every history token.
+# seq_age is log1p(seconds): ~11.4 for a day-old event (log1p(86400)), ~17.3 for a year-old
+# one. Divided by log1p(one year) it stays in [0, ~1], so age does not drown the item signal in
+# every history token.
 AGE_SCALE = 17.3
 # Position from the end of the history: one bucket per position for the last EXACT_RECENCY
 # events, then one per doubling; recency is what tells recent from long-term interests.
@@ -72,8 +73,10 @@ class GemModel(nn.Module):
                                                num_embeddings=meta.num_categories,
                                                feature_names=list(CATEGORY_FEATURES),
                                                **unit_norm_init(d)))
+        # Tables go on the default device: the CPU (moved with the model), or "meta" under
+        # `with torch.device("meta")` where only sizes are wanted (planning_model).
         self.item_embeddings = EmbeddingCollection(tables=item_tables,
-                                                   device=torch.device("cpu"))
+                                                   device=torch.get_default_device())
         self.sparse_embeddings = EmbeddingBagCollection(
             tables=[
                 EmbeddingBagConfig(
@@ -84,7 +87,7 @@ class GemModel(nn.Module):
                 )
                 for f in meta.sparse_features
             ],
-            device=torch.device("cpu"),
+            device=torch.get_default_device(),
         )
         self.sparse_names = [f.name for f in meta.sparse_features]
         self.action_embedding = nn.Embedding(meta.num_action_types + 1, d)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
 from gem_platform.data.meta import META_FILE, DatasetMeta
 from gem_platform.model.gem import GemModel
 from gem_platform.model.interaction import MlpExpert
@@ -30,6 +32,13 @@ def planning_meta(recipe: Recipe) -> DatasetMeta:
         num_eval=syn.num_eval, ctr_base_rate=syn.ctr_base_rate, cvr_base_rate=syn.cvr_base_rate,
         max_seq_len=syn.seq_len.max, num_categories=syn.num_clusters,
     )
+
+
+def planning_model(recipe: Recipe) -> GemModel:
+    """The recipe's model on the meta device: every size, no memory (a GEM-width model with a
+    1M-row item table would take ~8 GB of host memory to plan otherwise)."""
+    with torch.device("meta"):
+        return GemModel(recipe.model, planning_meta(recipe))
 
 
 def mean_history_length(recipe: Recipe) -> float:
