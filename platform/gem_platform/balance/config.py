@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-Batching = Literal["sequential", "bbs"]
+Batching = Literal["sequential", "bbs", "bbs_v2"]
 CostName = Literal["length", "attention"]
 
 
@@ -21,7 +21,10 @@ class LoaderConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     batching: Batching = Field(
-        "bbs", description="'bbs' = Base Batch Shuffling; 'sequential' = plain shuffled batches."
+        "bbs",
+        description="'bbs' = Base Batch Shuffling within buffers of full batches; 'bbs_v2' = "
+        "each batch packed to the expected work of a batch from a rolling window (rolling.py); "
+        "'sequential' = plain shuffled batches.",
     )
     local_batch_size: int = Field(1024, ge=1, description="Samples per rank per step.")
     base_batch_size: int = Field(
@@ -58,8 +61,31 @@ class LoaderConfig(BaseModel):
         ),
     )
 
+    window_samples: int | None = Field(
+        None,
+        ge=1,
+        description=(
+            "Stream the split: each rank holds at most this many samples in memory, reads its "
+            "row groups in a seeded order and starts training after one window. None = read "
+            "the rank's whole share into memory first. Works with batching 'sequential' "
+            "(a shuffle buffer) and 'bbs_v2'; give it several local batches."
+        ),
+    )
+
     @model_validator(mode="after")
     def _check_sizes(self) -> LoaderConfig:
+        if self.window_samples is not None and self.batching == "bbs":
+            raise ValueError(
+                "loader.window_samples needs loader.batching 'bbs_v2' or 'sequential': 'bbs' "
+                "plans buffers over the rank's whole permutation, which a streaming window "
+                "does not hold."
+            )
+        if self.window_samples is not None and self.window_samples < self.local_batch_size:
+            raise ValueError(
+                f"loader.window_samples ({self.window_samples}) must hold at least one local "
+                f"batch (loader.local_batch_size = {self.local_batch_size}); 8 or more local "
+                "batches pack well."
+            )
         if self.batching == "bbs":
             if self.local_batch_size % self.base_batch_size:
                 raise ValueError(

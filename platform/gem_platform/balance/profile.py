@@ -8,6 +8,10 @@ model, so the straggler overhead of a step is max / mean - 1 of the ranks' batch
 
 - none: a plain shuffled loader, ``local_batch`` random samples per rank per step.
 - bbs: the BBS batcher on each rank, exactly as training runs it (no communication).
+- bbs_v2: BBS v2 on each rank (rolling.py): every batch packed from a rolling window to the
+  dataset's expected work per batch (the global mean work per sample, which a rank reads from
+  the dataset's metadata; no communication). Its window rolls over epoch ends, so its batches
+  need not use every one of a rank's samples within the profiled steps.
 - global: at every step, the samples all ranks consumed under "none" are repartitioned across
   ranks (LPT with equal counts, partition.py): what a balancer with a per-step all-to-all
   could reach.
@@ -28,11 +32,13 @@ from gem_platform.balance.bbs import BBSBatcher
 from gem_platform.balance.config import LoaderConfig
 from gem_platform.balance.cost import sample_work
 from gem_platform.balance.partition import balanced_partition, descending_order
+from gem_platform.balance.rolling import PackingBatcher
 from gem_platform.balance.sequential import SequentialBatcher
 from gem_platform.balance.stats import Summary, straggler_overhead, straggler_overheads
 from gem_platform.errors import DataError, RecipeError
 
-METHODS = ("none", "bbs", "global")
+METHODS = ("none", "bbs", "bbs_v2", "global")
+DEFAULT_WINDOW_BATCHES = 8  # BBS v2's window when the loader section sets none
 
 
 @dataclass(frozen=True)
@@ -53,7 +59,7 @@ class ProfileRow:
 
 @dataclass
 class ProfileReport:
-    """Rows for none / bbs / global, and the (steps, world) work matrices behind them."""
+    """Rows for none / bbs / bbs_v2 / global, and the (steps, world) work matrices behind them."""
 
     world: int
     local_batch: int
@@ -139,7 +145,7 @@ def profile_lengths(
     epoch: int = 0,
     include_global: bool = True,
 ) -> ProfileReport:
-    """Padding waste and straggler overhead of one epoch under none / bbs / global.
+    """Padding waste and straggler overhead of one epoch under none / bbs / bbs_v2 / global.
 
     ``lengths`` is either the global length array (sharded over ``world`` ranks like a
     distributed sampler) or one array per rank. ``steps`` defaults to the common step count
@@ -155,19 +161,28 @@ def profile_lengths(
     if steps is None:
         steps = common_steps_per_epoch([r.size for r in per_rank], local_batch)
     none_cfg = base.model_copy(update={"batching": "sequential", "shuffle": True})
-    bbs_cfg = base.model_copy(update={"batching": "bbs"})
+    bbs_cfg = base.model_copy(update={"batching": "bbs", "window_samples": None})
+    v2_cfg = base.model_copy(update={
+        "batching": "bbs_v2",
+        "window_samples": base.window_samples or DEFAULT_WINDOW_BATCHES * local_batch})
+    expected = float(np.mean(np.concatenate(
+        [sample_work(r, base.cost, base.model_dim) for r in per_rank])))
 
-    methods = METHODS if include_global else METHODS[:2]
+    methods = METHODS if include_global else METHODS[:3]
     work = {m: np.zeros((steps, world)) for m in methods}
     waste = {m: np.zeros((steps, world)) for m in methods}
     seconds = dict.fromkeys(methods, 0.0)
     step_samples: list[list[np.ndarray]] = [[] for _ in range(steps)]
     for rank, rank_lengths in enumerate(per_rank):
         w = sample_work(rank_lengths, base.cost, base.model_dim)
-        for method, rcfg, cls in (("none", none_cfg, SequentialBatcher),
-                                  ("bbs", bbs_cfg, BBSBatcher)):
+        for method, make in (
+            ("none", lambda r=rank, x=rank_lengths: SequentialBatcher(none_cfg, x, steps, r)),
+            ("bbs", lambda r=rank, x=rank_lengths: BBSBatcher(bbs_cfg, x, steps, r)),
+            ("bbs_v2", lambda r=rank, x=rank_lengths: PackingBatcher(
+                v2_cfg, x, steps, r, expected_work=expected)),
+        ):
             t0 = time.perf_counter()
-            batches = list(cls(rcfg, rank_lengths, steps, rank=rank).epoch(epoch))
+            batches = list(make().epoch(epoch))
             seconds[method] += time.perf_counter() - t0
             flat = np.concatenate(batches)
             starts = np.cumsum([0] + [b.size for b in batches[:-1]])

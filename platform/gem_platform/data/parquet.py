@@ -26,7 +26,6 @@ import shutil
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -35,18 +34,18 @@ import pyarrow.parquet as pq
 import torch
 from torchrec import KeyedJaggedTensor
 
+from gem_platform.data.arrays import SampleArrays, gather_jagged
 from gem_platform.data.batch import JaggedBatch
 from gem_platform.data.meta import META_FILE, DatasetMeta, SparseFeatureSpec
+from gem_platform.data.validate import SPARSE_PREFIX, from_arrow, sparse_column
 from gem_platform.errors import DataError
 
 SPLITS: tuple[str, ...] = ("train", "eval")
-SPARSE_PREFIX = "sparse__"
+# Re-exported: the arrays and the validator used to live here.
+__all__ = ["SPARSE_PREFIX", "SampleArrays", "SampleTable", "from_arrow", "gather_jagged",
+           "load_meta", "read_rows", "sparse_column", "to_arrow", "write_shard", "write_split"]
 SEQ_LIST_COLUMNS: tuple[str, ...] = ("seq_item_ids", "seq_action_types", "seq_age")
 CATEGORY_COLUMNS: tuple[str, ...] = ("seq_item_categories", "ad_category")
-
-
-def sparse_column(name: str) -> str:
-    return SPARSE_PREFIX + name
 
 
 def shard_name(split: str, index: int) -> str:
@@ -79,137 +78,6 @@ def arrow_schema(
         pa.field("cvr", pa.int8(), nullable=False),
     ]
     return pa.schema(fields)
-
-
-@dataclass
-class SampleArrays:
-    """N samples as flat numpy arrays plus offsets: the in-memory form of a shard.
-
-    ``sparse_offsets[name]`` is ``(N+1,)`` for every feature (``arange`` for single-hot ones),
-    so single- and multi-hot features are handled alike. ``seq_item_categories`` and
-    ``ad_category`` are both set when items carry a category, both None otherwise.
-    """
-
-    seq_offsets: np.ndarray  # (N+1,) int64
-    seq_item_ids: np.ndarray  # (T,) int64
-    seq_action_types: np.ndarray  # (T,) int64
-    seq_age: np.ndarray  # (T,) float32
-    ad_item_id: np.ndarray  # (N,) int64
-    sparse_values: dict[str, np.ndarray]  # name -> int64 ids
-    sparse_offsets: dict[str, np.ndarray]  # name -> (N+1,) int64
-    dense: np.ndarray  # (N, D) float32
-    ctr: np.ndarray  # (N,) int8
-    cvr: np.ndarray  # (N,) int8
-    seq_item_categories: np.ndarray | None = None  # (T,) int64
-    ad_category: np.ndarray | None = None  # (N,) int64
-
-    @property
-    def has_categories(self) -> bool:
-        return self.seq_item_categories is not None
-
-    def __len__(self) -> int:
-        return int(self.seq_offsets.shape[0] - 1)
-
-    @property
-    def seq_lengths(self) -> np.ndarray:
-        return np.diff(self.seq_offsets)
-
-    def slice(self, start: int, stop: int) -> SampleArrays:
-        """Rows ``start:stop`` (copies nothing but the rebased offsets)."""
-        s0, s1 = int(self.seq_offsets[start]), int(self.seq_offsets[stop])
-        sv, so = {}, {}
-        for name, off in self.sparse_offsets.items():
-            a, b = int(off[start]), int(off[stop])
-            sv[name] = self.sparse_values[name][a:b]
-            so[name] = off[start : stop + 1] - a
-        return SampleArrays(
-            seq_offsets=self.seq_offsets[start : stop + 1] - s0,
-            seq_item_ids=self.seq_item_ids[s0:s1],
-            seq_action_types=self.seq_action_types[s0:s1],
-            seq_age=self.seq_age[s0:s1],
-            ad_item_id=self.ad_item_id[start:stop],
-            sparse_values=sv,
-            sparse_offsets=so,
-            dense=self.dense[start:stop],
-            ctr=self.ctr[start:stop],
-            cvr=self.cvr[start:stop],
-            seq_item_categories=_maybe(self.seq_item_categories, slice(s0, s1)),
-            ad_category=_maybe(self.ad_category, slice(start, stop)),
-        )
-
-    @staticmethod
-    def concat(parts: Sequence[SampleArrays]) -> SampleArrays:
-        if len(parts) == 1:
-            return parts[0]
-        names = list(parts[0].sparse_values)
-        return SampleArrays(
-            seq_offsets=_concat_offsets([p.seq_offsets for p in parts]),
-            seq_item_ids=np.concatenate([p.seq_item_ids for p in parts]),
-            seq_action_types=np.concatenate([p.seq_action_types for p in parts]),
-            seq_age=np.concatenate([p.seq_age for p in parts]),
-            ad_item_id=np.concatenate([p.ad_item_id for p in parts]),
-            sparse_values={n: np.concatenate([p.sparse_values[n] for p in parts]) for n in names},
-            sparse_offsets={
-                n: _concat_offsets([p.sparse_offsets[n] for p in parts]) for n in names
-            },
-            dense=np.concatenate([p.dense for p in parts]),
-            ctr=np.concatenate([p.ctr for p in parts]),
-            cvr=np.concatenate([p.cvr for p in parts]),
-            seq_item_categories=_maybe_concat([p.seq_item_categories for p in parts]),
-            ad_category=_maybe_concat([p.ad_category for p in parts]),
-        )
-
-    def with_history(self, other: SampleArrays, order: np.ndarray) -> SampleArrays:
-        """These samples with the histories of ``other``'s rows ``order`` (for ablations)."""
-        idx = np.asarray(order, dtype=np.int64)
-        offsets, pos = gather_jagged(other.seq_offsets, idx)
-        return SampleArrays(
-            seq_offsets=offsets,
-            seq_item_ids=other.seq_item_ids[pos],
-            seq_action_types=other.seq_action_types[pos],
-            seq_age=other.seq_age[pos],
-            ad_item_id=self.ad_item_id,
-            sparse_values=self.sparse_values,
-            sparse_offsets=self.sparse_offsets,
-            dense=self.dense,
-            ctr=self.ctr,
-            cvr=self.cvr,
-            seq_item_categories=_maybe(other.seq_item_categories, pos),
-            ad_category=self.ad_category,
-        )
-
-
-def _maybe(values: np.ndarray | None, index: slice | np.ndarray) -> np.ndarray | None:
-    return None if values is None else values[index]
-
-
-def _maybe_concat(parts: Sequence[np.ndarray | None]) -> np.ndarray | None:
-    present = [p is not None for p in parts]
-    if not any(present):
-        return None
-    if not all(present):
-        raise ValueError("cannot concatenate samples with and without item categories")
-    return np.concatenate(parts)  # type: ignore[arg-type]
-
-
-def _concat_offsets(parts: Sequence[np.ndarray]) -> np.ndarray:
-    out = [np.zeros(1, dtype=np.int64)]
-    base = 0
-    for off in parts:
-        out.append(off[1:] + base)
-        base += int(off[-1])
-    return np.concatenate(out).astype(np.int64, copy=False)
-
-
-def gather_jagged(offsets: np.ndarray, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """New offsets and flat source positions of the segments ``indices`` (in that order)."""
-    starts = offsets[indices]
-    lengths = offsets[indices + 1] - starts
-    new_offsets = np.zeros(len(indices) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=new_offsets[1:])
-    total = int(new_offsets[-1])
-    pos = np.arange(total, dtype=np.int64) + np.repeat(starts - new_offsets[:-1], lengths)
-    return new_offsets, pos
 
 
 # ----------------------------------------------------------------------------- writing
@@ -441,170 +309,6 @@ def empty_arrays(meta: DatasetMeta) -> SampleArrays:
         seq_item_categories=e if meta.num_categories else None,
         ad_category=e if meta.num_categories else None,
     )
-
-
-# ----------------------------------------------------------------------------- validation
-
-
-class _Checker:
-    """Turns the first bad value of a column into a DataError naming file, row and column."""
-
-    def __init__(self, file: Path, first_row: int) -> None:
-        self.file = file
-        self.first_row = first_row
-
-    def fail(self, row: int | None, column: str, what: str) -> DataError:
-        where = f"{self.file}" if row is None else f"{self.file}, row {self.first_row + row}"
-        return DataError(
-            f"{where}, column {column!r}: {what}.",
-            "Fix the file that produced this shard or regenerate the dataset.",
-        )
-
-    def column(self, table: pa.Table, name: str, typ: pa.DataType) -> pa.Array:
-        if name not in table.column_names:
-            raise self.fail(None, name, f"missing column (the file has {table.column_names})")
-        col = table.column(name).combine_chunks()
-        if col.null_count:
-            row = int(np.flatnonzero(np.asarray(col.is_null()))[0])
-            raise self.fail(row, name, "null value")
-        if col.type != typ:
-            try:
-                col = col.cast(typ)
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
-                raise self.fail(None, name, f"type {col.type} where {typ} is expected ({e})") from e
-        return col
-
-    def scalar(self, table: pa.Table, name: str, typ: pa.DataType) -> np.ndarray:
-        return self.column(table, name, typ).to_numpy(zero_copy_only=False)
-
-    def jagged(self, table: pa.Table, name: str, value_type: pa.DataType):
-        col = self.column(table, name, pa.list_(value_type))
-        offsets = np.asarray(col.offsets, dtype=np.int64)
-        offsets = offsets - offsets[0]
-        flat = col.flatten()
-        if flat.null_count:
-            pos = int(np.flatnonzero(np.asarray(flat.is_null()))[0])
-            raise self.fail(self.row_of(offsets, pos), name, "null element in the list")
-        return offsets, flat.to_numpy(zero_copy_only=False)
-
-    @staticmethod
-    def row_of(offsets: np.ndarray, position: int) -> int:
-        return int(np.searchsorted(offsets, position, side="right") - 1)
-
-    def in_range(
-        self, values: np.ndarray, offsets: np.ndarray | None, name: str, lo: int, hi: int
-    ) -> None:
-        """All ``values`` in ``[lo, hi)``; ``offsets`` maps positions to rows for lists."""
-        bad = np.flatnonzero((values < lo) | (values >= hi))
-        if bad.size:
-            pos = int(bad[0])
-            row = pos if offsets is None else self.row_of(offsets, pos)
-            raise self.fail(row, name, f"value {values[pos]} outside [{lo}, {hi})")
-
-
-def from_arrow(table: pa.Table, meta: DatasetMeta, file: Path, first_row: int = 0) -> SampleArrays:
-    """Validate a shard's rows against ``meta`` and turn them into flat arrays."""
-    ck = _Checker(file, first_row)
-    seq_len = ck.scalar(table, "seq_len", pa.int32()).astype(np.int64)
-    neg = np.flatnonzero(seq_len < 0)
-    if neg.size:
-        raise ck.fail(int(neg[0]), "seq_len", f"negative history length {seq_len[neg[0]]}")
-    lists = {}
-    for name, typ in (
-        ("seq_item_ids", pa.int64()),
-        ("seq_action_types", pa.int32()),
-        ("seq_age", pa.float32()),
-    ):
-        off, vals = ck.jagged(table, name, typ)
-        mismatch = np.flatnonzero(np.diff(off) != seq_len)
-        if mismatch.size:
-            r = int(mismatch[0])
-            raise ck.fail(r, name, f"list length {off[r + 1] - off[r]} but seq_len is {seq_len[r]}")
-        lists[name] = (off, vals)
-    offsets, items = lists["seq_item_ids"]
-    ck.in_range(items, offsets, "seq_item_ids", 1, meta.num_items + 1)
-    actions = lists["seq_action_types"][1].astype(np.int64)
-    ck.in_range(actions, offsets, "seq_action_types", 0, meta.num_action_types)
-    age = lists["seq_age"][1].astype(np.float32, copy=False)
-    bad = np.flatnonzero(~np.isfinite(age) | (age < 0))
-    if bad.size:
-        raise ck.fail(
-            ck.row_of(offsets, int(bad[0])),
-            "seq_age",
-            f"age {age[bad[0]]} is not a finite value >= 0",
-        )
-
-    ad = ck.scalar(table, "ad_item_id", pa.int64())
-    ck.in_range(ad, None, "ad_item_id", 1, meta.num_items + 1)
-    seq_cats, ad_cats = _categories(ck, table, meta, seq_len)
-
-    n = len(seq_len)
-    sparse_values, sparse_offsets = {}, {}
-    for spec in meta.sparse_features:
-        col = sparse_column(spec.name)
-        if spec.multi_hot:
-            off, vals = ck.jagged(table, col, pa.int64())
-        else:
-            vals, off = ck.scalar(table, col, pa.int64()), np.arange(n + 1, dtype=np.int64)
-        ck.in_range(vals, None if not spec.multi_hot else off, col, 0, spec.vocab_size)
-        sparse_values[spec.name] = vals.astype(np.int64, copy=False)
-        sparse_offsets[spec.name] = off
-
-    d_off, d_vals = ck.jagged(table, "dense", pa.float32())
-    wrong = np.flatnonzero(np.diff(d_off) != meta.dense_dim)
-    if wrong.size:
-        r = int(wrong[0])
-        raise ck.fail(
-            r, "dense", f"{d_off[r + 1] - d_off[r]} values where dense_dim is {meta.dense_dim}"
-        )
-    nonfinite = np.flatnonzero(~np.isfinite(d_vals))
-    if nonfinite.size:
-        raise ck.fail(ck.row_of(d_off, int(nonfinite[0])), "dense", "non-finite value")
-
-    ctr = ck.scalar(table, "ctr", pa.int8())
-    cvr = ck.scalar(table, "cvr", pa.int8())
-    for name, lab in (("ctr", ctr), ("cvr", cvr)):
-        ck.in_range(lab, None, name, 0, 2)
-    cvr_without_click = np.flatnonzero((cvr == 1) & (ctr == 0))
-    if cvr_without_click.size:
-        raise ck.fail(
-            int(cvr_without_click[0]),
-            "cvr",
-            "conversion (cvr=1) on a sample that was not clicked (ctr=0)",
-        )
-
-    return SampleArrays(
-        seq_offsets=offsets,
-        seq_item_ids=items.astype(np.int64, copy=False),
-        seq_action_types=actions,
-        seq_age=age,
-        ad_item_id=ad.astype(np.int64, copy=False),
-        sparse_values=sparse_values,
-        sparse_offsets=sparse_offsets,
-        dense=d_vals.astype(np.float32, copy=False).reshape(n, meta.dense_dim),
-        ctr=ctr.astype(np.int8, copy=False),
-        cvr=cvr.astype(np.int8, copy=False),
-        seq_item_categories=seq_cats,
-        ad_category=ad_cats,
-    )
-
-
-def _categories(
-    ck: _Checker, table: pa.Table, meta: DatasetMeta, seq_len: np.ndarray
-) -> tuple[np.ndarray | None, np.ndarray | None]:
-    """The category columns, validated, when ``meta`` says items carry a category."""
-    if not meta.num_categories:
-        return None, None
-    name = "seq_item_categories"
-    off, cats = ck.jagged(table, name, pa.int64())
-    mismatch = np.flatnonzero(np.diff(off) != seq_len)
-    if mismatch.size:
-        r = int(mismatch[0])
-        raise ck.fail(r, name, f"list length {off[r + 1] - off[r]} but seq_len is {seq_len[r]}")
-    ck.in_range(cats, off, name, 0, meta.num_categories)
-    ad = ck.scalar(table, "ad_category", pa.int64())
-    ck.in_range(ad, None, "ad_category", 0, meta.num_categories)
-    return cats.astype(np.int64, copy=False), ad.astype(np.int64, copy=False)
 
 
 # ----------------------------------------------------------------------------- the table
