@@ -68,16 +68,20 @@ def comparison_tables(cmp) -> list[Table]:
                     f"(*) [95% CI{', ' + how if how else ''}]", title_justify="left")
     for col in ("arm", "task", "seeds"):
         q.add_column(col)
-    for col in ("NE", "ΔNE %", "AUC", "ΔAUC"):
+    for col in ("NE", "NE per seed", "ΔNE %", "AUC", "ΔAUC", "calibration"):
         q.add_column(col, justify="right")
     for arm in cmp.arms:
         for task in cmp.tasks:
             ne, auc = arm.metrics[f"eval/ne_{task}"], arm.metrics[f"eval/auc_{task}"]
+            cal = arm.metrics.get(f"eval/calibration_{task}")
+            per_seed = zip(arm.seeds, arm.per_seed.get(f"eval/ne_{task}", []), strict=False)
             q.add_row(arm.arm + ("*" if arm.arm == cmp.baseline else ""), task,
                       str(ne.n), _pm(ne.mean, ne.std),
+                      " ".join(f"{s}:{v:.4f}" for s, v in per_seed if v is not None),
                       _styled_delta(arm.deltas.get(f"eval/ne_{task}"), True, "%", 3),
                       _pm(auc.mean, auc.std),
-                      _styled_delta(arm.deltas.get(f"eval/auc_{task}"), False, "", 4))
+                      _styled_delta(arm.deltas.get(f"eval/auc_{task}"), False, "", 4),
+                      _pm(cal.mean, cal.std, 3) if cal else "-")
     e = Table(title="efficiency per arm: mean±std over seeds", title_justify="left")
     e.add_column("arm")
     for col in ("QPS", "ΔQPS %", "MFU E2E", "padding", "straggler"):
@@ -95,26 +99,61 @@ def comparison_tables(cmp) -> list[Table]:
     return [q, e]
 
 
-def _render_comparison(cmp, uri: str, plot: Path | None, as_json: bool) -> None:
-    from gem_platform.sweep.plot import log_plot, plot_ne_vs_step
+VERDICT_STYLE = {"pass": "green", "fail": "red", "inconclusive": "yellow"}
 
-    plot_path = None
+
+def verdict_table(cmp) -> Table:
+    """One row per gate: the regression with its interval, the limit, the verdict in words
+    and, when inconclusive, the seeds per arm that would settle it."""
+    t = Table(title="gates: regression vs baseline (positive = worse) [95% CI]",
+              title_justify="left")
+    for col in ("arm", "metric", "regression", "limit", "verdict", "seeds", "to settle"):
+        t.add_column(col, justify="right" if col in ("regression", "limit", "seeds") else
+                     "left")
+    for v in cmp.verdicts:
+        digits = 4 if v.unit == "" else 3
+        reg = f"{v.regression:+.{digits}f}{v.unit}"
+        if not math.isnan(v.low):
+            reg += f" [{v.low:+.{digits}f},{v.high:+.{digits}f}]"
+        settle = "" if v.verdict != "inconclusive" else (
+            f"~{v.seeds_needed} seeds" if v.seeds_needed else
+            "needs 2+ seeds" if math.isnan(v.low) else "unknown")
+        t.add_row(v.arm, v.metric.removeprefix("eval/"), reg, f"{v.limit:g}{v.unit}",
+                  f"[{VERDICT_STYLE[v.verdict]}]{v.verdict.upper()}[/]", str(v.seeds), settle)
+    return t
+
+
+def _render_comparison(cmp, uri: str, plot: Path | None, as_json: bool,
+                       ids: list[str] | None = None, gates=None) -> None:
+    from gem_platform.sweep.plot import log_plot, plot_comparison
+
+    plot_paths: list[Path] = []
     if plot is not None:
-        plot_path = plot_ne_vs_step(uri, cmp, plot)
-        log_plot(uri, cmp.parent_run_ids, plot_path)
+        plot_paths = plot_comparison(uri, cmp, ids or [], plot, gates)
+        if uri:
+            for path in plot_paths:
+                log_plot(uri, cmp.parent_run_ids, path)
     if as_json:
         body = cmp.to_dict()
-        body["plot"] = str(plot_path) if plot_path else None
+        body["plot"] = str(plot_paths[0]) if plot_paths else None
+        body["plots"] = [str(p) for p in plot_paths]
         typer.echo(json.dumps(body, indent=2))
         return
     for table in comparison_tables(cmp):
         console.print(table)
+    if cmp.verdicts:
+        console.print(verdict_table(cmp))
+    commits = {c for arm in cmp.arms for c in arm.commits.values()}
+    if len(commits) > 1:
+        console.print(f"[yellow]runs from {len(commits)} commits[/]: " + "; ".join(
+            f"{arm.arm} seed {s}: {c[:10]}" for arm in cmp.arms
+            for s, c in arm.commits.items()), highlight=False)
     if cmp.skipped:
         console.print(f"[yellow]left out {len(cmp.skipped)} unfinished run(s)[/]: "
                              + ", ".join(cmp.skipped), highlight=False)
-    if plot_path:
-        where = " (logged to the parent run)" if cmp.parent_run_ids else ""
-        console.print(f"NE vs step plot: {plot_path}{where}", highlight=False)
+    if plot_paths:
+        where = " (logged to the parent run)" if cmp.parent_run_ids and uri else ""
+        console.print(f"plots: {', '.join(map(str, plot_paths))}{where}", highlight=False)
 
 
 def _default_plot(ids: list[str]) -> Path:
@@ -187,52 +226,66 @@ def sweep(
 
 def compare(
     ids: Annotated[list[str], typer.Argument(
-        help="Sweep ids, parent run ids, run ids, or results files (*.json) of in-process "
-        "sweeps.")],
+        help="Sweep ids, parent run ids, run ids, results files (*.json) of in-process "
+        "sweeps, or comparisons saved from `gemctl compare --json`.")],
     baseline: Annotated[str | None, typer.Option(
         help="Arm the others are compared with; default the sweep's baseline.")] = None,
     max_ne_regression: Annotated[str | None, typer.Option(
-        "--max-ne-regression", help="Fail (exit 1) if an arm's mean NE of any task is worse "
-        "than the baseline's by more than this, in percent: 0.1%.")] = None,
+        "--max-ne-regression", help="Gate on NE per task, in percent of the baseline: 0.1%. "
+        "Passes when the whole 95% interval of the arm's NE increase lies at or below it, "
+        "fails when the whole interval lies above it.")] = None,
     max_auc_drop: Annotated[float | None, typer.Option(
-        "--max-auc-drop", min=0, help="Fail if an arm's mean AUC of any task is lower than "
-        "the baseline's by more than this (absolute): 0.005.")] = None,
+        "--max-auc-drop", min=0, help="Gate on AUC per task (absolute drop): 0.005, "
+        "judged on the interval like NE.")] = None,
     max_qps_drop: Annotated[str | None, typer.Option(
-        "--max-qps-drop", help="Fail if an arm's mean QPS is lower than the baseline's by "
-        "more than this, in percent: 5%.")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
-    = False,
+        "--max-qps-drop", help="Gate on QPS, in percent: 5%, judged on the interval like "
+        "NE.")] = None,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="Print JSON (verdicts and every run's values included) instead of "
+        "tables; `gemctl compare FILE.json` reads it back.")] = False,
     plot: Annotated[Path | None, typer.Option(
-        help="Where to write the NE-vs-step PNG; default gem_runs/compare/<id>-ne.png.")] = None,
-    no_plot: Annotated[bool, typer.Option("--no-plot", help="Skip the plot.")] = False,
+        help="Where to write the NE-vs-step PNG (mean and seed range per arm); the delta "
+        "chart goes beside it as <name>-deltas.png. Default "
+        "gem_runs/compare/<id>-ne.png.")] = None,
+    no_plot: Annotated[bool, typer.Option("--no-plot", help="Skip the plots.")] = False,
     tracking_uri: TrackingOpt = None,
 ) -> None:
-    """Compare arms: NE/AUC per task (mean ± std, Δ to the baseline with a 95% CI), QPS, MFU,
-    padding waste, straggler overhead; exit 1 when a gate is exceeded."""
+    """Compare arms: NE/AUC/calibration per task (mean ± std and each seed's value, Δ to the
+    baseline with a 95% CI), QPS, MFU, padding waste, straggler overhead; gates judged on the
+    interval: PASS, FAIL or INCONCLUSIVE (with the seeds that would settle it; one seed is
+    always inconclusive).
+
+    Exit codes: 0 every gate passed (or none set); 1 a gate failed; 2 bad input; 3 no gate
+    failed but one is inconclusive.
+    """
     from gem_platform.sweep.compare import Gates, parse_percent
     from gem_platform.sweep.compare import compare as compare_runs
+    from gem_platform.sweep.gates import EXIT_PASS, exit_code
+    from gem_platform.sweep.results import is_results_file
 
     gates = Gates(
         max_ne_regression_pct=parse_percent(max_ne_regression) if max_ne_regression else None,
         max_auc_drop=max_auc_drop,
         max_qps_drop_pct=parse_percent(max_qps_drop) if max_qps_drop else None,
     )
-    from gem_platform.sweep.results import is_results_file
-
     files = [i for i in ids if is_results_file(i)]
     uri = _uri(tracking_uri) if len(files) < len(ids) else ""  # files need no MLflow store
     cmp = compare_runs(uri, ids, baseline, gates)
-    # The NE-vs-step plot reads step histories, which only tracked runs keep.
-    draw = not files and not no_plot
-    _render_comparison(cmp, uri, (plot or _default_plot(ids)) if draw else None, as_json)
+    _render_comparison(cmp, uri, None if no_plot else (plot or _default_plot(ids)), as_json,
+                       ids, gates)
     if not gates.any():
         return
-    if cmp.failures:
-        for failure in cmp.failures:
-            render.error(f"gate failed: {failure.message}")
-        raise typer.Exit(1)
+    code = exit_code(cmp.verdicts)
     if not as_json:
-        console.print("[green]gates passed[/]")
+        for v in cmp.verdicts:
+            if v.verdict != "pass":
+                (render.error if v.verdict == "fail" else console.print)(
+                    f"gate {v.verdict.upper()}: {v.message}")
+        summary = {0: "[green]gates passed[/]", 1: "[red]gates FAILED[/]",
+                   3: "[yellow]gates INCONCLUSIVE[/] (no gate failed)"}[code]
+        console.print(summary, highlight=False)
+    if code != EXIT_PASS:
+        raise typer.Exit(code)
 
 
 def runs(

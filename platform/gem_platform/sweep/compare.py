@@ -11,7 +11,13 @@ from typing import TYPE_CHECKING, Any
 
 from gem_platform.sweep import store
 from gem_platform.sweep.config import SweepError
-from gem_platform.sweep.results import TrialRun, is_results_file, load_results
+from gem_platform.sweep.gates import FAIL, Gates, Verdict, check_gates, exit_code
+from gem_platform.sweep.results import (
+    COMPARISON_FORMAT,
+    TrialRun,
+    is_results_file,
+    load_results,
+)
 from gem_platform.sweep.stats import (
     Delta,
     Summary,
@@ -24,7 +30,7 @@ from gem_platform.sweep.stats import (
 if TYPE_CHECKING:  # MLflow loads only when tracked runs are collected
     from mlflow.entities import Run
 
-QUALITY = ("ne", "auc")
+QUALITY = ("ne", "auc", "calibration")
 EFFICIENCY = {
     "perf/qps": "QPS",
     "perf/mfu_e2e": "MFU E2E",
@@ -41,27 +47,12 @@ class ArmResult:
     metrics: dict[str, Summary] = field(default_factory=dict)
     # metric -> delta to the baseline; NE and QPS in percent of the baseline, others absolute
     deltas: dict[str, Delta] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Gates:
-    """Limits per arm vs the baseline; None = not checked."""
-
-    max_ne_regression_pct: float | None = None
-    max_auc_drop: float | None = None
-    max_qps_drop_pct: float | None = None
-
-    def any(self) -> bool:
-        return any(v is not None for v in asdict(self).values())
-
-
-@dataclass(frozen=True)
-class GateFailure:
-    arm: str
-    metric: str
-    observed: float
-    limit: float
-    message: str
+    # metric -> its value in each run, in the order of ``seeds`` / ``run_ids`` (None where a
+    # run lacks it): the samples behind each summary, from which a comparison's JSON is read
+    # back
+    per_seed: dict[str, list[float | None]] = field(default_factory=dict)
+    # seed -> the code (git commit) its run trained with, where recorded
+    commits: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -72,9 +63,15 @@ class Comparison:
     sweep_ids: list[str]
     parent_run_ids: list[str]
     skipped: list[str] = field(default_factory=list)  # unfinished runs left out
-    failures: list[GateFailure] = field(default_factory=list)
+    verdicts: list[Verdict] = field(default_factory=list)
+
+    @property
+    def failures(self) -> list[Verdict]:
+        return [v for v in self.verdicts if v.verdict == FAIL]
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON form (``gemctl compare --json``); ``results.load_results`` reads it back."""
+
         def clean(obj: Any) -> Any:
             if isinstance(obj, float):
                 return None if math.isnan(obj) else obj
@@ -84,7 +81,8 @@ class Comparison:
                 return [clean(v) for v in obj]
             return obj
 
-        return clean(asdict(self))
+        return {"format": COMPARISON_FORMAT, **clean(asdict(self)),
+                "exit_code": exit_code(self.verdicts)}
 
 
 def parse_percent(text: str) -> float:
@@ -225,9 +223,11 @@ def compare_trials(trials: list[TrialRun], baseline: str | None = None) -> Compa
     for arm, runs in arms.items():
         runs = sorted(runs, key=lambda r: (not r.seed.isdigit(), int(r.seed)
                                            if r.seed.isdigit() else 0, r.seed))
-        res = ArmResult(arm, [r.run_id for r in runs], [r.seed for r in runs])
+        res = ArmResult(arm, [r.run_id for r in runs], [r.seed for r in runs],
+                        commits={r.seed: r.commit for r in runs if r.commit})
         for name in names:
             res.metrics[name] = summarize(values(runs, name))
+            res.per_seed[name] = [r.metrics.get(name) for r in runs]
             if arm != base:
                 res.deltas[name] = delta_to_baseline(runs, arms[base], name,
                                                      percent=_relative_metric(name))
@@ -236,36 +236,6 @@ def compare_trials(trials: list[TrialRun], baseline: str | None = None) -> Compa
     sweeps = sorted({t.sweep_id for t in trials if t.sweep_id})
     parents = sorted({t.parent_run_id for t in trials if t.parent_run_id})
     return Comparison(base, tasks, results, sweeps, parents)
-
-
-def check_gates(cmp: Comparison, gates: Gates) -> list[GateFailure]:
-    """Every (arm, metric) whose mean delta to the baseline is worse than its gate."""
-    out: list[GateFailure] = []
-    for res in cmp.arms:
-        if res.arm == cmp.baseline:
-            continue
-        for task in cmp.tasks:
-            ne = res.deltas.get(f"eval/ne_{task}")
-            limit = gates.max_ne_regression_pct
-            if limit is not None and ne is not None and ne.value > limit:
-                out.append(GateFailure(res.arm, f"eval/ne_{task}", ne.value, limit,
-                                       f"arm '{res.arm}': NE {task} {ne.value:+.3f}% vs "
-                                       f"'{cmp.baseline}' exceeds --max-ne-regression "
-                                       f"{limit:g}%"))
-            auc = res.deltas.get(f"eval/auc_{task}")
-            limit = gates.max_auc_drop
-            if limit is not None and auc is not None and -auc.value > limit:
-                out.append(GateFailure(res.arm, f"eval/auc_{task}", auc.value, limit,
-                                       f"arm '{res.arm}': AUC {task} {auc.value:+.4f} vs "
-                                       f"'{cmp.baseline}' drops more than --max-auc-drop "
-                                       f"{limit:g}"))
-        qps = res.deltas.get("perf/qps")
-        limit = gates.max_qps_drop_pct
-        if limit is not None and qps is not None and -qps.value > limit:
-            out.append(GateFailure(res.arm, "perf/qps", qps.value, limit,
-                                   f"arm '{res.arm}': QPS {qps.value:+.1f}% vs "
-                                   f"'{cmp.baseline}' drops more than --max-qps-drop {limit:g}%"))
-    return out
 
 
 def compare(uri: str, ids: list[str], baseline: str | None = None,
@@ -279,5 +249,5 @@ def compare(uri: str, ids: list[str], baseline: str | None = None,
     cmp = compare_trials(trials, baseline)
     cmp.skipped = skipped
     if gates is not None:
-        cmp.failures = check_gates(cmp, gates)
+        cmp.verdicts = check_gates(cmp, gates)
     return cmp

@@ -27,6 +27,11 @@ class Delta:
     low: float
     high: float
     method: str = "welch"
+    # spread of one seed's difference (paired: sd of the per-seed differences; Welch: the
+    # root sum of both arms' variances) and the seeds behind it; what a planner of more seeds
+    # needs
+    sd: float = math.nan
+    n: int = 0
 
 
 def summarize(values: list[float]) -> Summary:
@@ -57,14 +62,15 @@ def welch_delta(arm: list[float], base: list[float], confidence: float = 0.95) -
     a, b = summarize(arm), summarize(base)
     value = a.mean - b.mean
     if a.n < 2 or b.n < 2:
-        return Delta(value, math.nan, math.nan)
+        return Delta(value, math.nan, math.nan, n=min(a.n, b.n))
     va, vb = a.std**2 / a.n, b.std**2 / b.n
     se = math.sqrt(va + vb)
+    sd, n = math.sqrt(a.std**2 + b.std**2), min(a.n, b.n)
     if se == 0:
-        return Delta(value, value, value)
+        return Delta(value, value, value, sd=sd, n=n)
     df = (va + vb) ** 2 / (va**2 / (a.n - 1) + vb**2 / (b.n - 1))
     half = t_quantile(0.5 + confidence / 2, df) * se
-    return Delta(value, value - half, value + half)
+    return Delta(value, value - half, value + half, sd=sd, n=n)
 
 
 def paired_delta(arm: list[float], base: list[float], confidence: float = 0.95) -> Delta:
@@ -79,15 +85,30 @@ def paired_delta(arm: list[float], base: list[float], confidence: float = 0.95) 
         return Delta(math.nan, math.nan, math.nan, "paired")
     value = statistics.fmean(diffs)
     if len(diffs) < 2:
-        return Delta(value, math.nan, math.nan, "paired")
-    se = statistics.stdev(diffs) / math.sqrt(len(diffs))
-    half = t_quantile(0.5 + confidence / 2, len(diffs) - 1) * se
-    return Delta(value, value - half, value + half, "paired")
+        return Delta(value, math.nan, math.nan, "paired", n=1)
+    sd = statistics.stdev(diffs)
+    half = t_quantile(0.5 + confidence / 2, len(diffs) - 1) * sd / math.sqrt(len(diffs))
+    return Delta(value, value - half, value + half, "paired", sd, len(diffs))
 
 
 def relative(delta: Delta, base_mean: float) -> Delta:
     """The same delta in percent of the baseline mean."""
     if not base_mean or not math.isfinite(base_mean):
-        return replace(delta, value=math.nan, low=math.nan, high=math.nan)
+        return replace(delta, value=math.nan, low=math.nan, high=math.nan, sd=math.nan)
     k = 100.0 / abs(base_mean)
-    return replace(delta, value=delta.value * k, low=delta.low * k, high=delta.high * k)
+    return replace(delta, value=delta.value * k, low=delta.low * k, high=delta.high * k,
+                   sd=delta.sd * k)
+
+
+def seeds_to_settle(mean: float, sd: float, limit: float, confidence: float = 0.95,
+                    most: int = 1000) -> int | None:
+    """Seeds whose interval (half width t * sd / sqrt(n)) would leave ``limit`` outside it,
+    if the mean and the spread stayed as observed. None when that is unknowable (no spread
+    measured yet, the mean on the limit) or beyond ``most`` seeds."""
+    margin = abs(mean - limit)
+    if not (math.isfinite(sd) and math.isfinite(margin)) or margin == 0:
+        return None
+    for n in range(2, most + 1):
+        if t_quantile(0.5 + confidence / 2, n - 1) * sd / math.sqrt(n) < margin:
+            return n
+    return None

@@ -1,0 +1,129 @@
+"""Regression gates as tests on the interval, one verdict per (arm, metric).
+
+A gate bounds how much worse an arm may be than the baseline. With the 95% interval of the
+paired difference (Welch's where seeds can't be paired), expressed as a regression (positive =
+worse):
+
+- pass: the whole interval lies within the limit (its worst end <= limit);
+- fail: the whole interval lies beyond it (its best end > limit);
+- inconclusive: the interval straddles the limit, or there is no interval (one seed). The
+  verdict then says how many seeds the observed spread would need to settle it, if the mean
+  and spread stayed as they are.
+
+A pipeline reads the verdicts by exit code (``EXIT_CODES``) or from ``gemctl compare --json``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Literal
+
+from gem_platform.sweep.stats import Delta, seeds_to_settle
+
+if TYPE_CHECKING:  # compare imports this module
+    from gem_platform.sweep.compare import Comparison
+
+PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
+VerdictWord = Literal["pass", "fail", "inconclusive"]
+
+# Exit codes of `gemctl compare` with gates; 2 is bad input (every gemctl command).
+EXIT_PASS, EXIT_FAIL, EXIT_INCONCLUSIVE = 0, 1, 3
+EXIT_CODES = {EXIT_PASS: "every gate passed (or none was set)",
+              EXIT_FAIL: "a gate failed: an interval lies wholly beyond its limit",
+              2: "bad input (a missing or malformed file, id or option)",
+              EXIT_INCONCLUSIVE: "no gate failed, but at least one is inconclusive: an interval "
+                                 "straddles its limit, or an arm ran one seed"}
+
+
+@dataclass(frozen=True)
+class Gates:
+    """Limits per arm vs the baseline; None = not checked."""
+
+    max_ne_regression_pct: float | None = None
+    max_auc_drop: float | None = None
+    max_qps_drop_pct: float | None = None
+
+    def any(self) -> bool:
+        return any(v is not None for v in asdict(self).values())
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One gate on one arm's metric. ``regression``/``low``/``high``: the difference turned
+    so that positive is worse (NE up, AUC or QPS down), in the gate's unit; ``seeds_needed``:
+    seeds per arm that would settle an inconclusive verdict (None: settled, or unknowable)."""
+
+    arm: str
+    metric: str
+    verdict: VerdictWord
+    regression: float
+    low: float
+    high: float
+    limit: float
+    unit: str
+    seeds: int
+    seeds_needed: int | None
+    message: str
+
+
+def judge(arm: str, metric: str, delta: Delta, limit: float, worse_if: Literal[1, -1],
+          unit: str, label: str, option: str) -> Verdict:
+    """The verdict of one gate on ``delta`` (arm - baseline)."""
+    if worse_if == 1:
+        reg, low, high = delta.value, delta.low, delta.high
+    else:
+        reg, low, high = -delta.value, -delta.high, -delta.low
+    digits = 4 if unit == "" else 3
+    shown = f"{label} regression {reg:+.{digits}f}{unit}"
+    if math.isfinite(low) and math.isfinite(high):
+        shown += f" [95% CI {low:+.{digits}f}, {high:+.{digits}f}]"
+    bound = f"{option} {limit:g}{unit}"
+    needed = None
+    if math.isfinite(low) and high <= limit:
+        word: VerdictWord = PASS
+        why = f"within {bound}"
+    elif math.isfinite(low) and low > limit:
+        word = FAIL
+        why = f"wholly beyond {bound}"
+    else:
+        word = INCONCLUSIVE
+        needed = seeds_to_settle(reg, delta.sd, limit)
+        if not math.isfinite(low):
+            why = (f"no interval from {delta.n} seed(s) of this arm against the baseline; "
+                   "run at least 2 seeds per arm")
+        else:
+            why = f"the interval straddles {bound}"
+            why += (f"; about {needed} seeds per arm would settle it at this spread"
+                    if needed else "; the mean sits on the limit, more seeds may not settle it")
+    return Verdict(arm, metric, word, reg, low, high, limit, unit, delta.n, needed,
+                   f"arm '{arm}': {shown}: {word.upper()}, {why}")
+
+
+def check_gates(cmp: Comparison, gates: Gates) -> list[Verdict]:
+    """A verdict per gated (arm, metric), arms in the comparison's order."""
+    out: list[Verdict] = []
+    for res in cmp.arms:
+        if res.arm == cmp.baseline:
+            continue
+        checks: list[tuple[str, float | None, Literal[1, -1], str, str, str]] = []
+        for task in cmp.tasks:
+            checks.append((f"eval/ne_{task}", gates.max_ne_regression_pct, 1, "%",
+                           f"NE {task}", "--max-ne-regression"))
+            checks.append((f"eval/auc_{task}", gates.max_auc_drop, -1, "", f"AUC {task}",
+                           "--max-auc-drop"))
+        checks.append(("perf/qps", gates.max_qps_drop_pct, -1, "%", "QPS", "--max-qps-drop"))
+        for metric, limit, worse_if, unit, label, option in checks:
+            delta = res.deltas.get(metric)
+            if limit is None or delta is None or math.isnan(delta.value):
+                continue
+            out.append(judge(res.arm, metric, delta, limit, worse_if, unit, label, option))
+    return out
+
+
+def exit_code(verdicts: list[Verdict]) -> int:
+    """1 if any gate failed, else 3 if any is inconclusive, else 0."""
+    words = {v.verdict for v in verdicts}
+    if FAIL in words:
+        return EXIT_FAIL
+    return EXIT_INCONCLUSIVE if INCONCLUSIVE in words else EXIT_PASS

@@ -1,0 +1,118 @@
+"""Gates judged on the interval, through the real `gemctl compare` on synthetic results files:
+pass (exit 0), fail (exit 1) and inconclusive (exit 3, with the seeds that would settle it);
+one seed is always inconclusive. Then compare reads its own --json back, reads every results
+file under docs/bench/, and --plot writes both charts for a results file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gem_platform.sweep.compare import compare
+from gem_platform.sweep.gates import Gates
+from gem_platform.sweep.results import TrialRun, load_results, write_results
+from gem_platform.sweep.stats import seeds_to_settle
+from tests.conftest import REPO, run_gemctl
+
+BASE_NE = [0.900, 0.910, 0.920, 0.930]
+
+
+def results_file(path: Path, rel_diffs_pct: list[float]) -> Path:
+    """A baseline and one arm whose NE differs from the baseline's by these percents, seed by
+    seed (the seed moves NE by ~1%, far more than the arm: only pairing sees the arm)."""
+    trials = []
+    for seed, (base, diff) in enumerate(zip(BASE_NE, rel_diffs_pct, strict=False)):
+        for arm, ne in (("base", base), ("arm", base * (1 + diff / 100))):
+            trials.append(TrialRun(f"{arm}{seed}", arm, str(seed),
+                                   {"eval/ne_ctr": ne, "eval/auc_ctr": 0.7, "perf/qps": 1000.0},
+                                   commit="c0ffee"))
+    header = {"sweep": path.stem, "baseline": "base", "seeds": list(range(len(rel_diffs_pct)))}
+    return write_results(path, header, trials)
+
+
+CASES = {  # name: (per-seed NE difference in %, verdict, exit code)
+    "within": ([-0.02, 0.01, 0.0, -0.01], "pass", 0),
+    "beyond": ([0.50, 0.52, 0.48, 0.51], "fail", 1),
+    "straddles": ([0.30, -0.20, 0.25, -0.15], "inconclusive", 3),
+    "one_seed": ([0.01], "inconclusive", 3),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_verdict_and_exit_code(tmp_path: Path, name: str):
+    diffs, verdict, code = CASES[name]
+    results_file(tmp_path / f"{name}.json", diffs)
+    proc = run_gemctl("compare", f"{name}.json", "--max-ne-regression", "0.1%", "--no-plot",
+                      cwd=tmp_path)
+    assert proc.returncode == code, proc.stdout + proc.stderr
+    out = " ".join((proc.stdout + proc.stderr).split())
+    assert verdict.upper() in out  # the verdict in words, not only in colour
+    assert f"0:{BASE_NE[0]:.4f}" in out  # each seed's value beside the mean
+    if name == "straddles":
+        assert "seeds per arm would settle it" in out
+    if name == "one_seed":
+        assert "no interval from 1 seed(s) of this arm" in out and "needs 2+ seeds" in out
+    body = json.loads(run_gemctl("compare", f"{name}.json", "--max-ne-regression", "0.1%",
+                                 "--no-plot", "--json", cwd=tmp_path).stdout)
+    (v,) = body["verdicts"]
+    assert (v["verdict"], body["exit_code"]) == (verdict, code)
+
+
+def test_seeds_to_settle_from_the_observed_spread(tmp_path: Path):
+    diffs = CASES["straddles"][0]
+    cmp = compare("", [str(results_file(tmp_path / "s.json", diffs))],
+                  gates=Gates(max_ne_regression_pct=0.1))
+    (v,) = cmp.verdicts
+    # the mean +0.05% sits 0.05 below the limit; the spread of the per-seed differences
+    # (sd ~0.27%) needs a half width under 0.05: t * 0.27 / sqrt(n) < 0.05 -> n ~ 115
+    assert v.verdict == "inconclusive" and 100 < v.seeds_needed < 140
+    assert v.seeds_needed == seeds_to_settle(v.regression, cmp.arms[1].deltas["eval/ne_ctr"].sd,
+                                             0.1)
+    assert seeds_to_settle(0.5, float("nan"), 0.1) is None  # one seed: no spread to go on
+
+
+def test_compare_reads_its_own_json_back(tmp_path: Path):
+    results_file(tmp_path / "r.json", CASES["straddles"][0])
+    first = run_gemctl("compare", "r.json", "--json", "--no-plot", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    (tmp_path / "cmp.json").write_text(first.stdout)
+    again = run_gemctl("compare", "cmp.json", "--json", "--no-plot", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    a, b = json.loads(first.stdout), json.loads(again.stdout)
+    assert a["format"] == b["format"] == "gem-comparison/1"
+    for x, y in zip(a["arms"], b["arms"], strict=True):
+        assert x["per_seed"] == y["per_seed"] and x["commits"] == y["commits"] == \
+            dict.fromkeys(x["seeds"], "c0ffee")
+        assert x["deltas"] == y["deltas"]
+
+
+BENCH = sorted((REPO / "docs/bench").glob("precision_*.json"))
+
+
+@pytest.mark.parametrize("path", BENCH, ids=[p.name for p in BENCH])
+def test_every_results_file_under_docs_bench_compares(path: Path, tmp_path: Path):
+    proc = run_gemctl("compare", str(path), "--json", "--no-plot", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    body = json.loads(proc.stdout)
+    trials, header = load_results(path)
+    assert body["baseline"] == header["baseline"]
+    assert {a["arm"] for a in body["arms"]} == {t.arm for t in trials}
+    assert all(a["deltas"]["eval/ne_ctr"]["value"] is not None for a in body["arms"]
+               if a["arm"] != body["baseline"])
+
+
+def test_plot_for_a_results_file_writes_both_charts(tmp_path: Path):
+    path = results_file(tmp_path / "r.json", CASES["within"][0])
+    body = json.loads(path.read_text())
+    for t in body["trials"]:  # step histories, as an in-process sweep records them
+        end = t["metrics"]["eval/ne_ctr"]
+        t["history"] = {"train/ne_ctr": [[s, end + 0.1 / s] for s in (1, 2, 3)]}
+    path.write_text(json.dumps(body))
+    proc = run_gemctl("compare", "r.json", "--plot", "out/r.png", "--max-ne-regression",
+                      "0.1%", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for name in ("r.png", "r-deltas.png"):
+        png = tmp_path / "out" / name
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
