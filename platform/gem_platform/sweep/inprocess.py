@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         plan = load_sweep(args.spec, args.overrides)
-        plan = _narrowed(plan, args.seeds, args.arms)
+        plan = narrowed(plan, args.seeds, args.arms)
         run_in_process(plan, args.out, resume=not args.new)
     except GemError as err:
         print(err.as_text(), file=sys.stderr)
@@ -108,7 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _narrowed(plan: SweepPlan, seeds: list[int] | None, arms: list[str] | None) -> SweepPlan:
+def narrowed(plan: SweepPlan, seeds: list[int] | None, arms: list[str] | None) -> SweepPlan:
+    """``plan`` with only ``arms`` (GemError naming unknown ones) and ``seeds`` instead of the
+    spec's; None keeps the spec's."""
     if arms:
         unknown = sorted(set(arms) - {a.name for a in plan.arms})
         if unknown:
