@@ -20,18 +20,21 @@ from gem_platform.data.meta import DatasetMeta
 from gem_platform.errors import ClusterError, GemError, RecipeError
 from gem_platform.net import connect_error
 from gem_platform.recipe import Recipe
+from gem_platform.topology import Placement
 from gem_platform.tracking import RunTracker, resolve_tracking_uri
 
 RAY_STORAGE = "gem_runs/ray"
+NO_CHECKPOINT = "no checkpoint of this run was found: it restarts from step 0"
 
 
 @dataclass
 class RunOutcome:
+    """A run that finished (a failed one raises instead): its MLflow id, tracking URI and the
+    summary ``train`` returned."""
+
     run_id: str
     tracking_uri: str
-    ok: bool
     summary: dict[str, Any] = field(default_factory=dict)
-    error: str | None = None
 
 
 def check_world_size(recipe: Recipe, meta: DatasetMeta, world: int) -> None:
@@ -146,29 +149,40 @@ def _run_on_ray(recipe: Recipe, tracker: RunTracker, address: str | None,
                 echo: Callable[[str], None], resume: bool) -> dict[str, Any]:
     """Place ranks by topology (each host's ranks contiguous, each zone's hosts contiguous),
     pin every worker to its planned node, train, and check that Ray put them there."""
-    import threading
+    from ray.util.queue import Queue
 
-    from ray.train import Checkpoint, CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
-    from ray.util.queue import Empty, Queue
-
-    from gem_platform.topology import label_selectors, place_on_ray, verify_placement
+    from gem_platform.topology import place_on_ray
     from gem_platform.train.checkpoint import latest_checkpoint
-    from gem_platform.train.loop import TrainingDiverged
 
     _init_ray(recipe, address)
-    backend = recipe.parallel.backend
-    if backend == "auto":
-        backend = "nccl" if recipe.parallel.use_gpu else "gloo"
     placement = place_on_ray(recipe.parallel)
     tracker.log_json({"planned": [asdict(slot) for slot in placement.slots]}, "placement.json")
     progress = Queue(actor_options={"num_cpus": 0})
-    start = _resume_point(latest_checkpoint(ray_run_dir(recipe, tracker.run_id)), resume, echo)
-    trainer = TorchTrainer(
+    start = None
+    if resume:
+        start = latest_checkpoint(ray_run_dir(recipe, tracker.run_id))
+        if start is None:
+            echo(NO_CHECKPOINT)
+    trainer = _build_trainer(recipe, tracker, placement, progress, start)
+    reports = _WorkerReports(echo)
+    _fit_while_draining(trainer, progress, reports)
+    return _check_and_record(reports, placement, tracker)
+
+
+def _build_trainer(recipe: Recipe, tracker: RunTracker, placement: Placement, progress: Any,
+                   start: Path | None) -> Any:
+    """Ray Train's TorchTrainer for the run: one worker per rank pinned by ``placement``'s
+    label selectors, checkpoints under ``ray_run_dir``, resuming from ``start`` if given."""
+    from ray.train import Checkpoint, CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    from gem_platform.topology import label_selectors
+
+    return TorchTrainer(
         train_loop_per_worker=_ray_worker_loop,
         train_loop_config={"recipe": recipe.model_dump(mode="json"), "run_id": tracker.run_id,
                            "tracking_uri": tracker.uri, "progress": progress},
-        torch_config=TorchConfig(backend=backend),
+        torch_config=TorchConfig(backend=recipe.parallel.resolved_backend()),
         scaling_config=ScalingConfig(
             num_workers=recipe.parallel.workers, use_gpu=recipe.parallel.use_gpu,
             resources_per_worker={"CPU": recipe.parallel.cpus_per_worker},
@@ -182,6 +196,37 @@ def _run_on_ray(recipe: Recipe, tracker: RunTracker, address: str | None,
         ),
         resume_from_checkpoint=Checkpoint.from_directory(str(start)) if start else None,
     )
+
+
+@dataclass
+class _WorkerReports:
+    """What the workers sent through the progress queue: lines (echoed as they come), a
+    divergence, each rank's location (the last report of a restarted rank wins) and rank 0's
+    summary."""
+
+    echo: Callable[[str], None]
+    summary: dict[str, Any] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
+    locations: dict[int, Any] = field(default_factory=dict)
+
+    def take(self, kind: str, payload: Any) -> None:
+        if kind == "line":
+            self.echo(payload)
+        elif kind == "failed":
+            self.failures.append(payload)
+        elif kind == "location":
+            self.locations[payload.rank] = payload
+        else:
+            self.summary.update(payload)
+
+
+def _fit_while_draining(trainer: Any, progress: Any, reports: _WorkerReports) -> None:
+    """Run ``trainer.fit()`` in a thread while this one hands the queue's messages to
+    ``reports``; re-raise what fit raised or the result's error."""
+    import threading
+
+    from ray.util.queue import Empty
+
     outcome: dict[str, Any] = {}
 
     def fit() -> None:
@@ -190,58 +235,45 @@ def _run_on_ray(recipe: Recipe, tracker: RunTracker, address: str | None,
         except BaseException as err:  # surfaced in the driver thread below
             outcome["error"] = err
 
-    thread = threading.Thread(target=fit, name="ray-train-fit", daemon=True)
-    thread.start()
-    summary: dict[str, Any] = {}
-    failure: list[str] = []
-    locations: dict[int, Any] = {}
-
     def drain(block: bool) -> None:
         while True:
             try:
-                kind, payload = progress.get(block=block, timeout=0.5)
+                reports.take(*progress.get(block=block, timeout=0.5))
             except Empty:
                 return
-            if kind == "line":
-                echo(payload)
-            elif kind == "failed":
-                failure.append(payload)
-            elif kind == "location":
-                locations[payload.rank] = payload
-            else:
-                summary.update(payload)
 
+    thread = threading.Thread(target=fit, name="ray-train-fit", daemon=True)
+    thread.start()
     while thread.is_alive():
         drain(block=True)
     drain(block=False)
     if "error" in outcome:
         raise outcome["error"]
-    result = outcome["result"]
-    if result.error is not None:
-        raise result.error
-    if failure:
-        raise TrainingDiverged(failure[0])
-    # A restarted worker group reports again; the last report of each rank is where it ran.
-    verify_placement(placement, list(locations.values()))
+    if outcome["result"].error is not None:
+        raise outcome["result"].error
+
+
+def _check_and_record(reports: _WorkerReports, placement: Placement, tracker: RunTracker
+                      ) -> dict[str, Any]:
+    """Raise a worker's divergence, check where Ray put the ranks against the plan (and record
+    both), and return rank 0's summary."""
+    from gem_platform.topology import verify_placement
+    from gem_platform.train.loop import TrainingDiverged
+
+    if reports.failures:
+        raise TrainingDiverged(reports.failures[0])
+    verify_placement(placement, list(reports.locations.values()))
     tracker.log_json({"planned": [asdict(slot) for slot in placement.slots],
-                      "actual": [asdict(loc) for loc in locations.values()]}, "placement.json")
-    if not summary:
+                      "actual": [asdict(loc) for loc in reports.locations.values()]},
+                     "placement.json")
+    if not reports.summary:
         raise RuntimeError("training finished without reporting its summary")
-    return summary
-
-
-def _resume_point(latest: Path | None, resume: bool, echo: Callable[[str], None]
-                  ) -> Path | None:
-    if not resume:
-        return None
-    if latest is None:
-        echo("no checkpoint of this run was found: it restarts from step 0")
-    return latest
+    return reports.summary
 
 
 def _run_local(recipe: Recipe, tracker: RunTracker, echo: Callable[[str], None],
                resume: bool) -> dict[str, Any]:
-    from gem_platform.train.checkpoint import LOCAL_ROOT, LocalStore, latest_checkpoint
+    from gem_platform.train.checkpoint import LOCAL_ROOT, LocalStore
     from gem_platform.train.loop import train
 
     root = LOCAL_ROOT.resolve() / tracker.run_id
@@ -249,8 +281,9 @@ def _run_local(recipe: Recipe, tracker: RunTracker, echo: Callable[[str], None],
         shutil.rmtree(root)
     store = None
     if recipe.train.checkpoint_every or resume:
-        _resume_point(latest_checkpoint(root), resume, echo)
         store = LocalStore(root, recipe.train.checkpoint_every, recipe.train.keep_checkpoints)
+        if resume and store.latest() is None:
+            echo(NO_CHECKPOINT)
     return train(recipe, sink=tracker.log_metrics, echo=echo, checkpoints=store,
                  published_through=tracker.last_step() if resume else 0)
 
@@ -290,7 +323,7 @@ def submit(recipe: Recipe, *, local: bool = False, address: str | None = None,
             summary = _run_on_ray(recipe, tracker, address, echo, resume=bool(resume))
         tracker.log_json(summary, "summary.json")
         tracker.finish(ok=True)
-        return RunOutcome(tracker.run_id, uri, True, summary)
+        return RunOutcome(tracker.run_id, uri, summary)
     except BaseException as err:
         reason = ("interrupted" if isinstance(err, KeyboardInterrupt)
                   else f"{type(err).__name__}: {err}")

@@ -1,7 +1,7 @@
 """Checkpoints of a training run: model and optimizer state through
 torch.distributed.checkpoint (each rank writes its own shards; replicated tensors once), plus
-one small file per rank with what is rank-specific (loader position, RNG states, schedulers,
-running totals, step metrics not yet published).
+one small file per rank with what is rank-specific (the loop's extras: loader position,
+schedulers, running totals; and the RNG states).
 
 Tables sharded by TorchRec train with its fused KeyedOptimizer, whose state
 ``get_state_dict`` cannot map (its parameters are not the model's). Its own ``state_dict``
@@ -85,24 +85,26 @@ class Stateful:
             state[f"keyed_optim{i}"] = sd
         return state, groups
 
-    def save(self, directory: Path, step: int, rank: int, extras: dict[str, Any]) -> None:
-        """Collective over all ranks: write model + optimizer shards and this rank's extras."""
+    def save(self, directory: Path, step: int, rank: int, extras: object) -> None:
+        """Collective over all ranks: write model + optimizer shards and this rank's extras
+        (any picklable object; the training loop's is a ``CheckpointExtras``)."""
         directory.mkdir(parents=True, exist_ok=True)
         state, groups = self._state()
         dcp.save(state, checkpoint_id=str(directory))
-        torch.save({**extras, "rng": rng_state(), "keyed_param_groups": groups},
+        torch.save({"extras": extras, "rng": rng_state(), "keyed_param_groups": groups},
                    directory / f"rank{rank}.pt")
         if rank == 0:
             (directory / STEP_FILE).write_text(json.dumps({"step": step}))
 
-    def load(self, directory: Path, rank: int) -> dict[str, Any]:
-        """Collective: restore model + optimizers, RNG states; return this rank's extras."""
+    def load(self, directory: Path, rank: int) -> object:
+        """Collective: restore model + optimizers, RNG states; return this rank's extras as
+        ``save`` got them (None for a checkpoint written without an ``extras`` entry)."""
         path = directory / f"rank{rank}.pt"
         if not path.exists():
             raise RuntimeError(f"checkpoint {directory} has no state for rank {rank}: it was "
                                "saved with a different number of workers")
-        extras = torch.load(path, weights_only=False)
-        groups = extras.pop("keyed_param_groups", [])
+        saved = torch.load(path, weights_only=False)
+        groups = saved.get("keyed_param_groups", [])
         if len(groups) != len(self._keyed):
             raise RuntimeError(
                 f"checkpoint {directory} holds {len(groups)} TorchRec-sharded optimizer(s), "
@@ -119,8 +121,8 @@ class Stateful:
                        optim_state_dict=state["optim"])
         for i, (opt, param_groups) in enumerate(zip(self._keyed, groups, strict=True)):
             opt.load_state_dict({**state[f"keyed_optim{i}"], "param_groups": param_groups})
-        set_rng_state(extras.pop("rng"))
-        return extras
+        set_rng_state(saved["rng"])
+        return saved.get("extras")
 
 
 def checkpoint_step(directory: Path) -> int:

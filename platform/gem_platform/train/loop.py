@@ -1,9 +1,23 @@
 """The training loop of one rank. It runs in-process (``gemctl submit --local``: one process,
 no Ray) or as a Ray Train worker; the same function serves both.
 
-Data parallelism here is explicit: after the backward pass the gradients of all parameters are
-all-reduced in one flat bucket. Timing compute and communication separately gives Local MFU
-(compute alone) beside E2E MFU (the whole step), as GEM defines them.
+``train`` runs named stages: ``setup`` (data, model, parallelism, optimizers, batcher),
+``resume`` (the latest checkpoint, if any), then for each batch of ``batch_stream``:
+``timed_step``, ``account``, ``log_step``, periodic ``evaluate`` and ``save_checkpoint``;
+last, ``summarize``. Progress lines and metrics leave through one ``Reporter``.
+
+How gradients are synchronized depends on the parallel strategy (gem_platform.parallel):
+replicated parameters are averaged after backward (under plain data parallelism, one flat
+all-reduce); HSDP-sharded parameters reduce-scatter their gradients inside backward;
+TorchRec-sharded tables exchange lookups by all-to-all in forward and backward and update
+inside backward through their fused optimizer.
+
+A step is timed in two parts: the sync of replicated gradients, and everything else
+(forward, backward, clipping, optimizer step). E2E MFU takes the whole step; Local MFU the
+second part alone. Under plain data parallelism that part is compute alone, as GEM defines
+Local MFU; under HSDP, expert parallelism or TorchRec sharding it also holds the collectives
+that run inside forward and backward (and the grad-norm all-reduce), so Local MFU is then a
+lower bound of compute-alone MFU and the scaling ratio an upper bound.
 """
 
 from __future__ import annotations
@@ -11,7 +25,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -21,21 +35,29 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from gem_platform.balance import Batcher, make_batcher
+from gem_platform.balance import Batcher, LoaderConfig, make_batcher
 from gem_platform.balance.cost import batch_work
-from gem_platform.balance.stats import BalanceTracker, measure_step
+from gem_platform.balance.stats import measure_step
 from gem_platform.data.batch import TASKS, JaggedBatch
 from gem_platform.data.meta import DatasetMeta
 from gem_platform.data.parquet import SampleTable
 from gem_platform.model import GemModel
 from gem_platform.model.flops import FlopMeter
-from gem_platform.parallel import parallelize
+from gem_platform.parallel import Parallelized, parallelize
 from gem_platform.recipe import Recipe
 from gem_platform.train.checkpoint import Stateful
 from gem_platform.train.metrics import TaskEvaluator
-from gem_platform.train.mfu import mfu, resolve_peak
+from gem_platform.train.mfu import Peak, mfu, resolve_peak
+from gem_platform.train.state import CheckpointExtras, LoopState, Totals
 
 MetricSink = Callable[[dict[str, float], int], None]
+# The run summary: metrics (floats) plus "peak_source", where the MFU peak came from.
+RunSummary = dict[str, float | str]
+
+# The cosine schedule ends at this fraction of the base learning rate, not at zero, so the last
+# steps still move the weights (rarely seen embedding rows are updated late in a run too). The
+# same floor holds for the dense and the sparse optimizer.
+MIN_LR_FRACTION = 0.1
 
 
 @dataclass(frozen=True)
@@ -87,23 +109,18 @@ def _common_steps_per_epoch(local_samples: int, batch_size: int, info: RankInfo)
     return int(steps.item())
 
 
-def _batches(table: SampleTable, batcher: Batcher, start_epoch: int, device: torch.device
-             ) -> Iterator[tuple[JaggedBatch, np.ndarray]]:
-    epoch = start_epoch
-    while True:
-        for indices in batcher.epoch(epoch):
-            yield table.collate(indices).to(device), indices
-        epoch += 1
-
-
-def _lr_lambda(recipe: Recipe) -> Callable[[int], float]:
+def lr_factor(recipe: Recipe) -> Callable[[int], float]:
+    """The LR multiplier after ``step`` scheduler steps: linear warm-up over
+    ``train.warmup_steps``, then cosine decay from 1 to ``MIN_LR_FRACTION`` at
+    ``train.steps`` (held there after)."""
     warm, total = recipe.train.warmup_steps, recipe.train.steps
 
     def f(step: int) -> float:
         if warm and step < warm:
             return (step + 1) / warm
         progress = (step - warm) / max(total - warm, 1)
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+        cosine = 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+        return MIN_LR_FRACTION + (1 - MIN_LR_FRACTION) * cosine
 
     return f
 
@@ -179,28 +196,6 @@ def evaluate(model: nn.Module, table: SampleTable, recipe: Recipe, device: torch
     return out
 
 
-class RunningNE:
-    """Train-time NE over the samples since the last report (the progress line's NE)."""
-
-    def __init__(self) -> None:
-        self.loss = 0.0
-        self.pos = 0.0
-        self.count = 0
-
-    def update(self, ctr_loss: float, labels: torch.Tensor) -> None:
-        n = labels.shape[0]
-        self.loss += ctr_loss * n
-        self.pos += float(labels[:, 0].sum())
-        self.count += n
-
-    def pop(self) -> float:
-        from gem_platform.train.metrics import normalized_entropy
-
-        value = normalized_entropy(self.loss / max(self.count, 1), self.pos / max(self.count, 1))
-        self.__init__()
-        return value
-
-
 class TrainingDiverged(RuntimeError):
     """The loss or a gradient became NaN/inf: the run stops, keeping its last good checkpoint."""
 
@@ -232,50 +227,68 @@ class CheckpointStore(Protocol):
 
 
 @dataclass
-class _Totals:
-    flops: float = 0.0
-    compute_s: float = 0.0
-    step_s: float = 0.0
-    samples: float = 0.0
-    steps: int = 0
+class Reporter:
+    """Where a rank's progress goes. Only rank 0 reports: ``echo`` takes progress lines,
+    ``sink(metrics, step)`` step, eval and summary metrics (MLflow logging). Metrics of steps
+    the run's record already holds (``step <= published_through``, replayed after a resume)
+    are not sent again, so the record has no gap and no repeat."""
 
-    def add(self, flops: float, compute_s: float, step_s: float, samples: float) -> None:
-        self.flops += flops
-        self.compute_s += compute_s
-        self.step_s += step_s
-        self.samples += samples
-        self.steps += 1
+    chief: bool
+    sink: MetricSink | None = None
+    echo: Callable[[str], None] = print
+    published_through: int = 0
+
+    def line(self, text: str) -> None:
+        if self.chief:
+            self.echo(text)
+
+    def publish(self, metrics: dict[str, float], step: int) -> None:
+        if self.chief and self.sink and step > self.published_through:
+            self.sink(metrics, step)
 
 
-def train(recipe: Recipe, sink: MetricSink | None = None,
-          echo: Callable[[str], None] = print,
-          checkpoints: CheckpointStore | None = None,
-          published_through: int = 0,
-          on_step: Callable[[int], None] | None = None) -> dict[str, float]:
-    """Train per the recipe on this rank; returns the run summary (same on every rank).
+@dataclass
+class Run:
+    """What ``setup`` builds for one rank: data, the parallelized model and its optimizers."""
 
-    ``sink(metrics, step)`` receives step and eval metrics on rank 0 (MLflow logging);
-    ``echo`` prints the progress lines on rank 0. With ``checkpoints``, the run resumes from
-    the latest checkpoint and saves one every ``checkpoints.every`` steps. A resumed run
-    replays the steps after its checkpoint; ``published_through`` (the last step the run's
-    record already holds) keeps those from being published twice, so the record has no gap
-    and no repeat. ``on_step(step)`` runs after each training step (a profiler's clock).
-    """
-    info = RankInfo.current()
+    recipe: Recipe
+    info: RankInfo
+    device: torch.device
+    meta: DatasetMeta
+    train_table: SampleTable
+    eval_table: SampleTable
+    par: Parallelized
+    optimizers: list[torch.optim.Optimizer]
+    schedules: list[torch.optim.lr_scheduler.LRScheduler]
+    loader: LoaderConfig
+    batcher: Batcher
+    peak: Peak
+    state: Stateful = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.state = Stateful(self.par.model, self.optimizers)
+
+    @property
+    def model(self) -> nn.Module:
+        return self.par.model
+
+
+def setup(recipe: Recipe, info: RankInfo) -> Run:
+    """Load this rank's data, build and parallelize the model, its optimizers, LR schedules
+    and batcher (the same on every rank apart from its data)."""
     device = pick_device(recipe)
     meta = recipe.data.prepare()
     train_table = SampleTable.load(recipe.data.path, "train", info.rank, info.world_size)
     eval_table = SampleTable.load(recipe.data.path, "eval", info.rank, info.world_size)
 
     par = parallelize(build_model(recipe, meta, device), recipe)
-    model, dense_params, sparse_params = par.model, par.dense_params, par.sparse_params
-    dense_opt = torch.optim.AdamW(dense_params, lr=recipe.train.lr,
+    dense_opt = torch.optim.AdamW(par.dense_params, lr=recipe.train.lr,
                                   weight_decay=recipe.train.weight_decay)
     # Sharded tables (TorchRec) train with their fused optimizer; replicated ones with Adagrad.
-    sparse_opt = par.sparse_optimizer or torch.optim.Adagrad(sparse_params,
+    sparse_opt = par.sparse_optimizer or torch.optim.Adagrad(par.sparse_params,
                                                              lr=recipe.train.sparse_lr)
     optimizers = [dense_opt, sparse_opt]
-    schedules = [torch.optim.lr_scheduler.LambdaLR(o, _lr_lambda(recipe)) for o in optimizers]
+    schedules = [torch.optim.lr_scheduler.LambdaLR(o, lr_factor(recipe)) for o in optimizers]
 
     steps_per_epoch = _common_steps_per_epoch(len(train_table), recipe.loader.local_batch_size,
                                               info)
@@ -284,143 +297,215 @@ def train(recipe: Recipe, sink: MetricSink | None = None,
             f"rank {info.rank} holds {len(train_table)} training samples, fewer than one local "
             f"batch of loader.local_batch_size={recipe.loader.local_batch_size}"
         )
-    loader_cfg = recipe.loader_config()
-    batcher = make_batcher(loader_cfg, train_table.seq_lengths, steps_per_epoch, rank=info.rank)
+    loader = recipe.loader_config()
+    batcher = make_batcher(loader, train_table.seq_lengths, steps_per_epoch, rank=info.rank)
     peak = resolve_peak(device, recipe.precision.mode, recipe.train.peak_tflops)
-    balance = BalanceTracker()
-    running = RunningNE()
-    # totals: every step; steady: the steps after each process's warm-up, which pays kernel
-    # compilation and autotuning (a first trial's QPS read up to 30% low with them counted)
-    totals, window, steady = _Totals(), _Totals(), _Totals()
-    last_loss = float("nan")
-    start_step, start_epoch = 0, 0
-    state = Stateful(model, optimizers)
+    return Run(recipe, info, device, meta, train_table, eval_table, par, optimizers, schedules,
+               loader, batcher, peak)
 
-    resume_from = checkpoints.latest() if checkpoints else None
-    if resume_from is not None:
-        extras = state.load(resume_from, info.rank)
-        batcher.load_state_dict(extras["loader"])
-        for sched, sd in zip(schedules, extras["schedulers"], strict=True):
-            sched.load_state_dict(sd)
-        totals, window = extras["totals"], extras["window"]
-        steady = extras.get("steady", _Totals())
-        balance, running = extras["balance"], extras["running"]
-        last_loss, start_step = extras["last_loss"], extras["step"]
-        start_epoch = extras["loader"]["epoch"]
-        if info.is_chief:
-            echo(f"resumed from step {start_step} ({resume_from})")
 
-    def publish(metrics: dict[str, float], step: int) -> None:
-        if info.is_chief and sink and step > published_through:
-            sink(metrics, step)
+def resume(run: Run, checkpoints: CheckpointStore | None, report: Reporter
+           ) -> tuple[LoopState, int]:
+    """The loop's state and the epoch to continue in: from the latest checkpoint of
+    ``checkpoints`` (model, optimizers, RNG, batcher and schedules restored in place), or
+    fresh (step 0, epoch 0)."""
+    folder = checkpoints.latest() if checkpoints else None
+    if folder is None:
+        return LoopState(), 0
+    extras = run.state.load(folder, run.info.rank)
+    if not isinstance(extras, CheckpointExtras):
+        raise RuntimeError(f"checkpoint {folder} was written by an earlier version of the "
+                           "training loop and can't be resumed by this one: start a new run")
+    run.batcher.load_state_dict(extras.loader)
+    for sched, sd in zip(run.schedules, extras.schedulers, strict=True):
+        sched.load_state_dict(sd)
+    report.line(f"resumed from step {extras.loop.step} ({folder})")
+    return extras.loop, extras.epoch
 
-    warm_until = start_step + min(recipe.train.perf_warmup_steps,
-                                  recipe.train.steps - start_step - 1)
-    batches = _batches(train_table, batcher, start_epoch, device)
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    meter = FlopMeter(model)
-    for step in range(start_step + 1, recipe.train.steps + 1):
-        batch, indices = next(batches)
-        # Before the forward: TorchRec's fused optimizer hands its param groups' lr to the
-        # kernel in zero_grad, and the lookup's forward captures it for the fused update.
-        for opt in optimizers:
-            opt.zero_grad(set_to_none=True)
-        sync()
-        t0 = time.perf_counter()
-        with meter, _autocast(recipe, device):
-            logits = model(batch)
-        loss, task_losses = compute_loss(logits, batch)
-        loss.backward()
-        sync()
-        t_compute = time.perf_counter() - t0
-        par.sync_gradients()
-        sync()
-        t2 = time.perf_counter()
-        # The norm is taken after the gradient sync, so every rank sees the same value and a
-        # NaN anywhere stops all ranks at the same step.
-        grad_norm = par.clip_grad_norm_(recipe.train.grad_clip or float("inf"))
-        if not (torch.isfinite(loss) and torch.isfinite(grad_norm)):
-            raise TrainingDiverged(_divergence_report(step, loss, logits, model))
-        for opt in optimizers:
-            opt.step()
-        par.after_optimizer_step()
-        for s in schedules:
-            s.step()
-        sync()
-        t_compute += time.perf_counter() - t2
-        step_s = time.perf_counter() - t0
 
-        last_loss = float(loss.detach())
-        running.update(float(task_losses[0]), batch.labels)
-        flops = meter.train_flops
-        meter.reset()
-        work = batch_work(train_table.seq_lengths, indices, loader_cfg.cost, loader_cfg.model_dim)
-        step_balance = balance.record(measure_step(train_table.seq_lengths[indices], work))
-        for acc in (totals, window, steady) if step > warm_until else (totals, window):
-            acc.add(flops, t_compute, step_s, batch.num_samples * info.world_size)
+def batch_stream(run: Run, start_epoch: int) -> Iterator[tuple[JaggedBatch, np.ndarray]]:
+    """Training batches on the run's device, with their sample positions in the rank's table,
+    epoch after epoch from ``start_epoch`` (continuing mid-epoch after a resume)."""
+    epoch = start_epoch
+    while True:
+        for indices in run.batcher.epoch(epoch):
+            yield run.train_table.collate(indices).to(run.device), indices
+        epoch += 1
 
-        if step % recipe.train.log_every == 0 or step == recipe.train.steps:
-            metrics = {
-                "train/loss": last_loss,
-                "train/loss_ctr": float(task_losses[0]),
-                "train/loss_cvr": float(task_losses[1]),
-                "train/ne_ctr": running.pop(),
-                "train/grad_norm": float(grad_norm),
-                "perf/samples_per_s": window.samples / window.step_s,
-                "perf/mfu_e2e": mfu(window.flops, window.step_s, peak),
-                "perf/mfu_local": mfu(window.flops, window.compute_s, peak),
-                "train/lr": schedules[0].get_last_lr()[0],
-                **step_balance,
-            }
-            window = _Totals()
-            if info.is_chief:
-                echo(f"step {step:>5}/{recipe.train.steps}  loss {last_loss:.4f}  "
-                     f"ne_ctr {metrics['train/ne_ctr']:.4f}  "
-                     f"samples/s {metrics['perf/samples_per_s']:.0f}  "
-                     f"straggler {step_balance['balance/straggler_overhead']:.1%}")
-            publish(metrics, step)
-        if (recipe.train.eval_every and step % recipe.train.eval_every == 0
-                and step < recipe.train.steps):
-            publish(evaluate(model, eval_table, recipe, device, info), step)
-        if checkpoints and checkpoints.every and step % checkpoints.every == 0 \
-                and step < recipe.train.steps:
-            folder = checkpoints.folder(step)
-            state.save(folder, step, info.rank, {
-                "loader": batcher.state_dict(),
-                "schedulers": [s.state_dict() for s in schedules],
-                "totals": totals, "window": window, "steady": steady, "balance": balance,
-                "running": running,
-                "last_loss": last_loss, "step": step,
-            })
-            checkpoints.commit(folder, step, {"train/loss": last_loss, "step": float(step)})
-        if on_step:
-            on_step(step)
 
-    ev = evaluate(model, eval_table, recipe, device, info)
+@dataclass(frozen=True)
+class StepResult:
+    """One training step: losses, gradient norm, useful FLOPs and its two timings."""
+
+    loss: float
+    task_losses: torch.Tensor  # (ctr, cvr), detached
+    grad_norm: torch.Tensor
+    flops: float
+    compute_s: float  # the step less the sync of replicated gradients
+    step_s: float
+
+
+def timed_step(run: Run, batch: JaggedBatch, step: int, meter: FlopMeter) -> StepResult:
+    """Forward, backward, gradient sync, clip and optimizer step on one batch, timed.
+
+    Raises TrainingDiverged (on every rank at the same step) when the loss or the synced
+    gradient norm is not finite."""
+    sync = torch.cuda.synchronize if run.device.type == "cuda" else (lambda: None)
+    par = run.par
+    # Before the forward: TorchRec's fused optimizer hands its param groups' lr to the
+    # kernel in zero_grad, and the lookup's forward captures it for the fused update.
+    for opt in run.optimizers:
+        opt.zero_grad(set_to_none=True)
+    sync()
+    t0 = time.perf_counter()
+    with meter, _autocast(run.recipe, run.device):
+        logits = run.model(batch)
+    loss, task_losses = compute_loss(logits, batch)
+    loss.backward()
+    sync()
+    compute_s = time.perf_counter() - t0
+    par.sync_gradients()
+    sync()
+    t2 = time.perf_counter()
+    # The norm is taken after the gradient sync, so every rank sees the same value and a
+    # NaN anywhere stops all ranks at the same step.
+    grad_norm = par.clip_grad_norm_(run.recipe.train.grad_clip or float("inf"))
+    if not (torch.isfinite(loss) and torch.isfinite(grad_norm)):
+        raise TrainingDiverged(_divergence_report(step, loss, logits, run.model))
+    for opt in run.optimizers:
+        opt.step()
+    par.after_optimizer_step()
+    for s in run.schedules:
+        s.step()
+    sync()
+    compute_s += time.perf_counter() - t2
+    step_s = time.perf_counter() - t0
+    flops = meter.train_flops
+    meter.reset()
+    return StepResult(float(loss.detach()), task_losses, grad_norm, flops, compute_s, step_s)
+
+
+def account(run: Run, state: LoopState, step: int, result: StepResult, batch: JaggedBatch,
+            indices: np.ndarray, measured: bool) -> dict[str, float]:
+    """Add the step to the loop's totals (to ``steady`` too when ``measured``: past the
+    warm-up) and return its balance measures."""
+    state.step = step
+    state.last_loss = result.loss
+    state.running.update(float(result.task_losses[0]), batch.labels)
+    seq = run.train_table.seq_lengths
+    work = batch_work(seq, indices, run.loader.cost, run.loader.model_dim)
+    step_balance = state.balance.record(measure_step(seq[indices], work))
+    spans = (state.totals, state.window, state.steady) if measured else (state.totals,
+                                                                       state.window)
+    for acc in spans:
+        acc.add(result.flops, result.compute_s, result.step_s,
+                batch.num_samples * run.info.world_size)
+    return step_balance
+
+
+def log_step(run: Run, state: LoopState, result: StepResult, step_balance: dict[str, float],
+             report: Reporter) -> None:
+    """Report the window since the last progress line (metrics and one line), then start a
+    new window."""
+    window, peak = state.window, run.peak
+    metrics = {
+        "train/loss": result.loss,
+        "train/loss_ctr": float(result.task_losses[0]),
+        "train/loss_cvr": float(result.task_losses[1]),
+        "train/ne_ctr": state.running.pop(),
+        "train/grad_norm": float(result.grad_norm),
+        "perf/samples_per_s": window.samples / window.step_s,
+        "perf/mfu_e2e": mfu(window.flops, window.step_s, peak),
+        "perf/mfu_local": mfu(window.flops, window.compute_s, peak),
+        "train/lr": run.schedules[0].get_last_lr()[0],
+        **step_balance,
+    }
+    state.window = Totals()
+    report.line(f"step {state.step:>5}/{run.recipe.train.steps}  loss {result.loss:.4f}  "
+                f"ne_ctr {metrics['train/ne_ctr']:.4f}  "
+                f"samples/s {metrics['perf/samples_per_s']:.0f}  "
+                f"straggler {step_balance['balance/straggler_overhead']:.1%}")
+    report.publish(metrics, state.step)
+
+
+def save_checkpoint(run: Run, state: LoopState, checkpoints: CheckpointStore) -> None:
+    """Collective: write the model, optimizers and this rank's extras, and commit the folder."""
+    folder = checkpoints.folder(state.step)
+    extras = CheckpointExtras(loop=state, loader=run.batcher.state_dict(),
+                              schedulers=[s.state_dict() for s in run.schedules])
+    run.state.save(folder, state.step, run.info.rank, extras)
+    checkpoints.commit(folder, state.step, {"train/loss": state.last_loss,
+                                            "step": float(state.step)})
+
+
+def summarize(run: Run, state: LoopState) -> dict[str, float]:
+    """Final eval, balance, throughput and MFU of the run (QPS and MFU over the steady steps)."""
+    steady, totals, peak = state.steady, state.totals, run.peak
     e2e = mfu(steady.flops, steady.step_s, peak)
     local = mfu(steady.flops, steady.compute_s, peak)
     summary = {
-        **ev,
-        **balance.summary(),
+        **evaluate(run.model, run.eval_table, run.recipe, run.device, run.info),
+        **state.balance.summary(),
         "perf/qps": steady.samples / steady.step_s if steady.step_s else float("nan"),
         "perf/qps_all_steps": totals.samples / totals.step_s if totals.step_s else float("nan"),
         "perf/steps_measured": float(steady.steps),
         "perf/mfu_e2e": e2e,
         "perf/mfu_local": local,
         "perf/scaling_ratio": e2e / local if local > 0 else float("nan"),
-        "perf/train_flops_per_step": totals.flops / recipe.train.steps,
+        "perf/train_flops_per_step": totals.flops / run.recipe.train.steps,
         "perf/peak_tflops": peak.tflops,
-        "perf/world_size": float(info.world_size),
-        "train/final_loss": last_loss,
-        "train/steps": float(recipe.train.steps),
+        "perf/world_size": float(run.info.world_size),
+        "train/final_loss": state.last_loss,
+        "train/steps": float(run.recipe.train.steps),
     }
-    if meta.planted_auc:
-        for task, value in meta.planted_auc.items():
+    if run.meta.planted_auc:
+        for task, value in run.meta.planted_auc.items():
             summary[f"planted/auc_{task}"] = float(value)
-    publish(summary, recipe.train.steps)
-    summary["peak_source"] = peak.source  # type: ignore[assignment]
     return summary
 
 
-__all__ = ["CheckpointStore", "RankInfo", "TrainingDiverged", "build_model", "compute_loss",
-           "evaluate", "train"]
+def train(recipe: Recipe, sink: MetricSink | None = None,
+          echo: Callable[[str], None] = print,
+          checkpoints: CheckpointStore | None = None,
+          published_through: int = 0,
+          on_step: Callable[[int], None] | None = None) -> RunSummary:
+    """Train per the recipe on this rank; returns the run summary (same on every rank).
+
+    ``sink`` and ``echo`` receive metrics and progress lines on rank 0 (see Reporter). With
+    ``checkpoints``, the run resumes from the latest checkpoint and saves one every
+    ``checkpoints.every`` steps. A resumed run replays the steps after its checkpoint;
+    ``published_through`` (the last step the run's record already holds) keeps those from
+    being published twice. ``on_step(step)`` runs after each training step (a profiler's
+    clock).
+    """
+    info = RankInfo.current()
+    report = Reporter(info.is_chief, sink, echo, published_through)
+    run = setup(recipe, info)
+    state, start_epoch = resume(run, checkpoints, report)
+    cfg = recipe.train
+    # QPS and MFU leave out each process's first steps: they pay kernel compilation and
+    # autotuning (a first trial's QPS read up to 30% low with them counted).
+    warm_until = state.step + min(cfg.perf_warmup_steps, cfg.steps - state.step - 1)
+    meter = FlopMeter(run.model)
+    steps = range(state.step + 1, cfg.steps + 1)
+    for step, (batch, indices) in zip(steps, batch_stream(run, start_epoch), strict=False):
+        result = timed_step(run, batch, step, meter)
+        step_balance = account(run, state, step, result, batch, indices,
+                               measured=step > warm_until)
+        if step % cfg.log_every == 0 or step == cfg.steps:
+            log_step(run, state, result, step_balance, report)
+        if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps:
+            report.publish(evaluate(run.model, run.eval_table, recipe, run.device, info), step)
+        if checkpoints and checkpoints.every and step % checkpoints.every == 0 \
+                and step < cfg.steps:
+            save_checkpoint(run, state, checkpoints)
+        if on_step:
+            on_step(step)
+
+    metrics = summarize(run, state)
+    report.publish(metrics, cfg.steps)
+    return {**metrics, "peak_source": run.peak.source}
+
+
+__all__ = ["CheckpointStore", "MetricSink", "RankInfo", "Reporter", "Run", "RunSummary",
+           "TrainingDiverged", "build_model", "compute_loss", "evaluate", "train"]

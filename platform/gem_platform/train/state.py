@@ -1,0 +1,90 @@
+"""What the training loop carries from step to step, and what a checkpoint keeps of it.
+
+``LoopState`` is the loop's own progress (step, last loss, time and FLOP totals, balance and
+running-NE accumulators); ``CheckpointExtras`` is everything a rank saves beside the model and
+optimizer state (see gem_platform.train.checkpoint) so that a resumed run continues exactly
+where the saved one stood.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from gem_platform.balance.stats import BalanceTracker
+from gem_platform.train.metrics import normalized_entropy
+
+
+@dataclass
+class Totals:
+    """Sums over a span of steps: useful FLOPs, compute and step seconds, samples (all ranks)."""
+
+    flops: float = 0.0
+    compute_s: float = 0.0
+    step_s: float = 0.0
+    samples: float = 0.0
+    steps: int = 0
+
+    def add(self, flops: float, compute_s: float, step_s: float, samples: float) -> None:
+        self.flops += flops
+        self.compute_s += compute_s
+        self.step_s += step_s
+        self.samples += samples
+        self.steps += 1
+
+
+class RunningNE:
+    """Train-time NE over the samples since the last report (the progress line's NE)."""
+
+    def __init__(self) -> None:
+        self.loss = 0.0
+        self.pos = 0.0
+        self.count = 0
+
+    def update(self, ctr_loss: float, labels: torch.Tensor) -> None:
+        n = labels.shape[0]
+        self.loss += ctr_loss * n
+        self.pos += float(labels[:, 0].sum())
+        self.count += n
+
+    def pop(self) -> float:
+        """NE since the last ``pop``; starts a new span."""
+        value = normalized_entropy(self.loss / max(self.count, 1), self.pos / max(self.count, 1))
+        self.__init__()
+        return value
+
+
+@dataclass
+class LoopState:
+    """The loop's progress after ``step`` steps.
+
+    ``totals`` covers every step; ``window`` the steps since the last progress line;
+    ``steady`` the steps after each process's warm-up (kernel compilation and autotuning),
+    which the final QPS and MFU use."""
+
+    step: int = 0
+    last_loss: float = math.nan
+    totals: Totals = field(default_factory=Totals)
+    window: Totals = field(default_factory=Totals)
+    steady: Totals = field(default_factory=Totals)
+    balance: BalanceTracker = field(default_factory=BalanceTracker)
+    running: RunningNE = field(default_factory=RunningNE)
+
+
+@dataclass
+class CheckpointExtras:
+    """A rank's part of a checkpoint beside model and optimizer state: the loop's progress,
+    the batcher's position (``Batcher.state_dict``) and the LR schedulers' states (one per
+    optimizer, in the loop's optimizer order)."""
+
+    loop: LoopState
+    loader: dict[str, Any]
+    schedulers: list[dict[str, Any]]
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the batcher continues in."""
+        return int(self.loader["epoch"])
