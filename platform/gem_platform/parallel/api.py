@@ -41,11 +41,6 @@ class Parallelized:
     expert_group: dist.ProcessGroup | None = None
     replica_sync: Callable[[], None] | None = None
 
-    @property
-    def fused_sparse(self) -> bool:
-        """True when the embedding tables are updated by TorchRec's fused optimizer."""
-        return self.sparse_optimizer is not None
-
     def sync_gradients(self) -> None:
         all_reduce_gradients(self.replicated_params, self.world_size)
 
@@ -100,9 +95,37 @@ def parallelize(model: nn.Module, recipe: Recipe) -> Parallelized:
     world = _world()
     choice = StrategyChoice.from_config(recipe.parallel)
     broadcast_parameters(model)
-    if world == 1 or choice.name == "data_parallel":
+    if world == 1:
+        return _single_process(model, recipe, choice)
+    if choice.name == "data_parallel":
         return _data_parallel(model, world)
     return _compose(model, recipe, choice, world)
+
+
+def _single_process(model: nn.Module, recipe: Recipe, choice: StrategyChoice) -> Parallelized:
+    """One process: the whole dense model here; tables through TorchRec's fused path (one-rank
+    DistributedModelParallel, table-wise unless a layout is asked for) on CUDA where
+    fbgemm-gpu's CUDA build runs or wherever a layout is asked for, else plain (dense)."""
+    from gem_platform.parallel.single import (
+        ensure_process_group,
+        wants_fused_tables,
+        warn_dense_tables,
+    )
+
+    device = next(model.parameters()).device
+    if not wants_fused_tables(device, choice.shard_embeddings):
+        warn_dense_tables(list(model.embedding_parameters()), device)
+        return _data_parallel(model, 1)
+    from gem_platform.parallel.embeddings import EmbeddingShardingSpec, shard_embeddings
+
+    layout = recipe.parallel.embedding_sharding
+    spec = EmbeddingShardingSpec("table_wise" if layout == "auto" else layout, 1,
+                                 recipe.train.sparse_lr, device.type)
+    inner = shard_embeddings(model, spec, ensure_process_group(device), device)
+    table_ids = {id(p) for p in inner.module.embedding_parameters()}
+    dense = [p for p in inner.module.parameters() if id(p) not in table_ids]
+    return Parallelized(model=inner.module, dense_params=dense, sparse_params=[],
+                        strategy="torchrec_sharding", sparse_optimizer=inner.fused_optimizer)
 
 
 def _data_parallel(model: nn.Module, world: int) -> Parallelized:
