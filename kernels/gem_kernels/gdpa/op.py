@@ -233,13 +233,15 @@ class GDPAFunction(torch.autograd.Function):
                                  f"{[m.value for m in BackwardMode if m.deterministic]}")
         ctx.save_for_backward(q, k, v, q_offsets, kv_offsets)
         ctx.meta = (max_q, max_kv, activation, scale, norm_code, dkdv_cfg, dq_cfg,
-                    bwd_mode is None and dkdv_cfg is None, mode)
+                    bwd_mode is None and dkdv_cfg is None)
+        ctx.mode = mode  # the plan the backward runs (ONE_PASS: or a tuned one-pass variant)
         return out
 
     @staticmethod
     def backward(ctx, do):
         q, k, v, q_offsets, kv_offsets = ctx.saved_tensors
-        max_q, max_kv, activation, scale, norm_code, dkdv_cfg, dq_cfg, tune, mode = ctx.meta
+        max_q, max_kv, activation, scale, norm_code, dkdv_cfg, dq_cfg, tune = ctx.meta
+        mode = ctx.mode
         act, do = ACT_CODE[activation], do.contiguous()
         args = (q, k, v, do, q_offsets, kv_offsets, max_q, max_kv, act, norm_code, scale)
         if tune and mode is BackwardMode.ONE_PASS:
