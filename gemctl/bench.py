@@ -8,6 +8,9 @@ from typing import Annotated
 
 import typer
 
+from gemctl.errors import user_errors
+from gemctl.options import epilog
+
 BENCHES: dict[str, tuple[str, str]] = {
     "attention": ("gem_kernels.bench.jfa",
                   "Jagged flash attention vs varlen_attn, nested SDPA, padded SDPA."),
@@ -38,7 +41,9 @@ def _command(module: str):
 
 
 def register(app: typer.Typer) -> None:
-    bench = typer.Typer(no_args_is_help=True, help="Benchmarks: a table plus JSON per run.")
+    bench = typer.Typer(no_args_is_help=True, help="Benchmarks: a table plus JSON per run.",
+                        context_settings={"help_option_names": ["-h", "--help"]})
     for name, (module, help_text) in BENCHES.items():
-        bench.command(name, help=help_text)(_command(module))
+        bench.command(name, help=help_text, epilog=epilog(
+            f"gemctl bench {name} --out bench_results --quick"))(user_errors(_command(module)))
     app.add_typer(bench, name="bench")

@@ -7,14 +7,19 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import asdict
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.markup import escape
 from rich.table import Table
 
 from gemctl import render
+from gemctl.errors import user_errors
+from gemctl.options import JsonOpt, epilog
+
+if TYPE_CHECKING:
+    from gem_platform.remote import JobView
 
 AddressOpt = Annotated[str | None, typer.Option(
     "--address", help="Ray Jobs API (dashboard) URL, http://HEAD:8265; default RAY_ADDRESS "
@@ -25,7 +30,7 @@ STATUS_STYLE = {"SUCCEEDED": "green", "FAILED": "red", "STOPPED": "yellow",
 
 
 def _styled(status: str) -> str:
-    return f"[{STATUS_STYLE.get(status, 'white')}]{status}[/]"
+    return f"[{STATUS_STYLE.get(status, 'white')}]{render.esc(status)}[/]"
 
 
 def _when(value: object) -> str:
@@ -47,58 +52,77 @@ def _describe(command: str, path: Path, sets: list[str]) -> str:
 
 
 def submit_remote(path: Path, sets: list[str], address: str, *, local: bool = False,
-                  command: str = "submit", extra_args: list[str] | None = None) -> str:
+                  command: str = "submit", extra_args: list[str] | None = None,
+                  quiet: bool = False) -> str:
     """Validate the recipe (or sweep spec) here, submit `gemctl <command> PATH ...` as a Ray
-    job on the cluster at ``address``, and say how to follow it. Returns the job id.
+    job on the cluster at ``address``, and say how to follow it (on stderr when ``quiet``, so
+    stdout can carry JSON). Returns the job id.
 
     `gemctl sweep SPEC --address http://...` calls this with ``command="sweep"``.
     """
     from gem_platform.remote import resolve_jobs_address, submit_recipe
 
+    con = render.progress_console(quiet)
     what = _describe(command, path, sets)
     address = resolve_jobs_address(address)
-    render.console.print(f"[bold]gemctl {command}[/] {escape(str(path))}: {escape(what)} "
-                         "as a Ray job", highlight=False, soft_wrap=True)
+    con.print(f"[bold]gemctl {command}[/] {render.esc(path)}: {render.esc(what)} as a Ray job",
+              highlight=False, soft_wrap=True)
     job_id = submit_recipe(path, sets, address, local=local, command=command,
                            extra_args=extra_args or [])
     # soft_wrap: the commands stay on one line each, ready to copy.
-    render.console.print(f"[green]submitted[/] job [bold]{job_id}[/] to {address}",
-                         highlight=False, soft_wrap=True)
-    suffix = f" --address {address}"
-    render.console.print(f"  follow: gemctl logs {job_id} --follow{suffix}\n"
-                         f"  status: gemctl status {job_id}{suffix}\n"
-                         f"  stop:   gemctl stop {job_id}{suffix}", highlight=False,
-                         soft_wrap=True)
+    job, where = render.esc(job_id), render.esc(address)
+    con.print(f"[green]submitted[/] job [bold]{job}[/] to {where}", highlight=False,
+              soft_wrap=True)
+    suffix = f" --address {where}"
+    con.print(f"  follow: gemctl logs {job} --follow{suffix}\n"
+              f"  status: gemctl status {job}{suffix}\n"
+              f"  stop:   gemctl stop {job}{suffix}", highlight=False, soft_wrap=True)
     return job_id
+
+
+def jobs_table(views: list[JobView]) -> Table:
+    """One row per job: id, status, start time and the gemctl command it runs."""
+    table = Table(title="Ray jobs", title_justify="left")
+    table.add_column("job", no_wrap=True, min_width=max([len(v.job_id) for v in views] + [3]))
+    table.add_column("status", no_wrap=True)
+    table.add_column("started")
+    table.add_column("command", overflow="fold")
+    for view in views:
+        table.add_row(render.esc(view.job_id), _styled(view.status), _when(view.start_time),
+                      render.esc(view.metadata.get("gem.command", view.entrypoint)))
+    return table
+
+
+def _view_dict(view: JobView) -> dict[str, Any]:
+    return {**asdict(view), "terminal": view.terminal}
 
 
 def status(
     job: Annotated[str | None, typer.Argument(help="Job id; omit to list the cluster's jobs.")]
     = None,
     address: AddressOpt = None,
+    as_json: JsonOpt = False,
 ) -> None:
     """Show a job's status (or list the cluster's jobs)."""
     from gem_platform.remote import job_status, list_jobs
 
     if job is None:
         views = list_jobs(address)
-        table = Table(title="Ray jobs", title_justify="left")
-        table.add_column("job", no_wrap=True, min_width=max([len(v.job_id) for v in views] + [3]))
-        table.add_column("status", no_wrap=True)
-        table.add_column("started")
-        table.add_column("command", overflow="fold")
-        for view in views:
-            table.add_row(view.job_id, _styled(view.status), _when(view.start_time),
-                          escape(view.metadata.get("gem.command", view.entrypoint)))
-        render.console.print(table)
+        if as_json:
+            render.print_json({"jobs": [_view_dict(v) for v in views]})
+            return
+        render.wide().print(jobs_table(views))
         return
     view = job_status(job, address)
-    render.console.print(f"{view.job_id}: {_styled(view.status)}", highlight=False)
-    render.console.print(f"  command: {escape(view.entrypoint)}\n"
+    if as_json:
+        render.print_json(_view_dict(view))
+        return
+    render.console.print(f"{render.esc(view.job_id)}: {_styled(view.status)}", highlight=False)
+    render.console.print(f"  command: {render.esc(view.entrypoint)}\n"
                          f"  started: {_when(view.start_time)}\n"
                          f"  ended:   {_when(view.end_time)}", highlight=False, soft_wrap=True)
     if view.message:
-        render.console.print(f"  message: {escape(view.message)}", highlight=False,
+        render.console.print(f"  message: {render.esc(view.message)}", highlight=False,
                              soft_wrap=True)
 
 
@@ -120,11 +144,13 @@ def logs(
             sys.stdout.write(chunk)
             sys.stdout.flush()
     except KeyboardInterrupt:
-        render.console.print(f"\nstopped following; job {job} keeps running "
-                             f"(`gemctl stop {job}` ends it)", highlight=False, soft_wrap=True)
+        render.console.print(f"\nstopped following; job {render.esc(job)} keeps running "
+                             f"(`gemctl stop {render.esc(job)}` ends it)", highlight=False,
+                             soft_wrap=True)
         raise typer.Exit(130) from None
     view = job_status(job, address)
-    render.console.print(f"job {view.job_id}: {_styled(view.status)}", highlight=False)
+    render.console.print(f"job {render.esc(view.job_id)}: {_styled(view.status)}",
+                         highlight=False)
     if view.status != "SUCCEEDED":
         raise typer.Exit(1)
 
@@ -138,15 +164,21 @@ def stop(
     from gem_platform.remote import stop_job
 
     view = stop_job(job, address)
-    render.console.print(f"{view.job_id}: {_styled(view.status)}", highlight=False)
+    render.console.print(f"{render.esc(view.job_id)}: {_styled(view.status)}", highlight=False)
     if not view.terminal:
-        render.console.print(f"  still stopping; check with `gemctl status {job}`",
+        render.console.print(f"  still stopping; check with `gemctl status {render.esc(job)}`",
                              highlight=False, soft_wrap=True)
 
 
-def register(app: typer.Typer) -> None:
-    """Add this module's commands to the gemctl app (imported here: gemctl.main imports us)."""
-    from gemctl.main import user_errors
+EXAMPLES = {
+    status: ("gemctl status --address http://HEAD:8265",
+             "gemctl status raysubmit_XYZ --json"),
+    logs: ("gemctl logs raysubmit_XYZ --follow --address http://HEAD:8265",),
+    stop: ("gemctl stop raysubmit_XYZ --address http://HEAD:8265",),
+}
 
-    for command in (status, logs, stop):
-        app.command()(user_errors(command))
+
+def register(app: typer.Typer) -> None:
+    """Add this module's commands to the gemctl app."""
+    for command, examples in EXAMPLES.items():
+        app.command(epilog=epilog(*examples))(user_errors(command))

@@ -1,36 +1,87 @@
-"""Rendering of results and errors with rich: tables for summaries, one paragraph per error."""
+"""Rendering with rich: tables for results, one paragraph per error, JSON for scripts.
+
+Every string that came from the user or the store (paths, run names, recipe values, error
+texts) goes through :func:`esc` before rich sees it, so it is shown as written and never read
+as markup; credentials in any URI are masked on the way.
+"""
 
 from __future__ import annotations
 
+import json
 import math
-from typing import Any
+import sys
+from typing import Any, TextIO
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+
+from gem_platform.net import redact
 
 console = Console()
 err_console = Console(stderr=True)
+# Where machine-readable results go; gemctl.quiet points it at the terminal while library
+# output is routed to a log file.
+result_stream: TextIO | None = None
+
+
+def esc(value: Any) -> str:
+    """``value`` as text safe inside rich markup: credentials masked, brackets escaped."""
+    return escape(redact(str(value)))
 
 
 def fmt(value: Any) -> str:
+    """A metric for a table cell: 4 decimals, thousands separators from 1000, '-' for NaN."""
     if isinstance(value, float):
         if math.isnan(value):
             return "-"
         if abs(value) >= 1000:
             return f"{value:,.0f}"
         return f"{value:.4f}"
-    return str(value)
+    return esc(value)
 
 
 def error(problem: str, fix: str | None = None) -> None:
-    text = f"[bold red]error:[/] {problem}"
+    """One paragraph on stderr: ``error: PROBLEM FIX``; both are shown literally."""
+    text = f"[bold red]error:[/] {esc(problem)}"
     if fix:
-        text += f" {fix}"
+        text += f" {esc(fix)}"
     err_console.print(text, highlight=False, soft_wrap=True)
 
 
-def summary_tables(run_id: str, summary: dict[str, Any], tracking_uri: str) -> list[Table]:
-    """NE and AUC per task with the planted ceiling; then throughput, MFU and balance."""
+def wide(target: Console | None = None) -> Console:
+    """``target`` (default the stdout console) in a terminal; a 160-column console writing to
+    the same stream elsewhere, where rich would fold every table cell to 80 columns."""
+    target = target or console
+    if target.is_terminal:
+        return target
+    return Console(file=target.file, width=160)
+
+
+def progress_console(as_json: bool) -> Console:
+    """Where progress goes: stderr when stdout carries a JSON result, else stdout."""
+    return err_console if as_json else console
+
+
+def print_json(obj: Any) -> None:
+    """A machine-readable result on stdout (credentials masked), one JSON document."""
+    stream = result_stream or sys.stdout
+    stream.write(redact(json.dumps(obj, indent=2, default=str)) + "\n")
+    stream.flush()
+
+
+def duration(seconds: float) -> str:
+    """``1:02:03`` / ``2:03`` style wall time."""
+    seconds = max(0, int(round(seconds)))
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+def summary_tables(run_id: str, summary: dict[str, Any], tracking_uri: str,
+                   wall_s: float | None = None) -> list[Table]:
+    """NE and AUC per task with the planted ceiling; then throughput, MFU, balance, wall time
+    and where the run is recorded."""
     table = Table(title="quality (held-out)", title_justify="left")
     table.add_column("metric")
     table.add_column("ctr", justify="right")
@@ -59,7 +110,9 @@ def summary_tables(run_id: str, summary: dict[str, Any], tracking_uri: str) -> l
     if "perf/world_size" in summary:
         perf.add_row("workers", str(int(summary["perf/world_size"])))
     if "peak_source" in summary:
-        perf.add_row("peak source", str(summary["peak_source"]))
-    perf.add_row("MLflow run", run_id)
-    perf.add_row("MLflow store", tracking_uri)
+        perf.add_row("peak source", esc(summary["peak_source"]))
+    if wall_s is not None:
+        perf.add_row("wall time", duration(wall_s))
+    perf.add_row("MLflow run", esc(run_id))
+    perf.add_row("MLflow store", esc(tracking_uri))
     return [table, perf]

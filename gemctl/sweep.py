@@ -1,5 +1,5 @@
-"""gemctl sweep commands: run an ablation sweep on Ray Tune, compare its arms (with regression
-gates for scheduled pipelines), and list recent runs."""
+"""gemctl sweep commands: run an ablation sweep (on Ray Tune, or in this process), and compare
+its arms (with regression gates for scheduled pipelines)."""
 
 from __future__ import annotations
 
@@ -14,23 +14,19 @@ from rich.console import Console
 from rich.table import Table
 
 from gemctl import render
+from gemctl.errors import run_failed, user_errors
+from gemctl.jobs import submit_remote
+from gemctl.options import JsonOpt, TrackingOpt, VerboseOpt, epilog
+from gemctl.progress import TrainingProgress
+from gemctl.quiet import LibraryOutput
+from gemctl.runs import store_uri as _uri
 
 # Tables of many numeric columns: full width in a terminal, 160 columns in logs (CI, files),
 # where rich would otherwise fold every cell to 80.
 console = render.console if render.console.is_terminal else Console(width=160)
 
-TrackingOpt = Annotated[str | None, typer.Option(
-    "--tracking-uri", help="MLflow store; default MLFLOW_TRACKING_URI or ./mlflow.db.")]
 SetOpt = Annotated[list[str] | None, typer.Option(
     "--set", "-s", help="Override a field of the base recipe for every arm (repeatable).")]
-
-
-def _uri(tracking_uri: str | None) -> str:
-    from gem_platform.tracking import check_reachable, resolve_tracking_uri
-
-    uri = resolve_tracking_uri(tracking_uri)
-    check_reachable(uri)
-    return uri
 
 
 def _pm(mean: float, std: float, digits: int = 4) -> str:
@@ -64,7 +60,8 @@ def comparison_tables(cmp) -> list[Table]:
     methods = {d.method for arm in cmp.arms for d in arm.deltas.values()}
     labels = {"paired": "paired over seeds", "welch": "Welch"}
     how = " / ".join(labels[m] for m in sorted(methods))
-    q = Table(title=f"quality per arm: mean±std over seeds; Δ vs baseline '{cmp.baseline}' "
+    q = Table(title=f"quality per arm: mean±std over seeds; Δ vs baseline "
+                    f"'{render.esc(cmp.baseline)}' "
                     f"(*) [95% CI{', ' + how if how else ''}]", title_justify="left")
     for col in ("arm", "task", "seeds"):
         q.add_column(col)
@@ -75,7 +72,8 @@ def comparison_tables(cmp) -> list[Table]:
             ne, auc = arm.metrics[f"eval/ne_{task}"], arm.metrics[f"eval/auc_{task}"]
             cal = arm.metrics.get(f"eval/calibration_{task}")
             per_seed = zip(arm.seeds, arm.per_seed.get(f"eval/ne_{task}", []), strict=False)
-            q.add_row(arm.arm + ("*" if arm.arm == cmp.baseline else ""), task,
+            q.add_row(render.esc(arm.arm) + ("*" if arm.arm == cmp.baseline else ""),
+                      render.esc(task),
                       str(ne.n), _pm(ne.mean, ne.std),
                       " ".join(f"{s}:{v:.4f}" for s, v in per_seed if v is not None),
                       _styled_delta(arm.deltas.get(f"eval/ne_{task}"), True, "%", 3),
@@ -89,7 +87,7 @@ def comparison_tables(cmp) -> list[Table]:
     for arm in cmp.arms:
         m = arm.metrics
         qps = m["perf/qps"]
-        e.add_row(arm.arm, _pm(qps.mean, qps.std, 0),
+        e.add_row(render.esc(arm.arm), _pm(qps.mean, qps.std, 0),
                   _styled_delta(arm.deltas.get("perf/qps"), False, "%", 1),
                   _pm(m["perf/mfu_e2e"].mean, m["perf/mfu_e2e"].std),
                   _pm(m["balance/padding_waste_mean"].mean,
@@ -118,7 +116,8 @@ def verdict_table(cmp) -> Table:
         settle = "" if v.verdict != "inconclusive" else (
             f"~{v.seeds_needed} seeds" if v.seeds_needed else
             "needs 2+ seeds" if math.isnan(v.low) else "unknown")
-        t.add_row(v.arm, v.metric.removeprefix("eval/"), reg, f"{v.limit:g}{v.unit}",
+        t.add_row(render.esc(v.arm), render.esc(v.metric.removeprefix("eval/")), reg,
+                  f"{v.limit:g}{v.unit}",
                   f"[{VERDICT_STYLE[v.verdict]}]{v.verdict.upper()}[/]", str(v.seeds), settle)
     return t
 
@@ -161,64 +160,137 @@ def _default_plot(ids: list[str]) -> Path:
     return Path("gem_runs/compare") / f"{label}-ne.png"
 
 
+def _narrowed(plan, arms: list[str] | None, seeds: list[int] | None):
+    from gem_platform.sweep.inprocess import narrowed
+
+    unique = list(dict.fromkeys(seeds)) if seeds else None  # --seeds 0 --seeds 0 runs once
+    return narrowed(plan, unique, arms)
+
+
+def _sweep_in_process(plan, out: Path, new: bool, as_json: bool, verbose: bool) -> None:
+    """The sweep's trials one after another in this process (no Ray, no MLflow); results go to
+    ``out``, rewritten after every trial, and the comparison is printed at the end."""
+    from gem_platform.sweep.compare import compare as compare_runs
+    from gem_platform.sweep.inprocess import run_in_process
+
+    con = render.progress_console(as_json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with LibraryOutput(f"sweep-{plan.name}", verbose) as lib, \
+            TrainingProgress(con, plan.name, trials=len(plan.trials())) as progress:
+        done = run_in_process(plan, out, echo=progress.echo, resume=not new)
+    cmp = compare_runs("", [str(out)], plan.baseline) if done else None
+    if as_json:
+        render.print_json({"results": str(out), "trials": len(done), "wall_s": progress.wall_s,
+                           "log": str(lib.path) if lib.path else None,
+                           "comparison": cmp.to_dict() if cmp else None})
+        return
+    if cmp is not None:
+        _render_comparison(cmp, "", None, False, [str(out)])
+    con.print(f"sweep {render.esc(plan.name)}: {len(done)}/{len(plan.trials())} trials in "
+              f"{render.esc(out)} (compare: gemctl compare {render.esc(out)}); wall time "
+              f"{render.duration(progress.wall_s)}", highlight=False)
+
+
 def sweep(
     spec: Annotated[Path, typer.Argument(help="Sweep spec YAML, e.g. "
-                                         "recipes/ablations/attention.yaml.")],
+                                         "recipes/ablations/attention.yaml.",
+                                         show_default=False)],
     set_: SetOpt = None,
+    arms: Annotated[list[str] | None, typer.Option(
+        "--arms", help="Run only these arms (repeatable: --arms full --arms block64).")] = None,
+    seeds: Annotated[list[int] | None, typer.Option(
+        "--seeds", help="Run these seeds instead of the spec's (repeatable).")] = None,
+    in_process: Annotated[bool, typer.Option(
+        "--in-process", help="Train the trials one after another in this process: no Ray, "
+        "no MLflow; results go to --out (a lone GPU box).")] = False,
+    out: Annotated[Path | None, typer.Option(
+        help="Results file of an --in-process sweep; default gem_runs/sweeps/<name>.json. "
+        "Running again resumes it.")] = None,
     new: Annotated[bool, typer.Option(
         "--new", help="Start a fresh sweep even if this spec already ran.")] = False,
     address: Annotated[str | None, typer.Option(
         "--address", help="Existing Ray cluster (ray://HEAD:10001); default RAY_ADDRESS or an "
         "embedded local Ray. http://HEAD:8265 submits the sweep as a Ray job there.")] = None,
     tracking_uri: TrackingOpt = None,
+    as_json: JsonOpt = False,
+    verbose: VerboseOpt = False,
 ) -> None:
     """Run an ablation sweep (arms x seeds) on Ray Tune; one MLflow parent run, one child run
     per trial. Running the same spec again resumes an interrupted sweep."""
+    from gem_platform.errors import GemError
     from gem_platform.remote import jobs_address_for_submit
 
-    jobs_address = jobs_address_for_submit(address, local=False)
+    if in_process and (address or tracking_uri):
+        raise GemError("--in-process trains here without Ray or MLflow; --address and "
+                       "--tracking-uri don't apply.", "Drop them, or drop --in-process.")
+    jobs_address = None if in_process else jobs_address_for_submit(address, local=False)
     if jobs_address:  # http(s)://HEAD:8265: the whole sweep runs as a Ray job there
-        from gemctl.jobs import submit_remote
-
-        submit_remote(spec, set_ or [], jobs_address, command="sweep",
-                      extra_args=["--new"] if new else None)
+        extra = (["--new"] if new else []) + [a for arm in arms or [] for a in ("--arms", arm)] \
+            + [a for seed in seeds or [] for a in ("--seeds", str(seed))] + (
+            ["--tracking-uri", tracking_uri] if tracking_uri else [])
+        job_id = submit_remote(spec, set_ or [], jobs_address, command="sweep",
+                               extra_args=extra or None, quiet=as_json)
+        if as_json:
+            render.print_json({"job_id": job_id, "address": jobs_address})
         return
 
     from gem_platform.sweep.config import load_sweep
 
-    plan = load_sweep(spec, set_ or [], tracking_uri)
-    # Ray, torch and MLflow load only once the spec and every arm's recipe are valid, so a bad
-    # spec is reported in a second.
-    from gem_platform.sweep.compare import compare as compare_runs
-    from gem_platform.sweep.runner import run_sweep
+    plan = _narrowed(load_sweep(spec, set_ or [], tracking_uri), arms, seeds)
+    con = render.progress_console(as_json)
+    names = ", ".join(a.name for a in plan.arms)
+    con.print(f"[bold]gemctl sweep[/] {render.esc(spec)}: {len(plan.arms)} arms "
+              f"({render.esc(names)}) x seeds {plan.seeds}, "
+              + ("in this process" if in_process else f"{plan.max_concurrent} at a time")
+              + f", baseline '{render.esc(plan.baseline)}'", highlight=False)
+    if in_process:
+        _sweep_in_process(plan, out or Path("gem_runs/sweeps") / f"{plan.name}.json", new,
+                          as_json, verbose)
+        return
+    with LibraryOutput(f"sweep-{plan.name}", verbose) as lib:
+        # Ray, torch and MLflow load only once the spec and every arm's recipe are valid, so a
+        # bad spec is reported in a second.
+        from gem_platform.sweep.compare import compare as compare_runs
+        from gem_platform.sweep.runner import run_sweep
 
-    arms = ", ".join(a.name for a in plan.arms)
-    console.print(
-        f"[bold]gemctl sweep[/] {spec}: {len(plan.arms)} arms ({arms}) x seeds {plan.seeds}, "
-        f"{plan.max_concurrent} at a time, baseline '{plan.baseline}'", highlight=False)
-    try:
-        outcome = run_sweep(plan, new=new, address=address,
-                            echo=lambda line: console.print(line, highlight=False))
-    except KeyboardInterrupt:
-        render.error("Sweep interrupted.", "Run the same command again to resume it: finished "
-                     "trials are kept, unfinished ones rerun.")
-        raise typer.Exit(130) from None
-    except RuntimeError as err:
-        render.error(str(err).splitlines()[0], "The parent run is marked FAILED with the "
-                     "reason; run the same command again to resume once it is fixed.")
-        raise typer.Exit(1) from None
-    if outcome.child_run_ids:
-        cmp = compare_runs(outcome.tracking_uri, [outcome.sweep_id], plan.baseline)
-        _render_comparison(cmp, outcome.tracking_uri, _default_plot([outcome.sweep_id]), False)
-    console.print(f"sweep [bold]{outcome.sweep_id}[/] {outcome.status}: "
-                         f"{len(outcome.child_run_ids)}/{len(plan.trials())} trials recorded; "
-                         f"parent run {outcome.parent_run_id}", highlight=False)
+        with TrainingProgress(con, plan.name, trials=len(plan.trials())) as progress:
+            lib.on_line = progress.take
+            try:
+                outcome = run_sweep(plan, new=new, address=address, echo=progress.echo)
+            except KeyboardInterrupt:
+                render.error("Sweep interrupted.", "Run the same command again to resume it: "
+                             "finished trials are kept, unfinished ones rerun.")
+                raise typer.Exit(130) from None
+            except RuntimeError as err:
+                where = f" Library output: {lib.path}." if lib.path else ""
+                raise run_failed(str(err).splitlines()[0], "The parent run is marked FAILED "
+                                 "with the reason; run the same command again to resume once "
+                                 f"it is fixed.{where}") from None
+            cmp = (compare_runs(outcome.tracking_uri, [outcome.sweep_id], plan.baseline)
+                   if outcome.child_run_ids else None)
+    if as_json:
+        render.print_json({
+            "sweep_id": outcome.sweep_id, "status": outcome.status,
+            "parent_run_id": outcome.parent_run_id, "tracking_uri": outcome.tracking_uri,
+            "wall_s": progress.wall_s, "log": str(lib.path) if lib.path else None,
+            "trials": [{"arm": a, "seed": s, "run_id": outcome.child_run_ids.get((a, s)),
+                        "error": outcome.errors.get((a, s))} for a, s in plan.trials()],
+            "comparison": cmp.to_dict() if cmp else None})
+    else:
+        if cmp is not None:
+            _render_comparison(cmp, outcome.tracking_uri, _default_plot([outcome.sweep_id]),
+                               False)
+        con.print(f"sweep [bold]{render.esc(outcome.sweep_id)}[/] {outcome.status}: "
+                  f"{len(outcome.child_run_ids)}/{len(plan.trials())} trials recorded; parent "
+                  f"run {render.esc(outcome.parent_run_id)}; wall time "
+                  f"{render.duration(progress.wall_s)}", highlight=False)
+        if lib.path:
+            con.print(f"library output: {render.esc(lib.path)}", highlight=False)
     if outcome.status == "FAILED":
         for (arm, seed), err in outcome.errors.items():
             render.error(f"trial {arm} seed {seed} failed: {err}")
-        render.error("Some trials failed.", "Fix the cause and run the same command again: "
-                     "finished trials are kept, failed ones rerun.")
-        raise typer.Exit(1)
+        raise run_failed("Some trials failed.", "Fix the cause and run the same command "
+                         "again: finished trials are kept, failed ones rerun.")
     if outcome.status == "KILLED":
         render.error("Sweep interrupted.", "Run the same command again to resume it.")
         raise typer.Exit(130)
@@ -288,41 +360,15 @@ def compare(
         raise typer.Exit(code)
 
 
-def runs(
-    limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="How many runs.")] = 20,
-    experiment: Annotated[str | None, typer.Option(help="Only this experiment.")] = None,
-    sweep_id: Annotated[str | None, typer.Option("--sweep", help="Only this sweep's runs.")]
-    = None,
-    sweeps: Annotated[bool, typer.Option("--sweeps", help="Only sweeps (parent runs).")]
-    = False,
-    tracking_uri: TrackingOpt = None,
-) -> None:
-    """List recent MLflow runs, newest first (ids to pass to `gemctl compare`)."""
-    from gem_platform.sweep.runs import list_runs
-
-    uri = _uri(tracking_uri)
-    rows = list_runs(uri, limit, experiment, sweep_id, sweeps)
-    table = Table(title=f"recent runs in {uri}", title_justify="left")
-    for col in ("run id", "status", "started", "experiment", "run", "NE ctr", "AUC ctr"):
-        table.add_column(col, no_wrap=col in ("run id", "started"), overflow="fold")
-    style = {"FINISHED": "green", "FAILED": "red", "KILLED": "yellow", "RUNNING": "cyan"}
-    for r in rows:
-        kind = {"sweep": f"sweep {r.sweep_id}",
-                "trial": f"{r.sweep_id} {r.arm} seed {r.seed}"}.get(r.role, r.name)
-        started = time.strftime("%m-%d %H:%M", time.localtime(r.start_ms / 1000))
-        table.add_row(r.run_id, f"[{style.get(r.status, 'white')}]{r.status}[/]", started,
-                      r.experiment, kind,
-                      render.fmt(r.ne_ctr) if r.ne_ctr is not None else "",
-                      render.fmt(r.auc_ctr) if r.auc_ctr is not None else "")
-    if not rows:
-        console.print(f"no runs yet in {uri}")
-        return
-    console.print(table)
-
-
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to the gemctl app (imported here: gemctl.main imports us)."""
-    from gemctl.main import user_errors
-
-    for command in (sweep, compare, runs):
-        app.command()(user_errors(command))
+    """Add this module's commands to the gemctl app."""
+    app.command("sweep", epilog=epilog(
+        "gemctl sweep recipes/ablations/attention.yaml",
+        "gemctl sweep recipes/ablations/precision.yaml --arms bf16 --arms fp8_b32 --seeds 0 "
+        "--in-process",
+        "gemctl sweep recipes/ablations/attention.yaml --json > sweep.json"))(user_errors(sweep))
+    app.command("compare", epilog=epilog(
+        "gemctl compare attention-20250101-120000 --max-ne-regression 0.1%",
+        "gemctl compare gem_runs/sweeps/precision.json --json",
+        codes="Exit codes: 0 every gate passed (or none set); 1 a gate failed; 2 bad input; "
+        "3 no gate failed but one is inconclusive; 130 interrupted."))(user_errors(compare))

@@ -1,0 +1,52 @@
+"""How every gemctl command ends: bad input is one paragraph and exit code 2, a run that failed
+after it started exits 1, an interrupt (Ctrl-C or SIGTERM) exits 130. No traceback reaches
+the user for any of them."""
+
+from __future__ import annotations
+
+import functools
+import signal
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import typer
+
+from gemctl import render
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_CODES = ("Exit codes: 0 success; 1 the run or job failed after it started; 2 bad input "
+              "(the message names it and the fix); 130 interrupted (Ctrl-C or SIGTERM).")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _terminate_as_interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def user_errors(fn: F) -> F:
+    """Wrap a command: GemError -> its problem and fix on stderr, exit 2; KeyboardInterrupt
+    (SIGTERM is turned into one, so a killed command still closes its MLflow run and stops the
+    servers it started) -> exit 130."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from gem_platform.errors import GemError
+
+        signal.signal(signal.SIGTERM, _terminate_as_interrupt)
+        try:
+            return fn(*args, **kwargs)
+        except GemError as err:
+            render.error(err.problem, err.fix)
+            raise typer.Exit(EXIT_BAD_INPUT) from None
+        except KeyboardInterrupt:
+            render.error("Interrupted.")
+            raise typer.Exit(EXIT_INTERRUPTED) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def run_failed(message: str, fix: str) -> typer.Exit:
+    """Report a run that failed after it started; the caller raises the returned Exit(1)."""
+    render.error(message, fix)
+    return typer.Exit(EXIT_FAILED)

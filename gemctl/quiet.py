@@ -1,0 +1,144 @@
+"""Library output (Ray's driver and worker logs, MLflow's INFO lines, torchmetrics and other
+warnings, fbgemm's banners, Tune's tables) routed to a log file while a command runs, so the
+terminal shows gemctl's own progress and results only. ``--verbose`` leaves it on the
+terminal.
+
+Routing works on the file descriptors (1 and 2), so output from C++ code and from loggers
+created before the command started is caught too. gemctl's consoles keep writing to the
+terminal. Lines that a caller wants to see (a sweep's trial progress, which reaches the
+driver through Ray's log forwarding) can be picked out with ``on_line``.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+from typing import TextIO
+
+from gemctl import render
+
+LOG_DIR = Path("gem_runs/logs")
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+# Before Ray, MLflow or torch are imported: no colour codes in forwarded lines, no "repeated
+# Nx" folding of the per-step lines a sweep's trials print, no MLflow progress bars.
+QUIET_ENV = {"RAY_COLOR_PREFIX": "0", "RAY_DEDUP_LOGS": "0", "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS":
+             "1", "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false", "RAY_AIR_NEW_OUTPUT": "0",
+             "TQDM_DISABLE": "1"}
+
+
+def log_path(label: str) -> Path:
+    """A fresh log file name under gem_runs/logs/ for one command."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", label)[:80] or "gemctl"
+    return LOG_DIR / f"{safe}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+
+
+class _LineRouter(io.TextIOBase):
+    """A text stream that hands each complete line to ``on_line`` (which returns True when it
+    took it) and writes the others to ``sink``."""
+
+    def __init__(self, sink: TextIO, on_line: Callable[[str], bool] | None) -> None:
+        self.sink, self.on_line, self._partial = sink, on_line, ""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        if self.sink.closed:
+            return len(text)
+        self._partial += text
+        *lines, self._partial = self._partial.split("\n")
+        for line in lines:
+            clean = ANSI.sub("", line)
+            try:
+                taken = self.on_line(clean)
+            except Exception:  # a display problem must never lose the line
+                taken = False
+            if not taken:
+                self.sink.write(clean + "\n")
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.sink.closed:
+            self.sink.flush()
+
+    def isatty(self) -> bool:
+        return False
+
+
+def _fd_of(stream: TextIO) -> int | None:
+    try:
+        return stream.fileno()
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+class LibraryOutput:
+    """Context manager: while active, fds 1 and 2 (and sys.stdout/err) go to ``path``;
+    render's consoles and JSON results keep the real terminal. With ``verbose`` nothing is
+    redirected. ``path`` is None when verbose."""
+
+    def __init__(self, label: str, verbose: bool = False,
+                 on_line: Callable[[str], bool] | None = None) -> None:
+        self.verbose, self.on_line = verbose, on_line
+        self.path: Path | None = None if verbose else log_path(label)
+        for key, value in QUIET_ENV.items():
+            if key != "RAY_DEDUP_LOGS" or not verbose:
+                os.environ.setdefault(key, value)
+
+    def __enter__(self) -> LibraryOutput:
+        if self.verbose:
+            return self
+        assert self.path is not None
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        self._log = open(self.path, "a", buffering=1, encoding="utf-8", errors="replace")
+        self._sys = (sys.stdout, sys.stderr)
+        self._saved_fds: list[tuple[int, int]] = []
+        terminals = []
+        for fd, stream in ((1, sys.stdout), (2, sys.stderr)):
+            if _fd_of(stream) == fd:  # a real process stream: keep a copy for the consoles
+                keep = os.dup(fd)
+                self._saved_fds.append((fd, keep))
+                terminals.append(os.fdopen(os.dup(keep), "w", buffering=1, encoding="utf-8",
+                                           errors="replace"))
+            else:  # already captured (a test runner): write where it points
+                terminals.append(stream)
+        self._terminals = terminals
+        for fd, _ in self._saved_fds:
+            os.dup2(self._log.fileno(), fd)
+        self._consoles = [(c, c._file) for c in (render.console, render.err_console)]
+        render.console.file, render.err_console.file = terminals[0], terminals[1]
+        render.result_stream = terminals[0]
+        sys.stdout = _LineRouter(self._log, self._route)  # type: ignore[assignment]
+        sys.stderr = _LineRouter(self._log, self._route)  # type: ignore[assignment]
+        return self
+
+    def _route(self, line: str) -> bool:
+        """Offer a library line to ``on_line`` (settable while active); False: log it."""
+        return bool(self.on_line and self.on_line(line))
+
+    def __exit__(self, kind: type[BaseException] | None, err: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if self.verbose:
+            return
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        sys.stdout, sys.stderr = self._sys
+        for fd, keep in self._saved_fds:
+            os.dup2(keep, fd)
+            os.close(keep)
+        for console, file in self._consoles:
+            console._file = file
+        render.result_stream = None
+        for stream in self._terminals:
+            if stream not in self._sys:
+                stream.flush()
+                stream.close()
+        self._log.close()
