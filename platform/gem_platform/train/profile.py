@@ -92,8 +92,11 @@ class StepProfile:
 
 
 def profile_recipe(recipe: Recipe, warmup: int = 20, active: int = 10, top: int = 25,
-                   echo: Callable[[str], None] = print) -> StepProfile:
-    """Train ``recipe`` for ``warmup + active`` steps and profile the last ``active``."""
+                   echo: Callable[[str], None] = print,
+                   trace: str | Path | None = None) -> StepProfile:
+    """Train ``recipe`` for ``warmup + active`` steps and profile the last ``active``; with
+    ``trace``, also write those steps as a Chrome trace (Perfetto and chrome://tracing open
+    it)."""
     from gem_platform.train.loop import pick_device, train
 
     if warmup < 2 or active < 1:
@@ -120,6 +123,8 @@ def profile_recipe(recipe: Recipe, warmup: int = 20, active: int = 10, top: int 
             prof.step()
 
         train(recipe, echo=echo, on_step=on_step)
+    if trace is not None:
+        prof.export_chrome_trace(str(trace))
 
     step_ms = (marks[total] - marks[warmup]) * 1e3 / active
     return _summarize(prof, recipe, str(device), cuda, active, step_ms, top)
