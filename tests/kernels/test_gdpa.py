@@ -250,7 +250,7 @@ def test_triton_interpreter_fp32(act, ql, kl, norm, bwd_mode) -> None:
 def test_triton_interpreter_kv_major_forward_and_one_pass_backward(act, norm) -> None:
     """Short KV: the KV-major forward and the atomic-free one-pass backward (query rows of a
     sample without KV get output and gradient exactly 0; several query tiles per item)."""
-    from gem_kernels.gdpa.triton_fwd import TileConfig
+    from gem_kernels.gdpa.triton_common import TileConfig
 
     tol = 2e-3 if act == "gelu_tanh" else 1e-5
     cfg = TileConfig(16, 16, num_warps=4, num_stages=2, ctas_per_sm=1, kv_major=True)
@@ -264,7 +264,7 @@ def test_triton_interpreter_kv_major_forward_and_one_pass_backward(act, norm) ->
 def test_triton_interpreter_tma_forward(act, flatten, prefetch) -> None:
     """Ragged TMA forward: rows past a sample read as 0 and are never written (samples with
     no KV, several query and key tiles, a tile straddling the end of the tensor)."""
-    from gem_kernels.gdpa.triton_fwd import TileConfig
+    from gem_kernels.gdpa.triton_common import TileConfig
 
     cfg = TileConfig(16, 16, num_warps=4, num_stages=2, ctas_per_sm=1, prefetch=prefetch,
                      tma=True, flatten=flatten)
@@ -278,7 +278,7 @@ def test_triton_interpreter_tma_forward(act, flatten, prefetch) -> None:
 def test_triton_interpreter_tma_one_pass_backward(act) -> None:
     """Ragged-TMA one-pass backward (dQ by atomics): empty samples, several tiles each."""
     from gem_kernels.gdpa.op import GDPAFunction
-    from gem_kernels.gdpa.triton_bwd import TileConfig
+    from gem_kernels.gdpa.triton_common import TileConfig
 
     ql, kl = [20, 0, 37, 3, 70], [5, 9, 0, 17, 66]
     q, k, v, qo, ko = _inputs(ql, kl, 2, 16, torch.float16, "cpu", seed=5)
@@ -304,7 +304,7 @@ def test_triton_interpreter_phased_one_pass_backward(act, dtype) -> None:
     never zeroed nor cast separately): samples of 1, 2 and 5 key blocks, a query-only sample
     (its dQ must be written as 0), a key-only one; same gradients as the atomic one-pass,
     also with the last phase's partial-dQ load hoisted out of the software pipeline."""
-    from gem_kernels.gdpa.triton_bwd import TileConfig
+    from gem_kernels.gdpa.triton_common import TileConfig
 
     ql, kl = [20, 0, 37, 3, 70, 6], [5, 9, 0, 17, 66, 16]
     q, k, v, qo, ko = _inputs(ql, kl, 2, 16, dtype, "cpu", seed=8)
@@ -337,7 +337,7 @@ def test_triton_interpreter_dq_transposed_backward(act, dtype, mode) -> None:
     """dQ computed as (K^T dS^T)^T (TileConfig.dq_transposed) gives the gradients of dS K, in
     the atomic and the phased plan: head_dim 32 differs from the 16-key blocks, so a swapped
     operand shape would not pass; samples of 1, 2 and 5 key blocks and empty ones."""
-    from gem_kernels.gdpa.triton_bwd import TileConfig
+    from gem_kernels.gdpa.triton_common import TileConfig
 
     ql, kl = [20, 0, 37, 3, 70, 6], [5, 9, 0, 17, 66, 16]
     q, k, v, qo, ko = _inputs(ql, kl, 2, 32, dtype, "cpu", seed=9)
@@ -388,7 +388,7 @@ def test_tuner_off_the_gpu_runs_the_default_and_caches_nothing() -> None:
 
 def test_kv_major_forward_refuses_long_kv() -> None:
     from gem_kernels.gdpa.op import forward_schedule
-    from gem_kernels.gdpa.triton_fwd import TileConfig
+    from gem_kernels.gdpa.triton_common import TileConfig
 
     qo, ko = offsets_from_lengths([3, 4]), offsets_from_lengths([20, 2])
     with pytest.raises(ValueError, match="max_kv <= block_rows"):
@@ -418,7 +418,7 @@ def test_triton_interpreter_scale_folded_or_not(scale, mode) -> None:
     [1/32, 32] and scales the scores outside it or when asked; all match the reference."""
     from gem_kernels.gdpa.activations import ACT_CODE, folds_scale
     from gem_kernels.gdpa.op import GDPAFunction
-    from gem_kernels.gdpa.triton_bwd import TileConfig
+    from gem_kernels.gdpa.triton_common import TileConfig
 
     assert folds_scale(ACT_CODE["gelu_tanh"], scale, torch.float32) == (scale == 0.3)
     ql, kl = [20, 0, 37, 3], [5, 9, 0, 17]
@@ -485,7 +485,7 @@ def test_triton_gpu(shape, dtype, dim, act) -> None:
 def test_triton_gpu_tma_forward_and_one_pass_backward(act, flatten) -> None:
     """The ragged-TMA forward and the atomic-dQ one-pass backward on the self shape."""
     from gem_kernels.gdpa.op import GDPAFunction
-    from gem_kernels.gdpa.triton_fwd import TileConfig
+    from gem_kernels.gdpa.triton_common import TileConfig
 
     ql, kl = _gpu_lengths("self")
     cfg = TileConfig(128, 64, num_warps=8, num_stages=3, ctas_per_sm=1, tma=True,

@@ -590,11 +590,8 @@ def tune_kernels(cases: dict[str, Case], emit, deadline: float) -> None:
     alone and its host time per call."""
     from gem_kernels.gdpa.activations import ACT_CODE
     from gem_kernels.gdpa.op import GDPAFunction, forward_schedule, schedule_for
-    from gem_kernels.gdpa.triton_bwd import (
-        TileConfig,
-        launch_bwd_short_kv_stream,
-        short_kv_stream_config,
-    )
+    from gem_kernels.gdpa.triton_bwd import launch_bwd_short_kv_stream, short_kv_stream_config
+    from gem_kernels.gdpa.triton_common import TileConfig
     from gem_kernels.gdpa.triton_fwd import launch_fwd
 
     def timed(name: str, c: Case, direction: str, fn, **extra) -> None:
