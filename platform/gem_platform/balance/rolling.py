@@ -40,6 +40,14 @@ MAX_SWAPS = 256  # per batch; far above what a window of a few batches needs
 SIZE_SLACK = 0.125  # a packed batch holds local_batch_size * (1 +- this) samples at most
 
 
+def pass_pieces(num_pieces: int, seed: int, epoch: int, rank: int, shuffle: bool = True
+                ) -> np.ndarray:
+    """The order pass ``epoch`` of rank ``rank`` reads its pieces in (a seeded permutation)."""
+    if not shuffle:
+        return np.arange(num_pieces)
+    return np.random.default_rng([seed, rank, epoch, 1]).permutation(num_pieces)
+
+
 def piece_order(pieces: np.ndarray, num_samples: int, seed: int, epoch: int, rank: int,
                 shuffle: bool = True) -> np.ndarray:
     """One pass's stream: positions of every sample, pieces in a seeded order.
@@ -51,9 +59,7 @@ def piece_order(pieces: np.ndarray, num_samples: int, seed: int, epoch: int, ran
     if starts.size == 0 or num_samples == 0:
         return np.zeros(0, dtype=np.int64)
     ends = np.append(starts[1:], num_samples)
-    order = np.arange(starts.size)
-    if shuffle:
-        order = np.random.default_rng([seed, rank, epoch, 1]).permutation(starts.size)
+    order = pass_pieces(starts.size, seed, epoch, rank, shuffle)
     return np.concatenate([np.arange(starts[i], ends[i], dtype=np.int64) for i in order])
 
 
@@ -141,9 +147,15 @@ class RollingBatcher(Batcher):
         return batch
 
     @property
-    def window_positions(self) -> np.ndarray:
-        """The samples waiting in the window, oldest first."""
-        return self._pool
+    def pending(self) -> np.ndarray:
+        """Samples read from the stream and not yet batched: the window, then the next pass's
+        copies waiting for their earlier copy to leave it. A reader must hold these rows."""
+        return np.concatenate([self._pool, self._deferred])
+
+    @property
+    def cursor(self) -> tuple[int, int]:
+        """(pass, samples of that pass's stream read so far)."""
+        return self._pass, self._cursor
 
     def _iterate(self, epoch: int, start: int) -> Iterator[np.ndarray]:
         first = epoch * self.steps_per_epoch + start

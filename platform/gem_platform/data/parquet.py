@@ -37,13 +37,21 @@ from torchrec import KeyedJaggedTensor
 from gem_platform.data.arrays import SampleArrays, gather_jagged
 from gem_platform.data.batch import JaggedBatch
 from gem_platform.data.meta import META_FILE, DatasetMeta, SparseFeatureSpec
+from gem_platform.data.source import (
+    SPLITS,
+    SplitIndex,
+    is_remote,
+    open_parquet,
+    piece_starts,
+    read_meta,
+    read_piece,
+)
 from gem_platform.data.validate import SPARSE_PREFIX, from_arrow, sparse_column
 from gem_platform.errors import DataError
 
-SPLITS: tuple[str, ...] = ("train", "eval")
 # Re-exported: the arrays and the validator used to live here.
 __all__ = ["SPARSE_PREFIX", "SampleArrays", "SampleTable", "from_arrow", "gather_jagged",
-           "load_meta", "read_rows", "sparse_column", "to_arrow", "write_shard", "write_split"]
+           "load_meta", "read_share", "sparse_column", "to_arrow", "write_shard", "write_split"]
 SEQ_LIST_COLUMNS: tuple[str, ...] = ("seq_item_ids", "seq_action_types", "seq_age")
 CATEGORY_COLUMNS: tuple[str, ...] = ("seq_item_categories", "ad_category")
 
@@ -192,7 +200,10 @@ def staged_dataset(out: str | Path, what: str = "output") -> Iterator[Path]:
 
 
 def load_meta(path: str | Path) -> DatasetMeta:
-    """meta.json of a dataset directory, or a DataError saying how to get one."""
+    """meta.json of a dataset directory (or object-store URI), or a DataError saying how to
+    get one."""
+    if is_remote(str(path)):
+        return read_meta(str(path))
     directory = Path(path)
     if not directory.is_dir():
         raise DataError(
@@ -216,80 +227,22 @@ def load_meta(path: str | Path) -> DatasetMeta:
         ) from e
 
 
-def shard_paths(path: str | Path, split: str) -> list[Path]:
-    if split not in SPLITS:
-        raise DataError(f"Unknown split {split!r}.", f"Use one of {', '.join(SPLITS)}.")
-    files = sorted(Path(path).glob(f"{split}-*.parquet"))
-    if not files:
-        raise DataError(
-            f"No {split} shards ({split}-XXXXX.parquet) in {str(path)!r}.",
-            "Regenerate the dataset or fix data.path.",
-        )
-    return files
-
-
-def _open(file: Path) -> pq.ParquetFile:
-    try:
-        return pq.ParquetFile(file)
-    except (pa.ArrowException, OSError) as e:
-        raise DataError(
-            f"{file}: not a readable Parquet file ({e}).",
-            "The shard is corrupt or truncated; regenerate the dataset.",
-        ) from e
-
-
-def _rank_range(total: int, rank: int, world_size: int) -> tuple[int, int]:
-    """Contiguous global row range of ``rank``: the ranges tile ``[0, total)`` exactly."""
-    if world_size < 1 or not 0 <= rank < world_size:
-        raise DataError(
-            f"rank {rank} is not in a world of size {world_size}.",
-            "Pass 0 <= rank < world_size.",
-        )
-    return total * rank // world_size, total * (rank + 1) // world_size
-
-
-def read_rows(
-    files: Sequence[Path],
-    meta: DatasetMeta,
-    rank: int = 0,
-    world_size: int = 1,
-    *,
-    expected_rows: int | None = None,
-) -> SampleArrays:
-    """Validated rows of ``files`` (read as one sequence) that belong to ``rank``.
-
-    Rows are split into ``world_size`` contiguous ranges of the global row order, so every
-    row goes to exactly one rank even when there are fewer shards than ranks.
-    ``expected_rows`` (from meta.json) catches a missing or extra shard.
-    """
-    handles = [(f, _open(f)) for f in files]
-    counts = [h.metadata.num_rows for _, h in handles]
-    if expected_rows is not None and sum(counts) != expected_rows:
-        names = ", ".join(f.name for f in files)
-        raise DataError(
-            f"{files[0].parent}: meta.json says {expected_rows} samples but {names} hold "
-            f"{sum(counts)} rows (a shard is missing or extra).",
-            "Regenerate the dataset or restore the missing shard.",
-        )
-    lo, hi = _rank_range(sum(counts), rank, world_size)
+def read_share(index: SplitIndex, meta: DatasetMeta, rank: int = 0, world_size: int = 1,
+               *, truncate: bool = False) -> tuple[SampleArrays, np.ndarray]:
+    """Validated rows of ``rank``'s share of a split, and the rank-local first row of each of
+    its pieces (row-group slices; see source.py)."""
+    pieces = index.share(rank, world_size)
     parts: list[SampleArrays] = []
-    base = 0
-    for (file, handle), n in zip(handles, counts, strict=True):
-        a, b = max(lo, base) - base, min(hi, base + n) - base
-        base += n
-        if a >= b:
-            continue
-        try:
-            table = handle.read()
-        except (pa.ArrowException, OSError) as e:
-            raise DataError(
-                f"{file}: reading the Parquet data failed ({e}).",
-                "The shard is corrupt or truncated; regenerate the dataset.",
-            ) from e
-        parts.append(from_arrow(table.slice(a, b - a), meta, file, first_row=a))
+    handles: dict[str, pq.ParquetFile] = {}
+    for piece in pieces:
+        name = piece.group.file
+        if name not in handles:
+            handles = {name: open_parquet(index.fs, name)}  # shards are read one at a time
+        table = read_piece(handles[name], piece)
+        parts.append(from_arrow(table, meta, name, first_row=piece.file_row, truncate=truncate))
     if not parts:
-        return empty_arrays(meta)
-    return SampleArrays.concat(parts)
+        return empty_arrays(meta), np.zeros(0, dtype=np.int64)
+    return SampleArrays.concat(parts), piece_starts(pieces)
 
 
 def empty_arrays(meta: DatasetMeta) -> SampleArrays:
@@ -322,51 +275,71 @@ class SampleTable:
         self.arrays = arrays
         self.seq_lengths: np.ndarray = arrays.seq_lengths.astype(np.int64)
         self._keys = [s.name for s in meta.sparse_features]
+        # rank-local first row of each row-group slice (the order a streaming reader uses)
+        self.pieces: np.ndarray = np.zeros(1 if len(arrays) else 0, dtype=np.int64)
+
+    @property
+    def truncated_rows(self) -> int:
+        """Histories that were cut to the dataset's max_seq_len while reading."""
+        return self.arrays.truncated_rows
 
     @classmethod
-    def load(cls, path: str | Path, split: str, rank: int = 0, world_size: int = 1) -> SampleTable:
-        """Rank ``rank``'s share of ``split`` ("train" or "eval") of the dataset at ``path``."""
+    def load(cls, path: str | Path, split: str, rank: int = 0, world_size: int = 1,
+             *, truncate: bool = False) -> SampleTable:
+        """Rank ``rank``'s share of ``split`` ("train" or "eval") of the dataset at ``path``
+        (a local directory or an object-store URI). ``truncate``: histories longer than the
+        dataset's max_seq_len keep their newest events instead of raising."""
         meta = load_meta(path)
-        files = shard_paths(path, split)
+        if split not in SPLITS:
+            raise DataError(f"Unknown split {split!r}.", f"Use one of {', '.join(SPLITS)}.")
         expected = meta.num_train if split == "train" else meta.num_eval
-        return cls(meta, read_rows(files, meta, rank, world_size, expected_rows=expected))
+        index = SplitIndex.open(str(path), split, expected_rows=expected)
+        arrays, pieces = read_share(index, meta, rank, world_size, truncate=truncate)
+        table = cls(meta, arrays)
+        table.pieces = pieces
+        return table
 
     def __len__(self) -> int:
         return len(self.arrays)
 
     def collate(self, indices: np.ndarray) -> JaggedBatch:
         """The samples ``indices`` (any order, repeats allowed) as one jagged batch."""
-        a = self.arrays
-        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
-        if idx.size and (idx.min() < 0 or idx.max() >= len(a)):
-            raise IndexError(f"indices must be in [0, {len(a)}), got {idx.min()}..{idx.max()}")
-        seq_offsets, pos = gather_jagged(a.seq_offsets, idx)
-        values, lengths = [], []
-        for key in self._keys:
-            off, pos_k = gather_jagged(a.sparse_offsets[key], idx)
-            values.append(a.sparse_values[key][pos_k])
-            lengths.append(np.diff(off))
-        sparse = KeyedJaggedTensor.from_lengths_sync(
-            keys=list(self._keys),
-            values=torch.from_numpy(np.concatenate(values) if values else np.zeros(0, np.int64)),
-            lengths=torch.from_numpy(np.concatenate(lengths) if lengths else np.zeros(0, np.int64)),
-            stride=len(idx),
-        )
-        labels = np.stack([a.ctr[idx], a.cvr[idx]], axis=1).astype(np.float32)
-        categories = {}
-        if a.has_categories:
-            categories = {
-                "seq_item_categories": torch.from_numpy(a.seq_item_categories[pos]),
-                "ad_category": torch.from_numpy(a.ad_category[idx]),
-            }
-        return JaggedBatch(
-            seq_offsets=torch.from_numpy(seq_offsets),
-            seq_item_ids=torch.from_numpy(a.seq_item_ids[pos]),
-            seq_action_types=torch.from_numpy(a.seq_action_types[pos]),
-            seq_age=torch.from_numpy(a.seq_age[pos]),
-            ad_item_id=torch.from_numpy(a.ad_item_id[idx]),
-            sparse=sparse,
-            dense=torch.from_numpy(np.ascontiguousarray(a.dense[idx])),
-            labels=torch.from_numpy(labels),
-            **categories,
-        )
+        return collate(self.arrays, indices, self._keys)
+
+
+def collate(a: SampleArrays, indices: np.ndarray, keys: Sequence[str]) -> JaggedBatch:
+    """Rows ``indices`` of ``a`` (any order, repeats allowed) as one jagged batch; ``keys``
+    are the sparse features in the dataset's order."""
+    idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+    if idx.size and (idx.min() < 0 or idx.max() >= len(a)):
+        raise IndexError(f"indices must be in [0, {len(a)}), got {idx.min()}..{idx.max()}")
+    seq_offsets, pos = gather_jagged(a.seq_offsets, idx)
+    values, lengths = [], []
+    for key in keys:
+        off, pos_k = gather_jagged(a.sparse_offsets[key], idx)
+        values.append(a.sparse_values[key][pos_k])
+        lengths.append(np.diff(off))
+    sparse = KeyedJaggedTensor.from_lengths_sync(
+        keys=list(keys),
+        values=torch.from_numpy(np.concatenate(values) if values else np.zeros(0, np.int64)),
+        lengths=torch.from_numpy(np.concatenate(lengths) if lengths else np.zeros(0, np.int64)),
+        stride=len(idx),
+    )
+    labels = np.stack([a.ctr[idx], a.cvr[idx]], axis=1).astype(np.float32)
+    categories = {}
+    if a.has_categories:
+        categories = {
+            "seq_item_categories": torch.from_numpy(a.seq_item_categories[pos]),
+            "ad_category": torch.from_numpy(a.ad_category[idx]),
+        }
+    return JaggedBatch(
+        seq_offsets=torch.from_numpy(seq_offsets),
+        seq_item_ids=torch.from_numpy(a.seq_item_ids[pos]),
+        seq_action_types=torch.from_numpy(a.seq_action_types[pos]),
+        seq_age=torch.from_numpy(a.seq_age[pos]),
+        ad_item_id=torch.from_numpy(a.ad_item_id[idx]),
+        sparse=sparse,
+        dense=torch.from_numpy(np.ascontiguousarray(a.dense[idx])),
+        labels=torch.from_numpy(labels),
+        **categories,
+    )

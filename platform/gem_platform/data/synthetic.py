@@ -392,6 +392,7 @@ def _write_dataset(directory: Path, syn: SyntheticConfig, fingerprint: str) -> D
     rates: dict[str, list[int]] = {}
     eval_p: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
     max_len, total_len = 0, 0
+    train_lengths = np.zeros(syn.seq_len.max + 1, dtype=np.int64)
     for split_id, split in enumerate(SPLITS):
         n_total = sizes[split]
         starts = list(range(0, n_total, syn.rows_per_shard))
@@ -407,6 +408,8 @@ def _write_dataset(directory: Path, syn: SyntheticConfig, fingerprint: str) -> D
             lengths = arrays.seq_lengths
             max_len = max(max_len, int(lengths.max(initial=0)))
             total_len += int(lengths.sum())
+            if split == "train":
+                train_lengths += np.bincount(lengths, minlength=train_lengths.size)
             if split == "eval":
                 eval_p.append((p_ctr, p_cvr, arrays.ctr, arrays.cvr))
         shards[split] = len(starts)
@@ -440,6 +443,8 @@ def _write_dataset(directory: Path, syn: SyntheticConfig, fingerprint: str) -> D
             "num_users": syn.num_users,
             "num_clusters": syn.num_clusters,
             "recent_window": RECENT_WINDOW,
+            # train samples per history length: every rank's expected work per batch
+            "seq_len_histogram": np.trim_zeros(train_lengths, "b").tolist(),
         },
     )
     meta.save(directory)
