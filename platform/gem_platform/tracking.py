@@ -162,6 +162,7 @@ class RunTracker:
     def __init__(self, uri: str, run_id: str) -> None:
         self.uri, self.run_id = uri, run_id
         self._client = _client(uri)
+        self._system_metrics: Any = None  # sampled on the driver that opened the run
 
     @classmethod
     def start(cls, uri: str, experiment: str, run_name: str | None, params: dict[str, Any],
@@ -177,7 +178,20 @@ class RunTracker:
             raise store_error(uri, err) from None
         tracker = cls(uri, run.info.run_id)
         tracker.log_params(params)
+        tracker._record_provenance(params, resumed=False)
         return tracker
+
+    def _record_provenance(self, params: dict[str, Any], resumed: bool) -> None:
+        """Code version, dataset input, environment and system metrics (provenance.py)."""
+        from gem_platform.provenance import record_run
+
+        self._system_metrics = record_run(self, params, resumed)
+
+    def stop_system_metrics(self) -> None:
+        """Stop sampling system metrics (finish does; callers that end a run otherwise too)."""
+        if self._system_metrics is not None:
+            self._system_metrics.stop()
+            self._system_metrics = None
 
     @classmethod
     def reopen(cls, uri: str, run_id: str, params: dict[str, Any]) -> RunTracker:
@@ -208,7 +222,9 @@ class RunTracker:
             c.update_run(run_id, status="RUNNING")
         except Exception as err:
             raise store_error(uri, err) from None
-        return cls(uri, run_id)
+        tracker = cls(uri, run_id)
+        tracker._record_provenance(params, resumed=True)
+        return tracker
 
     @_tracked
     def log_params(self, params: dict[str, Any]) -> None:
@@ -255,6 +271,7 @@ class RunTracker:
     def finish(self, ok: bool, reason: str | None = None) -> None:
         if reason:
             self.set_tag("gem.failure_reason", reason[:5000])
+        self.stop_system_metrics()
         self._client.set_terminated(self.run_id, status="FINISHED" if ok else "FAILED")
 
     @_tracked

@@ -39,8 +39,10 @@ from gem_platform.balance import Batcher, LoaderConfig, make_batcher
 from gem_platform.balance.cost import batch_work
 from gem_platform.balance.stats import measure_step
 from gem_platform.data.batch import TASKS, JaggedBatch
+from gem_platform.data.loader import Table, expected_work, iterate, open_table
 from gem_platform.data.meta import DatasetMeta
 from gem_platform.data.parquet import SampleTable
+from gem_platform.data.prepare import prepare_dataset
 from gem_platform.model import GemModel
 from gem_platform.model.flops import FlopMeter
 from gem_platform.parallel import Parallelized, parallelize
@@ -255,7 +257,7 @@ class Run:
     info: RankInfo
     device: torch.device
     meta: DatasetMeta
-    train_table: SampleTable
+    train_table: Table  # streamed when loader.window_samples is set
     eval_table: SampleTable
     par: Parallelized
     optimizers: list[torch.optim.Optimizer]
@@ -277,9 +279,13 @@ def setup(recipe: Recipe, info: RankInfo) -> Run:
     """Load this rank's data, build and parallelize the model, its optimizers, LR schedules
     and batcher (the same on every rank apart from its data)."""
     device = pick_device(recipe)
-    meta = recipe.data.prepare()
-    train_table = SampleTable.load(recipe.data.path, "train", info.rank, info.world_size)
-    eval_table = SampleTable.load(recipe.data.path, "eval", info.rank, info.world_size)
+    meta = prepare_dataset(recipe.data)
+    loader = recipe.loader_config()
+    truncate = recipe.data.history_overflow == "truncate"
+    train_table = open_table(recipe.data.path, "train", info.rank, info.world_size, loader,
+                             truncate=truncate)
+    eval_table = SampleTable.load(recipe.data.path, "eval", info.rank, info.world_size,
+                                  truncate=truncate)
 
     par = parallelize(build_model(recipe, meta, device), recipe)
     dense_opt = torch.optim.AdamW(par.dense_params, lr=recipe.train.lr,
@@ -297,8 +303,8 @@ def setup(recipe: Recipe, info: RankInfo) -> Run:
             f"rank {info.rank} holds {len(train_table)} training samples, fewer than one local "
             f"batch of loader.local_batch_size={recipe.loader.local_batch_size}"
         )
-    loader = recipe.loader_config()
-    batcher = make_batcher(loader, train_table.seq_lengths, steps_per_epoch, rank=info.rank)
+    batcher = make_batcher(loader, train_table.seq_lengths, steps_per_epoch, rank=info.rank,
+                           pieces=train_table.pieces, expected_work=expected_work(meta, loader))
     peak = resolve_peak(device, recipe.precision.mode, recipe.train.peak_tflops)
     return Run(recipe, info, device, meta, train_table, eval_table, par, optimizers, schedules,
                loader, batcher, peak)
@@ -326,11 +332,8 @@ def resume(run: Run, checkpoints: CheckpointStore | None, report: Reporter
 def batch_stream(run: Run, start_epoch: int) -> Iterator[tuple[JaggedBatch, np.ndarray]]:
     """Training batches on the run's device, with their sample positions in the rank's table,
     epoch after epoch from ``start_epoch`` (continuing mid-epoch after a resume)."""
-    epoch = start_epoch
-    while True:
-        for indices in run.batcher.epoch(epoch):
-            yield run.train_table.collate(indices).to(run.device), indices
-        epoch += 1
+    for batch, indices in iterate(run.train_table, run.batcher, start_epoch):
+        yield batch.to(run.device), indices
 
 
 @dataclass(frozen=True)
@@ -438,6 +441,16 @@ def save_checkpoint(run: Run, state: LoopState, checkpoints: CheckpointStore) ->
                                             "step": float(state.step)})
 
 
+def _truncated_histories(run: Run) -> float:
+    """Histories cut to the dataset's max_seq_len (data.history_overflow: truncate), summed
+    over the ranks' train and eval shares."""
+    count = torch.tensor([run.train_table.truncated_rows + run.eval_table.truncated_rows],
+                         dtype=torch.float64)
+    if run.info.distributed:
+        dist.all_reduce(count)
+    return float(count.item())
+
+
 def summarize(run: Run, state: LoopState) -> dict[str, float]:
     """Final eval, balance, throughput and MFU of the run (QPS and MFU over the steady steps)."""
     steady, totals, peak = state.steady, state.totals, run.peak
@@ -457,6 +470,7 @@ def summarize(run: Run, state: LoopState) -> dict[str, float]:
         "perf/world_size": float(run.info.world_size),
         "train/final_loss": state.last_loss,
         "train/steps": float(run.recipe.train.steps),
+        "data/truncated_histories": _truncated_histories(run),
     }
     if run.meta.planted_auc:
         for task, value in run.meta.planted_auc.items():
