@@ -153,8 +153,9 @@ def profile_data(
     r = load_recipe(recipe, set_ or [])
     from gem_platform.balance.profile import profile_lengths
     from gem_platform.data.parquet import SampleTable
+    from gem_platform.data.prepare import prepare_dataset
 
-    r.data.prepare()
+    prepare_dataset(r.data)
     lengths = SampleTable.load(r.data.path, "train").seq_lengths
     world = world or r.parallel.workers
     cfg = r.loader_config()

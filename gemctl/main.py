@@ -259,7 +259,9 @@ def data_generate(recipe: RecipeArg, set_: SetOpt = None,
     from gem_platform.recipe import load_recipe
 
     r = load_recipe(recipe, set_ or [])
-    meta = r.data.prepare(force=force)
+    from gem_platform.data.prepare import prepare_dataset
+
+    meta = prepare_dataset(r.data, force=force)
     render.console.print(f"[green]ready[/] {render.esc(r.data.path)}: {meta.num_train} train / "
                          f"{meta.num_eval} eval samples; planted AUC "
                          f"{render.esc(meta.planted_auc)}.", highlight=False)

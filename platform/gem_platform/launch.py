@@ -299,7 +299,9 @@ def submit(recipe: Recipe, *, local: bool = False, address: str | None = None,
     address = address or os.environ.get("RAY_ADDRESS") or None
     if address and not local:
         check_address(address)
-    meta = recipe.data.prepare()
+    from gem_platform.data.prepare import prepare_dataset  # generator: torch, TorchRec
+
+    meta = prepare_dataset(recipe.data)
     world = 1 if local else recipe.parallel.workers
     check_world_size(recipe, meta, world)
     recipe.parallel.validate_against_world(world)

@@ -13,6 +13,7 @@ import torch
 import yaml
 
 from gem_platform.data.parquet import SampleTable
+from gem_platform.data.prepare import prepare_dataset
 from gem_platform.recipe import Recipe, recipe_from_dict
 from tests.parallel.harness import spawn
 from tests.platform.test_cli import TINY
@@ -59,7 +60,7 @@ def test_uneven_eval_split_runs_the_same_batches_everywhere(tmp_path):
 
     data = tmp_path / "data"
     recipe = eval_recipe(data, {"workers": 1})
-    meta = recipe.data.prepare()
+    meta = prepare_dataset(recipe.data)
     assert meta.num_eval >= sum(SIZES)
     results = spawn(functools.partial(_evaluate_on_share, data), WORLD)
 

@@ -18,6 +18,7 @@ import torch
 import yaml
 from mlflow.tracking import MlflowClient
 
+from gem_platform.data.prepare import prepare_dataset
 from gem_platform.recipe import recipe_from_dict
 from gem_platform.train.checkpoint import LocalStore, latest_checkpoint
 from gem_platform.train.loop import train
@@ -270,7 +271,7 @@ def test_sharded_resume_equals_uninterrupted(tiny_recipe, tmp_path, monkeypatch,
     tree = {**tree, "model": {**tree["model"], "num_experts": 2},
             "train": {**tree["train"], "steps": STEPS, "log_every": 1},
             "parallel": LAYOUTS[layout]}
-    recipe_from_dict(tree).data.prepare()
+    prepare_dataset(recipe_from_dict(tree).data)
     world = tree["parallel"]["workers"]
 
     straight = spawn(functools.partial(_train_rank, tree, str(tmp_path / "a"), 0), world)[0]

@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 import yaml
 
+from gem_platform.data.prepare import prepare_dataset
 from gem_platform.parallel import parallelize
 from gem_platform.parallel.single import (
     dense_table_cost,
@@ -41,7 +42,7 @@ def one_rank_recipe(tmp_path, monkeypatch):
 def test_one_process_trains_tables_in_the_backward(one_rank_recipe):
     _, tree = one_rank_recipe
     recipe = recipe_from_dict(tree)
-    meta = recipe.data.prepare()
+    meta = prepare_dataset(recipe.data)
     par = parallelize(build_model(recipe, meta, torch.device("cpu")), recipe)
     assert par.fused_sparse and par.sparse_params == [] and par.strategy == "torchrec_sharding"
     assert dist.get_world_size() == 1

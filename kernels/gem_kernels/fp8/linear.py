@@ -57,8 +57,8 @@ from gem_kernels.fp8.tensor import Fp8BlockWeight
 class Fp8Config:
     """What an FP8 linear layer does; mirrors the recipe's precision section.
 
-    ``block`` defaults to 128: on the H200 the cuBLAS blockwise route runs the forward GEMM at
-    ~1.1 PFLOP/s while the 32x32 Triton GEMM reaches ~0.27 (docs/bench/fp8_linear.json).
+    ``block``: 32 (32x32 blocks, the Triton GEMM) or 128 (the default: the cuBLAS blockwise
+    route, much faster on Hopper; fp8/DESIGN.md has the figures).
     """
 
     block: int = 128

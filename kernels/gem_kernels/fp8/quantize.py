@@ -185,14 +185,7 @@ def _quantize_dual_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, R, C, stride_xr, 
 
     The x^T copy is scaled and rounded in x's own layout (its blocks are the tile's columns:
     column amax, one scale per column) and only the 1-byte result is transposed on the way
-    out, not the fp32 tile. H200, same run (docs/bench/fp8_linear.json): rounding through the
-    hardware conversion instead of the fp32 emulation lifted it from 52-53% to 62-64% of HBM
-    bandwidth at 65536x2048 and 131072x4096 (the plain quantizers: 83-95%). Still short of
-    them. ptxas (sm_90) gives this kernel 255 registers and ~300 spilled bytes per thread at
-    8 warps, 128 registers and 24 bytes at 16, so one program runs per SM and waits for its
-    whole tile before computing. Two variants compiled no better: a bf16 tile (120 bytes
-    spilled at both 8 and 16 warps) and programs walking 2-4 tiles with the next load in
-    flight (600-1400 bytes)."""
+    out, not the fp32 tile. How fast it runs and what was tried: fp8/DESIGN.md."""
     T: tl.constexpr = 128
     pid_r = tl.program_id(0)
     pid_c = tl.program_id(1)

@@ -50,10 +50,12 @@ class SweepOutcome:
 
 def _prepare_data(plan: SweepPlan) -> None:
     """Generate each distinct dataset once, on the driver, before trials race for it."""
+    from gem_platform.data.prepare import prepare_dataset
+
     seen: set[str] = set()
     for arm in plan.arms:
         recipe = arm.recipe
-        meta = recipe.data.prepare() if recipe.data.path not in seen else None
+        meta = prepare_dataset(recipe.data) if recipe.data.path not in seen else None
         seen.add(recipe.data.path)
         if meta is not None:
             check_world_size(recipe, meta, recipe.parallel.workers)
