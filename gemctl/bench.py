@@ -18,6 +18,9 @@ BENCHES: dict[str, tuple[str, str]] = {
              "GDPA self / cross / pooled vs the padded reference, eager and compiled."),
     "block": ("gem_kernels.bench.block_attention",
               "64-token block attention + RoPE vs SDPA on blocks, FlexAttention, sliding JFA."),
+    "deterministic": ("gem_kernels.bench.deterministic",
+                      "Deterministic vs fast backward of each attention op: time and bitwise "
+                      "repeatability."),
     "fp8": ("gem_kernels.bench.fp8_linear",
             "FP8 block-scaled linear vs bf16 matmul vs rowwise torch._scaled_mm."),
     "fp8-cost": ("gem_kernels.bench.fp8_layer_cost",
