@@ -83,12 +83,17 @@ def test_resumed_run_equals_uninterrupted(tiny_recipe, monkeypatch):
 def test_divergence_stops_with_step_and_tensor(tiny_recipe, monkeypatch):
     d, tree = tiny_recipe
     monkeypatch.chdir(d)
-    tree = {**tree, "train": {**tree["train"], "lr": 1e12, "grad_clip": None, "steps": 30}}
+    recipe = recipe_from_dict({**tree, "train": {**tree["train"], "steps": 30}})
+    # An lr no recipe may hold (validation caps it), set past validation to force divergence.
+    recipe = recipe.model_copy(update={"train": recipe.train.model_copy(
+        update={"lr": 1e12, "grad_clip": None})})
     from gem_platform.train.loop import TrainingDiverged
 
     with pytest.raises(TrainingDiverged, match=r"diverged at step \d+: the (model's logits|loss"
-                                               r"|gradient of .+) became NaN/inf"):
-        train(recipe_from_dict(tree), echo=lambda _: None)
+                                               r"|gradient of .+) became NaN/inf") as err:
+        train(recipe, echo=lambda _: None)
+    # no checkpoint store: the message must not promise a checkpoint
+    assert "no checkpoint was saved (checkpointing is off)" in str(err.value)
 
 
 def _history_steps(uri: str, run_id: str) -> list[int]:

@@ -199,11 +199,12 @@ def evaluate(model: nn.Module, table: SampleTable, recipe: Recipe, device: torch
 
 
 class TrainingDiverged(RuntimeError):
-    """The loss or a gradient became NaN/inf: the run stops, keeping its last good checkpoint."""
+    """The loss or a gradient became NaN/inf: the run stops (its last good checkpoint, if it
+    saves any, is kept)."""
 
 
 def _divergence_report(step: int, loss: torch.Tensor, logits: torch.Tensor,
-                       model: nn.Module) -> str:
+                       model: nn.Module, checkpointing: bool) -> str:
     if not torch.isfinite(logits).all():
         culprit = "the model's logits"
     elif not torch.isfinite(loss):
@@ -212,8 +213,10 @@ def _divergence_report(step: int, loss: torch.Tensor, logits: torch.Tensor,
         bad = [n for n, p in model.named_parameters()
                if p.grad is not None and not torch.isfinite(p.grad).all()]
         culprit = f"the gradient of {bad[0]}" if bad else "the gradient norm"
+    kept = ("the last good checkpoint is kept" if checkpointing else
+            "no checkpoint was saved (checkpointing is off)")
     return (f"training diverged at step {step}: {culprit} became NaN/inf (loss "
-            f"{float(loss.detach()):.4g}); the last good checkpoint is kept")
+            f"{float(loss.detach()):.4g}); {kept}")
 
 
 class CheckpointStore(Protocol):
@@ -348,11 +351,13 @@ class StepResult:
     step_s: float
 
 
-def timed_step(run: Run, batch: JaggedBatch, step: int, meter: FlopMeter) -> StepResult:
+def timed_step(run: Run, batch: JaggedBatch, step: int, meter: FlopMeter,
+               checkpointing: bool = False) -> StepResult:
     """Forward, backward, gradient sync, clip and optimizer step on one batch, timed.
 
     Raises TrainingDiverged (on every rank at the same step) when the loss or the synced
-    gradient norm is not finite."""
+    gradient norm is not finite; its message says whether a checkpoint was kept
+    (``checkpointing``: the run saves checkpoints)."""
     sync = torch.cuda.synchronize if run.device.type == "cuda" else (lambda: None)
     par = run.par
     # Before the forward: TorchRec's fused optimizer hands its param groups' lr to the
@@ -374,7 +379,8 @@ def timed_step(run: Run, batch: JaggedBatch, step: int, meter: FlopMeter) -> Ste
     # NaN anywhere stops all ranks at the same step.
     grad_norm = par.clip_grad_norm_(run.recipe.train.grad_clip or float("inf"))
     if not (torch.isfinite(loss) and torch.isfinite(grad_norm)):
-        raise TrainingDiverged(_divergence_report(step, loss, logits, run.model))
+        raise TrainingDiverged(_divergence_report(step, loss, logits, run.model,
+                                                  checkpointing))
     for opt in run.optimizers:
         opt.step()
     par.after_optimizer_step()
@@ -503,7 +509,8 @@ def train(recipe: Recipe, sink: MetricSink | None = None,
     meter = FlopMeter(run.model)
     steps = range(state.step + 1, cfg.steps + 1)
     for step, (batch, indices) in zip(steps, batch_stream(run, start_epoch), strict=False):
-        result = timed_step(run, batch, step, meter)
+        result = timed_step(run, batch, step, meter,
+                            checkpointing=bool(checkpoints and checkpoints.every))
         step_balance = account(run, state, step, result, batch, indices,
                                measured=step > warm_until)
         if step % cfg.log_every == 0 or step == cfg.steps:
