@@ -48,7 +48,7 @@ class SelfAttentionBlock(nn.Module):
         t = x.shape[0]
         q, k, v = self.qkv(self.norm1(x)).view(t, 3, self.heads, self.head_dim).unbind(1)
         attn = self_attention(self.q_norm(q), self.k_norm(k), v, offsets, max_len, self.spec)
-        x = x + self.out(attn.reshape(t, -1))
+        x = x + self.out(attn.reshape(t, self.heads * self.head_dim))  # t may be 0
         return x + self.ffn(self.norm2(x))
 
 
