@@ -396,14 +396,3 @@ def stop_job(job_id: str, address: str | None = None, wait_s: float = 30.0) -> J
             return view
         time.sleep(0.5)
 
-
-def wait_job(job_id: str, address: str | None = None, timeout_s: float = 600.0) -> JobView:
-    """Block until the job is terminal (or the timeout passes) and return its status."""
-    address = resolve_jobs_address(address)
-    client = _client(address)
-    deadline = time.monotonic() + timeout_s
-    while True:
-        view = _view(_job_call(address, job_id, lambda: client.get_job_info(job_id)))
-        if view.terminal or time.monotonic() > deadline:
-            return view
-        time.sleep(1.0)

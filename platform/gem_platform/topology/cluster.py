@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from enum import Enum
 
 from gem_platform.errors import ClusterError
-from gem_platform.topology.config import ParallelConfig
 
 
 class Tier(str, Enum):
@@ -212,12 +211,6 @@ class ClusterShape:
                 f"gpus_per_host={self.gpus_per_host}.",
                 f"Use a world size that is a multiple of {self.gpus_per_host}.",
             )
-
-    @classmethod
-    def from_parallel(cls, parallel: ParallelConfig) -> ClusterShape:
-        """The shape the recipe states (1 rank per host when the host size is left to
-        discovery)."""
-        return cls(parallel.workers, parallel.ranks_per_host() or 1, parallel.hosts_per_zone)
 
     @property
     def num_hosts(self) -> int:

@@ -1,8 +1,11 @@
 """Model FLOP utilization: useful FLOPs per second over the device's peak.
 
-    E2E MFU   = useful train FLOPs of all ranks / (step wall time x ranks x peak)
-    Local MFU = the same FLOPs over compute time alone (forward + backward + optimizer,
-                no communication): what each rank would reach on its own
+Measured per rank (the run reports rank 0's), from the FLOPs of the rank's real jagged
+lengths (gem_platform.model.flops):
+
+    E2E MFU   = the rank's useful train FLOPs / (step wall time x peak)
+    Local MFU = the same FLOPs over the step's time less the sync of replicated gradients
+                (see gem_platform.train.loop for what that time still holds under sharding)
     Scaling ratio = E2E / Local
 """
 
@@ -12,6 +15,8 @@ import time
 from dataclasses import dataclass
 
 import torch
+
+from gem_platform.errors import RecipeError
 
 # Dense peak TFLOP/s by GPU name fragment and dtype (vendor datasheet figures).
 GPU_PEAK_TFLOPS: dict[str, dict[str, float]] = {
@@ -41,6 +46,9 @@ def measure_cpu_matmul_tflops(size: int = 512, seconds: float = 0.3) -> float:
 
 
 def resolve_peak(device: torch.device, dtype_name: str, configured: float | None) -> Peak:
+    """The peak MFU is taken against: ``train.peak_tflops`` when set; on CUDA the datasheet
+    figure for the GPU and precision (RecipeError for a GPU not in the table); on CPU a
+    measured fp32 matmul rate."""
     if configured is not None:
         return Peak(configured, "configured")
     if device.type == "cuda":
@@ -50,11 +58,15 @@ def resolve_peak(device: torch.device, dtype_name: str, configured: float | None
                 kind = "fp8" if dtype_name == "fp8_block" else dtype_name
                 if kind in table:
                     return Peak(table[kind], f"table:{key}/{kind}")
-        raise ValueError(f"no peak known for {name}: set train.peak_tflops")
+        raise RecipeError(f"No peak TFLOP/s is known for {name} at precision {dtype_name}, so "
+                          "MFU can't be computed.",
+                          "Set train.peak_tflops to the GPU's dense peak for that precision "
+                          "(vendor datasheet).")
     return Peak(measure_cpu_matmul_tflops(), "measured:cpu-fp32-matmul")
 
 
-def mfu(flops: float, seconds: float, peak: Peak, ranks: int = 1) -> float:
+def mfu(flops: float, seconds: float, peak: Peak) -> float:
+    """``flops`` done in ``seconds`` as a fraction of ``peak``; NaN for no time."""
     if seconds <= 0:
         return float("nan")
-    return flops / seconds / (peak.tflops * 1e12 * ranks)
+    return flops / seconds / (peak.tflops * 1e12)
