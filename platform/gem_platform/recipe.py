@@ -83,7 +83,14 @@ class TrainConfig(_Strict):
     warmup_steps: int = Field(20, ge=0, le=10**9, description="linear learning-rate warm-up steps")
     grad_clip: float | None = Field(1.0, gt=0, le=1e6,
                                     description="gradient-norm clip; null = no clipping")
-    seed: int = Field(0, ge=0, le=2**32 - 1, description="seed of initialization and data order")
+    seed: int = Field(0, ge=0, le=2**32 - 1,
+                      description="seed of initialization (with train.deterministic, of the "
+                      "Python, NumPy and torch RNGs too); the data order follows loader.seed, "
+                      "the synthetic data data.synthetic.seed")
+    deterministic: bool = Field(
+        False, description="bitwise-reproducible training on the same device and code: "
+        "deterministic torch algorithms and cuBLAS workspace, cuDNN without autotuning, "
+        "atomic-free attention backwards; costs throughput")
     log_every: int = Field(10, ge=1, le=10**9,
                            description="progress line and metrics every N steps")
     eval_every: int = Field(0, ge=0, le=10**9, description="0 = evaluate only at the end")
