@@ -134,3 +134,29 @@ def test_recency_buckets_count_from_the_newest_event():
     assert last[EXACT_RECENCY:32].unique().tolist() == [EXACT_RECENCY]
     assert last[32:].unique().tolist() == [EXACT_RECENCY + 1]
     assert int(b.max()) < RECENCY_BUCKETS
+
+
+def test_counted_regions_match_per_layer_counting(tiny_meta, batch_factory):
+    """Regions counted by one hook (a sequence block by its forward_flops, DHEN layers and the
+    head by rows) give the FLOPs that per-Linear hooks give, with or without host lengths."""
+    from gem_platform.model.flops import count_by_rows, linear_flops_per_row
+
+    torch.manual_seed(0)
+    model = GemModel(ModelConfig(d_model=16, num_heads=2, seq_layers=2), tiny_meta)
+    batch = batch_factory(tiny_meta, [4, 9, 0, 30])
+    with FlopMeter(model) as plain:
+        model(batch)
+    for layer in model.dhen:
+        count_by_rows(layer)
+    count_by_rows(model.head)
+    with FlopMeter(model) as regions:
+        regions.seq_lengths = batch.seq_lengths.clone()
+        model(batch)
+    assert regions.linear_flops == pytest.approx(plain.linear_flops)
+    assert regions.attention_flops == pytest.approx(plain.attention_flops)
+    pairs = self_attention_pairs(batch.seq_lengths, "full", 0, True)
+    # two sequence blocks, cross (T x 4 context tokens: ad, dense, 2 sparse), pooled (4 x T)
+    t = int(batch.seq_lengths.sum())
+    assert plain.attention_flops == pytest.approx(4 * 16 * (2 * pairs + t * 4 + 4 * t))
+    assert linear_flops_per_row(model.head) == sum(
+        2 * m.in_features * m.out_features for m in model.head if isinstance(m, torch.nn.Linear))

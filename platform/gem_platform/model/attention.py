@@ -12,10 +12,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from gem_kernels import custom_ops
 from gem_kernels.block_attention import block_attention
 from gem_kernels.gdpa import gdpa
 from gem_kernels.jagged_attention import jagged_attention
-from gem_platform.model.flops import record_attention, self_attention_pairs
 
 
 @dataclass(frozen=True)
@@ -55,18 +55,26 @@ def _padded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets
 
 def self_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets: torch.Tensor,
                    max_len: int, spec: SelfAttentionSpec) -> torch.Tensor:
-    """Self-attention over jagged sequences: q/k/v (T, H, d), offsets (B+1,) -> (T, H, d)."""
-    record_attention(
-        self_attention_pairs(offsets[1:] - offsets[:-1], spec.kind, spec.window, spec.causal),
-        q.shape[1], q.shape[2],
-    )
-    if spec.kind == "full":
-        return jagged_attention(q, k, v, offsets, max_len, causal=spec.causal, kernel=spec.kernel)
-    if spec.kind == "sliding":
-        window = (spec.window, 0 if spec.causal else spec.window)
+    """Self-attention over jagged sequences: q/k/v (T, H, d), offsets (B+1,) -> (T, H, d).
+
+    Inside torch.compile the ops go through their custom-op form (gem_kernels.custom_ops), one
+    opaque node each; eager calls take the public ops directly. Its FLOPs are counted by the
+    calling block (SelfAttentionBlock.forward_flops), not here: counting needs the lengths on
+    the host, which a compiled region must not sync for."""
+    compiling = torch.compiler.is_compiling()
+    if spec.kind in ("full", "sliding"):
+        window = None
+        if spec.kind == "sliding":
+            window = (spec.window, 0 if spec.causal else spec.window)
+        if compiling:
+            return custom_ops.jagged_attention(q, k, v, offsets, max_len, causal=spec.causal,
+                                               window=window, kernel=spec.kernel)
         return jagged_attention(q, k, v, offsets, max_len, causal=spec.causal, window=window,
                                 kernel=spec.kernel)
     if spec.kind == "block64":
+        if compiling:
+            return custom_ops.block_attention(q, k, v, offsets, block=64,
+                                              rope_base=spec.rope_base, kernel=spec.kernel)
         rope = None
         if spec.rope_base is not None:
             from gem_kernels.block_attention import RopeConfig
@@ -82,9 +90,7 @@ def generalized_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                           q_offsets: torch.Tensor, kv_offsets: torch.Tensor, max_q: int,
                           max_kv: int, *, activation: str, norm: str = "none",
                           kernel: str = "auto") -> torch.Tensor:
-    """Cross / pooled attention in GDPA form (activation instead of softmax)."""
-    q_len = q_offsets[1:] - q_offsets[:-1]
-    kv_len = kv_offsets[1:] - kv_offsets[:-1]
-    record_attention(float((q_len * kv_len).sum()), q.shape[1], q.shape[2])
+    """Cross / pooled attention in GDPA form (activation instead of softmax); its callers
+    count its (query, key) pairs from their shapes (no device sync)."""
     return gdpa(q, k, v, q_offsets, kv_offsets, max_q, max_kv, activation=activation, norm=norm,
                 kernel=kernel)

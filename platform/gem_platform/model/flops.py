@@ -1,7 +1,14 @@
 """Useful FLOPs on real jagged lengths: every Linear's rows (real tokens only, since nothing is
 padded) and every attention call's real (query, key) pairs.
 
-A meter is active inside ``with FlopMeter(model) as m:``; the attention dispatch reports to it.
+A meter is active inside ``with FlopMeter(model) as m:``. Linear layers are counted by forward
+hooks, except inside a *counted region*: a module with a ``forward_flops(meter, inputs)``
+method, or one marked with ``count_by_rows`` (all its Linear layers see as many rows as its
+first input). A region is counted once per call by one hook on itself, outside whatever runs
+inside it: a compiled region's graph holds no hooks, and a region that recomputes its forward
+in the backward (activation checkpointing) is not counted twice. The attention pairs of the
+self-attention blocks need the histories' lengths on the host: the loop hands them over
+(``seq_lengths``) so that counting never waits on the GPU.
 """
 
 from __future__ import annotations
@@ -16,6 +23,24 @@ _ACTIVE: contextvars.ContextVar[FlopMeter | None] = contextvars.ContextVar("flop
 
 # Training FLOPs = forward x 3 (backward computes input and weight gradients: 2x forward).
 TRAIN_FLOPS_PER_FORWARD = 3.0
+COUNT_BY_ROWS = "_gem_count_by_rows"
+
+
+def count_by_rows(module: nn.Module) -> nn.Module:
+    """Mark ``module`` as a counted region whose Linear layers all see as many rows as its
+    first input has (a DHEN layer, the head); returns it."""
+    setattr(module, COUNT_BY_ROWS, True)
+    return module
+
+
+def is_counted_region(module: nn.Module) -> bool:
+    return hasattr(module, "forward_flops") or getattr(module, COUNT_BY_ROWS, False)
+
+
+def linear_flops_per_row(module: nn.Module) -> float:
+    """Forward FLOPs of one row through every Linear layer inside ``module``."""
+    return sum(2.0 * m.in_features * m.out_features for m in module.modules()
+               if isinstance(m, nn.Linear))
 
 
 class FlopMeter:
@@ -25,6 +50,9 @@ class FlopMeter:
         self.model = model
         self.linear_flops = 0.0
         self.attention_flops = 0.0
+        # Host copy of the batch's history lengths, set by the caller before the forward.
+        self.seq_lengths: torch.Tensor | None = None
+        self._per_row: dict[int, float] = {}
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
         self._token: contextvars.Token | None = None
 
@@ -36,10 +64,30 @@ class FlopMeter:
     def train_flops(self) -> float:
         return TRAIN_FLOPS_PER_FORWARD * self.forward_flops
 
+    def host_lengths(self, offsets: torch.Tensor) -> torch.Tensor:
+        """The lengths behind ``offsets``: the host copy when one was set for this batch, else
+        read from ``offsets`` (a device sync on GPU)."""
+        if self.seq_lengths is not None and self.seq_lengths.numel() == offsets.numel() - 1:
+            return self.seq_lengths
+        return (offsets[1:] - offsets[:-1]).cpu()
+
+    def add_linear_rows(self, rows: int, module: nn.Module) -> None:
+        """``rows`` rows through every Linear layer of ``module``."""
+        key = id(module)
+        if key not in self._per_row:
+            self._per_row[key] = linear_flops_per_row(module)
+        self.linear_flops += rows * self._per_row[key]
+
     def _on_linear(self, module: nn.Linear, inputs: tuple[torch.Tensor, ...], _out: object
                    ) -> None:
         rows = inputs[0].numel() // module.in_features
         self.linear_flops += 2.0 * rows * module.in_features * module.out_features
+
+    def _on_region(self, module: nn.Module, inputs: tuple, _out: object) -> None:
+        if hasattr(module, "forward_flops"):
+            module.forward_flops(self, inputs)
+        else:
+            self.add_linear_rows(int(inputs[0].shape[0]), module)
 
     def add_attention(self, pairs: float, heads: int, head_dim: int) -> None:
         """Two matmuls (scores and weighted values) over the real (query, key) pairs."""
@@ -48,11 +96,19 @@ class FlopMeter:
     def reset(self) -> None:
         self.linear_flops = 0.0
         self.attention_flops = 0.0
+        self.seq_lengths = None
+
+    def _hook(self, module: nn.Module) -> None:
+        if is_counted_region(module):
+            self._handles.append(module.register_forward_hook(self._on_region))
+            return
+        if isinstance(module, nn.Linear):
+            self._handles.append(module.register_forward_hook(self._on_linear))
+        for child in module.children():
+            self._hook(child)
 
     def __enter__(self) -> FlopMeter:
-        for m in self.model.modules():
-            if isinstance(m, nn.Linear):
-                self._handles.append(m.register_forward_hook(self._on_linear))
+        self._hook(self.model)
         self._token = _ACTIVE.set(self)
         return self
 

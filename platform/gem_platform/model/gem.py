@@ -153,7 +153,7 @@ class GemModel(nn.Module):
         offsets, max_len = batch.seq_offsets, batch.max_seq_len
         hist, ad = self._item_lookup(batch)
         owner = torch.repeat_interleave(torch.arange(ad.shape[0], device=ad.device),
-                                        batch.seq_lengths)
+                                        batch.seq_lengths, output_size=hist.shape[0])
         x = (hist + self.action_embedding(batch.seq_action_types)
              + self.recency_embedding(recency_buckets(offsets, owner))
              + self.age_proj(batch.seq_age.unsqueeze(-1) / AGE_SCALE)

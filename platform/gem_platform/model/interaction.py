@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from gem_platform.model.attention import generalized_attention
+from gem_platform.model.flops import record_attention
 
 
 class CrossAttention(nn.Module):
@@ -28,7 +29,9 @@ class CrossAttention(nn.Module):
         k, v = self.kv(ctx.reshape(b * n_ctx, d)).view(b * n_ctx, 2, self.heads,
                                                        self.head_dim).unbind(1)
         kv_offsets = torch.arange(b + 1, device=ctx.device, dtype=torch.int64) * n_ctx
-        o = generalized_attention(q, k, v, x_offsets, kv_offsets, max_len, n_ctx,
+        # every history token attends to its own sample's n_ctx context tokens
+        record_attention(float(x.shape[0] * n_ctx), self.heads, self.head_dim)
+        o = generalized_attention(q.to(v.dtype), k, v, x_offsets, kv_offsets, max_len, n_ctx,
                                   activation=self.activation, norm="kv_len", kernel=self.kernel)
         return x + self.out(o.reshape(x.shape[0], d))
 
@@ -53,7 +56,9 @@ class PooledAttention(nn.Module):
         q = q.view(-1, self.heads, self.head_dim)
         k, v = self.kv(x).view(x.shape[0], 2, self.heads, self.head_dim).unbind(1)
         q_offsets = torch.arange(b + 1, device=ad.device, dtype=torch.int64) * self.nq
-        o = generalized_attention(q, k, v, q_offsets, x_offsets, self.nq, max_len,
+        # each of a sample's nq queries attends to all of that sample's history tokens
+        record_attention(float(self.nq * x.shape[0]), self.heads, self.head_dim)
+        o = generalized_attention(q.to(v.dtype), k, v, q_offsets, x_offsets, self.nq, max_len,
                                   activation=self.activation, norm="kv_len", kernel=self.kernel)
         return self.out(o.reshape(b, self.nq, d))
 

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from gem_platform.model.attention import SelfAttentionSpec, self_attention
+from gem_platform.model.flops import FlopMeter, self_attention_pairs
 
 
 class RMSNorm(nn.Module):
@@ -47,9 +48,20 @@ class SelfAttentionBlock(nn.Module):
     def forward(self, x: torch.Tensor, offsets: torch.Tensor, max_len: int) -> torch.Tensor:
         t = x.shape[0]
         q, k, v = self.qkv(self.norm1(x)).view(t, 3, self.heads, self.head_dim).unbind(1)
-        attn = self_attention(self.q_norm(q), self.k_norm(k), v, offsets, max_len, self.spec)
+        # QK-norm's fp32 weight would promote q and k past autocast's dtype: one dtype for the op
+        q, k = self.q_norm(q).to(v.dtype), self.k_norm(k).to(v.dtype)
+        attn = self_attention(q, k, v, offsets, max_len, self.spec)
         x = x + self.out(attn.reshape(t, self.heads * self.head_dim))  # t may be 0
         return x + self.ffn(self.norm2(x))
+
+    def forward_flops(self, meter: FlopMeter, inputs: tuple) -> None:
+        """Useful forward FLOPs of one call (a counted region): every Linear over the T tokens,
+        attention over the real (query, key) pairs of the spec."""
+        x, offsets = inputs[0], inputs[1]
+        meter.add_linear_rows(x.shape[0], self)
+        pairs = self_attention_pairs(meter.host_lengths(offsets), self.spec.kind,
+                                     self.spec.window, self.spec.causal)
+        meter.add_attention(pairs, self.heads, self.head_dim)
 
 
 class SequenceTower(nn.Module):
