@@ -167,7 +167,8 @@ def _narrowed(plan, arms: list[str] | None, seeds: list[int] | None):
     return narrowed(plan, unique, arms)
 
 
-def _sweep_in_process(plan, out: Path, new: bool, as_json: bool, verbose: bool) -> None:
+def _sweep_in_process(plan, out: Path, new: bool, as_json: bool, verbose: bool,
+                      allow_code_change: bool = False) -> None:
     """The sweep's trials one after another in this process (no Ray, no MLflow); results go to
     ``out``, rewritten after every trial, and the comparison is printed at the end."""
     from gem_platform.sweep.compare import compare as compare_runs
@@ -177,8 +178,9 @@ def _sweep_in_process(plan, out: Path, new: bool, as_json: bool, verbose: bool) 
     out.parent.mkdir(parents=True, exist_ok=True)
     with LibraryOutput(f"sweep-{plan.name}", verbose) as lib, \
             TrainingProgress(con, plan.name, trials=len(plan.trials())) as progress:
-        done = run_in_process(plan, out, echo=progress.echo, resume=not new)
-    cmp = compare_runs("", [str(out)], plan.baseline) if done else None
+        done = run_in_process(plan, out, echo=progress.echo, resume=not new,
+                              allow_code_change=allow_code_change)
+    cmp = compare_runs("", [str(out)], plan.baseline, plan.gates) if done else None
     if as_json:
         render.print_json({"results": str(out), "trials": len(done), "wall_s": progress.wall_s,
                            "log": str(lib.path) if lib.path else None,
@@ -208,6 +210,9 @@ def sweep(
         "Running again resumes it.")] = None,
     new: Annotated[bool, typer.Option(
         "--new", help="Start a fresh sweep even if this spec already ran.")] = False,
+    allow_code_change: Annotated[bool, typer.Option(
+        "--allow-code-change", help="Resume a sweep although its trials so far trained with "
+        "another git commit (each trial records its commit).")] = False,
     address: Annotated[str | None, typer.Option(
         "--address", help="Existing Ray cluster (ray://HEAD:10001); default RAY_ADDRESS or an "
         "embedded local Ray. http://HEAD:8265 submits the sweep as a Ray job there.")] = None,
@@ -225,7 +230,9 @@ def sweep(
                        "--tracking-uri don't apply.", "Drop them, or drop --in-process.")
     jobs_address = None if in_process else jobs_address_for_submit(address, local=False)
     if jobs_address:  # http(s)://HEAD:8265: the whole sweep runs as a Ray job there
-        extra = (["--new"] if new else []) + [a for arm in arms or [] for a in ("--arms", arm)] \
+        extra = (["--new"] if new else []) + (
+            ["--allow-code-change"] if allow_code_change else []) \
+            + [a for arm in arms or [] for a in ("--arms", arm)] \
             + [a for seed in seeds or [] for a in ("--seeds", str(seed))] + (
             ["--tracking-uri", tracking_uri] if tracking_uri else [])
         job_id = submit_remote(spec, set_ or [], jobs_address, command="sweep",
@@ -245,7 +252,7 @@ def sweep(
               + f", baseline '{render.esc(plan.baseline)}'", highlight=False)
     if in_process:
         _sweep_in_process(plan, out or Path("gem_runs/sweeps") / f"{plan.name}.json", new,
-                          as_json, verbose)
+                          as_json, verbose, allow_code_change)
         return
     with LibraryOutput(f"sweep-{plan.name}", verbose) as lib:
         # Ray, torch and MLflow load only once the spec and every arm's recipe are valid, so a
@@ -256,7 +263,8 @@ def sweep(
         with TrainingProgress(con, plan.name, trials=len(plan.trials())) as progress:
             lib.on_line = progress.take
             try:
-                outcome = run_sweep(plan, new=new, address=address, echo=progress.echo)
+                outcome = run_sweep(plan, new=new, address=address, echo=progress.echo,
+                                    allow_code_change=allow_code_change)
             except KeyboardInterrupt:
                 render.error("Sweep interrupted.", "Run the same command again to resume it: "
                              "finished trials are kept, unfinished ones rerun.")
@@ -266,8 +274,8 @@ def sweep(
                 raise run_failed(str(err).splitlines()[0], "The parent run is marked FAILED "
                                  "with the reason; run the same command again to resume once "
                                  f"it is fixed.{where}") from None
-            cmp = (compare_runs(outcome.tracking_uri, [outcome.sweep_id], plan.baseline)
-                   if outcome.child_run_ids else None)
+            cmp = (compare_runs(outcome.tracking_uri, [outcome.sweep_id], plan.baseline,
+                                plan.gates) if outcome.child_run_ids else None)
     if as_json:
         render.print_json({
             "sweep_id": outcome.sweep_id, "status": outcome.status,

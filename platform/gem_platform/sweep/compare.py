@@ -9,6 +9,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from gem_platform.provenance import TAG_COMMIT
 from gem_platform.sweep import store
 from gem_platform.sweep.config import SweepError
 from gem_platform.sweep.gates import FAIL, Gates, Verdict, check_gates, exit_code
@@ -108,6 +109,7 @@ def _as_trial(run: Run, sweep_id: str | None, parent: str | None) -> TrialRun:
         metrics=dict(run.data.metrics),
         sweep_id=sweep_id or tags.get(store.TAG_SWEEP),
         parent_run_id=parent or tags.get(store.TAG_PARENT),
+        commit=tags.get(TAG_COMMIT),
     )
 
 

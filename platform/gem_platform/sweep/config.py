@@ -18,7 +18,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gem_platform.errors import GemError, RecipeError
-from gem_platform.recipe import Recipe, apply_overrides, recipe_from_dict
+from gem_platform.recipe import Recipe, TrainConfig, apply_overrides, recipe_from_dict
+from gem_platform.sweep.gates import Gates
 from gem_platform.tracking import resolve_tracking_uri
 
 
@@ -35,6 +36,32 @@ def _override_list(value: Any) -> list[str]:
     return value
 
 
+def _percent(value: Any) -> Any:
+    """'0.1%' -> 0.1; numbers pass through (pydantic checks the rest)."""
+    if isinstance(value, str):
+        return value.strip().removesuffix("%").strip()
+    return value
+
+
+class SpecGates(BaseModel):
+    """The gates a sweep's parent run records verdicts for (``gemctl compare`` takes its own
+    on the command line). NE and QPS in percent of the baseline, AUC absolute."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_ne_regression: float | None = Field(0.1, ge=0, description="percent, e.g. 0.1%")
+    max_auc_drop: float | None = Field(None, ge=0)
+    max_qps_drop: float | None = Field(None, ge=0, description="percent, e.g. 5%")
+
+    @field_validator("max_ne_regression", "max_qps_drop", mode="before")
+    @classmethod
+    def _strip_percent(cls, value: Any) -> Any:
+        return _percent(value)
+
+    def as_gates(self) -> Gates:
+        return Gates(self.max_ne_regression, self.max_auc_drop, self.max_qps_drop)
+
+
 class SweepSpec(BaseModel):
     """What ``gemctl sweep SPEC.yaml`` reads."""
 
@@ -48,6 +75,10 @@ class SweepSpec(BaseModel):
     baseline: str | None = Field(None, description="arm the others are compared with; "
                                  "default: the first arm")
     set: list[str] = Field(default_factory=list, description="overrides applied to every arm")
+    deterministic: bool = Field(True, description="train.deterministic for every arm (bitwise "
+                                "repeatable trials); 'set' or an arm may still override it")
+    gates: SpecGates = Field(default_factory=SpecGates, description="gates whose verdicts "
+                             "the parent run records")
     arms: dict[str, list[str]] | None = None
     grid: dict[str, list[Any]] | None = None
 
@@ -119,6 +150,7 @@ class SweepPlan:
     baseline: str
     arms: list[Arm]
     experiment: str
+    gates: Gates = Gates(max_ne_regression_pct=0.1)
 
     def trials(self) -> list[tuple[str, int]]:
         """(arm, seed) pairs in run order: every arm's first seed before any second seed, so
@@ -145,6 +177,33 @@ class SweepPlan:
         raw = json.dumps(body, sort_keys=True, default=str).encode()
         return hashlib.sha256(raw).hexdigest()[:16]
 
+    def datasets(self) -> dict[str, str]:
+        """Each distinct data path of the arms -> its recipe's dataset source."""
+        return {a.recipe.data.path: a.recipe.data.source for a in self.arms}
+
+    def fingerprint_record(self) -> dict[str, Any]:
+        """The fingerprint with what it stands for: the resolved recipe of every arm, the
+        code, the datasets (prepared first) and the environment. Recorded on the parent run
+        (``fingerprint.json``) and in in-process results files."""
+        from gem_platform.provenance import dataset_fingerprint, provenance
+
+        record = provenance()
+        datasets: dict[str, dict[str, Any] | None] = {}
+        for path in self.datasets():
+            try:
+                datasets[path] = dataset_fingerprint(path)
+            except FileNotFoundError:  # not prepared yet
+                datasets[path] = None
+        return {"fingerprint": self.fingerprint(), "sweep": self.name, "seeds": self.seeds,
+                "code": record["code"], "environment": record["environment"],
+                "datasets": {p: ({k: d[k] for k in ("path", "digest", "source", "num_train",
+                                                     "num_eval", "shards")} if d else None)
+                             for p, d in datasets.items()},
+                "deterministic": {a.name: getattr(a.recipe.train, "deterministic", False)
+                                  for a in self.arms},
+                "recipes": {a.name: a.recipe.model_dump(mode="json", exclude={"tracking"})
+                            for a in self.arms}}
+
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "spec": self.spec_path, "base": self.base_path,
                 "seeds": self.seeds, "max_concurrent": self.max_concurrent,
@@ -159,7 +218,7 @@ def _format(err: ValidationError, source: str) -> str:
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             msg = "unknown field (allowed: name, base, seeds, max_concurrent, baseline, set, " \
-                  "arms, grid)"
+                  "deterministic, gates, arms, grid)"
         parts.append(f"{loc}: {msg}")
     return f"Sweep spec {source} is invalid: " + "; ".join(parts) + "."
 
@@ -210,8 +269,11 @@ def load_sweep(path: str | Path, overrides: list[str] | None = None,
     except yaml.YAMLError:
         raise SweepError(f"Base recipe {base_path} is not valid YAML.",
                          "Check it with `gemctl validate`.") from None
+    # Trials are deterministic unless the spec says otherwise (a recipe of its own may not).
+    determinism = ([f"train.deterministic={str(spec.deterministic).lower()}"]
+                   if "deterministic" in TrainConfig.model_fields else [])
     try:
-        base_tree = apply_overrides(base_tree, [*spec.set, *(overrides or [])])
+        base_tree = apply_overrides(base_tree, [*determinism, *spec.set, *(overrides or [])])
     except RecipeError as err:
         raise SweepError(f"Sweep spec {path}, 'set' or --set: {err.problem}", err.fix) from None
     cwd = Path.cwd()
@@ -232,4 +294,4 @@ def load_sweep(path: str | Path, overrides: list[str] | None = None,
     return SweepPlan(name=spec.name, spec_path=str(path), base_path=str(base_path),
                      seeds=spec.seeds, max_concurrent=spec.max_concurrent,
                      baseline=spec.baseline or arms[0].name, arms=arms,
-                     experiment=experiment or "gem")
+                     experiment=experiment or "gem", gates=spec.gates.as_gates())

@@ -6,6 +6,13 @@ results go to a JSON file, rewritten after every trial so an interrupted sweep k
 finished. ``gemctl compare FILE.json`` gives the same table, intervals and gates as for a
 tracked sweep.
 
+The file records where each result came from: the header's ``provenance`` (the sweep's
+fingerprint, code version, datasets' fingerprints, device and library versions, every arm's
+resolved recipe and whether it trained deterministically), and per trial its commit, its
+``train/deterministic`` flag and its step history (the NE-vs-step chart of ``gemctl compare
+--plot``). A file whose trials came from another commit is resumed only with
+``--allow-code-change``. Nothing here imports Ray or MLflow.
+
     python -m gem_platform.sweep.inprocess recipes/ablations/precision_h200.yaml \\
         --out gem_runs/precision_h200.json
 """
@@ -15,26 +22,68 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from gem_kernels.bench.common import device_info
 from gem_platform.errors import GemError
 from gem_platform.sweep.config import SweepPlan, load_sweep
 from gem_platform.sweep.results import TrialRun, finite_metrics, load_results, write_results
 
+HISTORY = ("train/loss", "train/ne_ctr", "eval/ne_ctr", "eval/ne_cvr", "eval/auc_ctr",
+           "eval/auc_cvr")
+
+
+class _History:
+    """A ``train`` sink keeping the step series of HISTORY's metrics."""
+
+    def __init__(self) -> None:
+        self.points: dict[str, list[tuple[int, float]]] = {}
+
+    def __call__(self, metrics: dict[str, Any], step: int) -> None:
+        for key in HISTORY:
+            value = metrics.get(key)
+            if isinstance(value, int | float) and math.isfinite(value):
+                self.points.setdefault(key, []).append((int(step), float(value)))
+
+
+def _check_commits(done: list[TrialRun], now: str | None, out: Path,
+                   allow_code_change: bool, echo: Callable[[str], None]) -> None:
+    """Refuse to add trials of this commit to a file whose trials came from another, unless
+    ``allow_code_change``; either way say which trials came from which commit."""
+    by_commit: dict[str, list[str]] = {}
+    for t in done:
+        by_commit.setdefault(t.commit or "unknown", []).append(f"{t.arm} seed {t.seed}")
+    if not {c for c in by_commit if c != (now or "unknown")}:
+        return
+    listing = "; ".join(f"commit {c[:12]}: {', '.join(v)}" for c, v in by_commit.items())
+    if not allow_code_change:
+        raise GemError(f"{out} holds trials of other code than this commit "
+                       f"({(now or 'unknown')[:12]}): {listing}.",
+                       "Check out their commit to resume, pass --allow-code-change to add "
+                       "trials of this code (each trial records its commit), or --new.")
+    echo(f"resuming {out} with a code change (--allow-code-change): {listing}; new trials "
+         f"train with commit {(now or 'unknown')[:12]}")
+
 
 def run_in_process(plan: SweepPlan, out: str | Path, echo: Callable[[str], None] = print,
-                   resume: bool = True) -> list[TrialRun]:
+                   resume: bool = True, allow_code_change: bool = False) -> list[TrialRun]:
     """Train every (arm, seed) of ``plan`` here, in the plan's order (all arms of a seed before
     the next seed, so a cut-short sweep still pairs). With ``resume``, trials already in
-    ``out`` (same sweep name) are kept, not retrained."""
+    ``out`` (same sweep name, same recipes) are kept, not retrained; trials of another commit
+    only with ``allow_code_change``."""
     from gem_platform.train.loop import train
 
     out = Path(out)
+    for arm in {a.recipe.data.path: a for a in plan.arms}.values():
+        arm.recipe.data.prepare()  # before the fingerprint record, which reads the shards
+    record = plan.fingerprint_record()
+    commit = record["code"]["commit"]
     recipes = _arm_fingerprints(plan)
     arms = {a.name: a.overrides for a in plan.arms}
     done: list[TrialRun] = []
@@ -47,6 +96,7 @@ def run_in_process(plan: SweepPlan, out: str | Path, echo: Callable[[str], None]
             raise GemError(f"{out} holds results of other recipes (sweep "
                            f"{header.get('sweep')!r}, arms {changed or 'all'}) than this run of "
                            f"{plan.name!r}.", "Pass another --out, or --new to overwrite it.")
+        _check_commits(earlier, commit, out, allow_code_change, echo)
         done = earlier
         recipes = {**before, **recipes}
         arms = {**(header.get("arms") or {}), **arms}
@@ -54,18 +104,22 @@ def run_in_process(plan: SweepPlan, out: str | Path, echo: Callable[[str], None]
     header = {"sweep": plan.name, "spec": plan.spec_path, "base": plan.base_path,
               "baseline": plan.baseline, "seeds": plan.seeds,
               "arms": arms, "device": device_info(),
-              "recipes": recipes}
+              "recipes": recipes, "provenance": record}
     for arm, seed in plan.trials():
         if (arm, str(seed)) in have:
             echo(f"[{arm} seed {seed}] already in {out}, kept")
             continue
         recipe = plan.trial_recipe(arm, seed)
+        history = _History()
         t0 = time.perf_counter()
-        summary = train(recipe, echo=lambda line, a=arm, s=seed: echo(f"[{a} seed {s}] {line}"))
+        summary = train(recipe, sink=history,
+                        echo=lambda line, a=arm, s=seed: echo(f"[{a} seed {s}] {line}"))
         metrics = finite_metrics(summary)
         metrics["trial/wall_s"] = time.perf_counter() - t0
+        metrics["train/deterministic"] = float(record["deterministic"][arm])
         done.append(TrialRun(run_id=f"{plan.name}/{arm}/seed{seed}", arm=arm, seed=str(seed),
-                             metrics=metrics, sweep_id=plan.name))
+                             metrics=metrics, sweep_id=plan.name, commit=commit,
+                             history=history.points))
         write_results(out, header, done)
         echo(f"[{arm} seed {seed}] NE ctr {metrics.get('eval/ne_ctr', float('nan')):.6f}  "
              f"AUC ctr {metrics.get('eval/auc_ctr', float('nan')):.4f}  -> {out}")
@@ -96,11 +150,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, nargs="+", help="run these seeds instead of the spec's")
     p.add_argument("--arms", nargs="+", help="run only these arms")
     p.add_argument("--new", action="store_true", help="overwrite --out instead of resuming it")
+    p.add_argument("--allow-code-change", action="store_true",
+                   help="resume --out although its trials came from another git commit")
     args = p.parse_args(argv)
     try:
         plan = load_sweep(args.spec, args.overrides)
         plan = narrowed(plan, args.seeds, args.arms)
-        run_in_process(plan, args.out, resume=not args.new)
+        run_in_process(plan, args.out, resume=not args.new,
+                       allow_code_change=args.allow_code_change)
     except GemError as err:
         print(err.as_text(), file=sys.stderr)
         return 2

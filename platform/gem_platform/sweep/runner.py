@@ -22,8 +22,9 @@ from ray.tune import Callback
 
 from gem_platform.errors import GemError
 from gem_platform.launch import check_address, check_world_size
+from gem_platform.provenance import TAG_COMMIT, TAG_DATASET
 from gem_platform.sweep import store
-from gem_platform.sweep.config import SweepPlan
+from gem_platform.sweep.config import SweepError, SweepPlan
 from gem_platform.sweep.trial import run_trial
 from gem_platform.tracking import RunTracker, check_reachable
 
@@ -99,25 +100,87 @@ def _start_ray(plan: SweepPlan, address: str | None) -> None:
              logging_level="WARNING")
 
 
-def _open_parent(plan: SweepPlan, uri: str, new: bool, echo: Callable[[str], None]
-                 ) -> tuple[RunTracker, str, str, bool]:
+def trial_commits(uri: str, parent_run_id: str) -> dict[str, list[str]]:
+    """Commit -> the finished trials ("arm seed N") that trained with it."""
+    c = store.client(uri)
+    out: dict[str, list[str]] = {}
+    for run in store.children(c, c.get_run(parent_run_id)):
+        tags = run.data.tags
+        if run.info.status == "FINISHED" and store.TAG_ARM in tags:
+            out.setdefault(tags.get(TAG_COMMIT, "unknown"), []).append(
+                f"{tags[store.TAG_ARM]} seed {tags.get(store.TAG_SEED)}")
+    return out
+
+
+def describe_commits(commits: dict[str, list[str]]) -> str:
+    return "; ".join(f"commit {c[:12]}: {', '.join(sorted(t))}" for c, t in commits.items())
+
+
+def check_code(plan: SweepPlan, run: Any, record: dict[str, Any], allow_code_change: bool,
+               echo: Callable[[str], None]) -> None:
+    """Refuse to resume a sweep whose trials so far trained with another commit (or another
+    dataset) unless ``allow_code_change``; say which trials came from which commit."""
+    tags, uri = run.data.tags, plan.arms[0].recipe.tracking.uri or ""
+    sweep_id = tags[store.TAG_SWEEP]
+    before, now = tags.get(TAG_COMMIT), record["code"]["commit"]
+    data_before, data_now = tags.get(TAG_DATASET), _dataset_digests(record)
+    if data_before and data_now and data_before != data_now:
+        raise SweepError(f"Sweep {sweep_id} trained on dataset {data_before}; the data at "
+                         f"its recipes' data.path is now {data_now}.",
+                         "Restore the dataset it trained on, or start a fresh sweep with "
+                         "--new.")
+    if not before or not now or before == now:
+        return
+    commits = trial_commits(uri, run.info.run_id)
+    trials = describe_commits(commits) or "no finished trials yet"
+    if not allow_code_change:
+        raise SweepError(f"Sweep {sweep_id} started with commit {before[:12]}; this code is "
+                         f"commit {now[:12]}. Trials so far: {trials}.",
+                         "Check out its commit to resume it, pass --allow-code-change to "
+                         "finish it with this code (each trial records its commit), or "
+                         "--new to start a fresh sweep.")
+    echo(f"resuming sweep {sweep_id} with a code change (--allow-code-change): {trials}; "
+         f"new trials train with commit {now[:12]}")
+
+
+def _dataset_digests(record: dict[str, Any]) -> str:
+    return ",".join(sorted({d["digest"] for d in record["datasets"].values() if d}))
+
+
+def _record_parent(tracker: RunTracker, record: dict[str, Any]) -> None:
+    """Fingerprint record, dataset inputs and digests on a new parent run."""
+    from gem_platform.provenance import log_dataset
+
+    tracker.log_json(record, "fingerprint.json")
+    for dataset in record["datasets"].values():
+        if dataset:
+            log_dataset(tracker.uri, tracker.run_id, dataset, "training")
+    if _dataset_digests(record):
+        tracker.set_tag(TAG_DATASET, _dataset_digests(record))
+
+
+def _open_parent(plan: SweepPlan, uri: str, new: bool, echo: Callable[[str], None],
+                 allow_code_change: bool = False) -> tuple[RunTracker, str, str, bool]:
     """Reuse the latest parent with this fingerprint unless ``new``; else create one.
+    A parent that is resumed must have trained with this commit (see ``check_code``).
 
     Returns (tracker, sweep id, status of the reused parent or '', resumed).
     """
     c = store.client(uri)
     fingerprint = plan.fingerprint()
+    record = plan.fingerprint_record()
     exp = c.get_experiment_by_name(plan.experiment)
     if exp is not None and not new:
         earlier = store.parents_with_fingerprint(c, exp.experiment_id, fingerprint)
         if earlier:
             run = earlier[0]
             sweep_id = run.data.tags[store.TAG_SWEEP]
-            tracker = RunTracker(uri, run.info.run_id)
-            if run.info.status != "FINISHED":
-                c.update_run(run.info.run_id, status="RUNNING")
-                echo(f"resuming sweep {sweep_id} (parent run {run.info.run_id}, was "
-                     f"{run.info.status})")
+            if run.info.status == "FINISHED":
+                return RunTracker(uri, run.info.run_id), sweep_id, "FINISHED", True
+            check_code(plan, run, record, allow_code_change, echo)
+            tracker = RunTracker.reopen(uri, run.info.run_id, {})
+            echo(f"resuming sweep {sweep_id} (parent run {run.info.run_id}, was "
+                 f"{run.info.status})")
             return tracker, sweep_id, run.info.status, True
     sweep_id = f"{plan.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     params = {"sweep.name": plan.name, "sweep.base": plan.base_path,
@@ -129,6 +192,7 @@ def _open_parent(plan: SweepPlan, uri: str, new: bool, echo: Callable[[str], Non
             "gem.recipe": plan.arms[0].recipe.name}
     tracker = RunTracker.start(uri, plan.experiment, sweep_id, params, tags)
     tracker.log_json(plan.to_dict(), "sweep.json")
+    _record_parent(tracker, record)
     echo(f"sweep {sweep_id}: {len(plan.arms)} arms x {len(plan.seeds)} seeds, parent run "
          f"{tracker.run_id}")
     return tracker, sweep_id, "", False
@@ -219,6 +283,7 @@ def _trial_errors(results: Any) -> dict[tuple[str, int], str]:
 
 
 def _close(tracker: RunTracker, status: str, reason: str | None = None) -> None:
+    tracker.stop_system_metrics()
     c = store.client(tracker.uri)
     if reason:
         c.set_tag(tracker.run_id, "gem.failure_reason", reason[:5000])
@@ -227,16 +292,33 @@ def _close(tracker: RunTracker, status: str, reason: str | None = None) -> None:
     c.set_terminated(tracker.run_id, status=status)
 
 
+def _summarize(outcome: SweepOutcome, plan: SweepPlan, echo: Callable[[str], None]) -> None:
+    """Log the comparison of the finished trials (with the spec's gates) on the parent run."""
+    from gem_platform.sweep.compare import compare
+    from gem_platform.sweep.summary import log_comparison
+
+    cmp = compare(outcome.tracking_uri, [outcome.sweep_id], plan.baseline, plan.gates)
+    log_comparison(outcome.tracking_uri, outcome.parent_run_id, cmp)
+    commits = trial_commits(outcome.tracking_uri, outcome.parent_run_id)
+    if len(commits) > 1:
+        echo(f"sweep {outcome.sweep_id} holds trials of {len(commits)} commits: "
+             f"{describe_commits(commits)}")
+
+
 def run_sweep(plan: SweepPlan, *, new: bool = False, address: str | None = None,
-              echo: Callable[[str], None] = print) -> SweepOutcome:
-    """Run (or resume) the sweep; the parent run ends FINISHED, FAILED or KILLED."""
+              echo: Callable[[str], None] = print, allow_code_change: bool = False
+              ) -> SweepOutcome:
+    """Run (or resume) the sweep; the parent run ends FINISHED, FAILED or KILLED, carrying
+    the comparison of its finished trials (``summary``). Resuming a sweep started with
+    another commit raises SweepError unless ``allow_code_change``."""
     import ray
 
     uri = plan.arms[0].recipe.tracking.uri or ""
     check_reachable(uri)
     address = address or os.environ.get("RAY_ADDRESS") or None
     _prepare_data(plan)
-    tracker, sweep_id, earlier_status, resumed = _open_parent(plan, uri, new, echo)
+    tracker, sweep_id, earlier_status, resumed = _open_parent(plan, uri, new, echo,
+                                                              allow_code_change)
     done = _finished_children(uri, tracker.run_id)
     todo = [t for t in plan.trials() if t not in done]
     outcome = SweepOutcome(sweep_id, tracker.run_id, uri, "FINISHED", resumed=resumed)
@@ -270,6 +352,8 @@ def run_sweep(plan: SweepPlan, *, new: bool = False, address: str | None = None,
         ray.shutdown()
     outcome.child_run_ids = _finished_children(uri, tracker.run_id)
     outcome.missing = [t for t in plan.trials() if t not in outcome.child_run_ids]
+    if outcome.child_run_ids:
+        _summarize(outcome, plan, echo)
     if not outcome.missing:
         _close(tracker, "FINISHED")
         return outcome
