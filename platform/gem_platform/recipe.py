@@ -113,6 +113,21 @@ class TrainConfig(_Strict):
         description="steps each process trains before the final QPS and MFU start counting "
         "(kernel compilation and autotuning, allocator growth); at least one step is always "
         "counted")
+    compile: bool | None = Field(
+        None, description="torch.compile each sequence layer, DHEN layer and the head (the "
+        "attention ops as custom ops inside); null = on for CUDA, off on CPU")
+    compile_backend: Literal["inductor", "aot_eager"] = Field(
+        "inductor", description="inductor generates the kernels; aot_eager only traces (checks "
+        "graphs and recompiles without code generation)")
+    activation_memory_gb: float | None = Field(
+        None, gt=0, le=1e5,
+        description="budget for the activations the sequence layers, DHEN layers and head keep "
+        "for the backward at the recipe's batch; regions recompute in the backward, cheapest "
+        "first, until the estimate fits; null = none recompute")
+    prefetch_batches: int = Field(
+        2, ge=0, le=64,
+        description="batches collated ahead on a background thread (pinned and copied on a "
+        "side stream on CUDA); 0 = collate on the training thread")
 
 
 class PrecisionConfig(_Strict):
