@@ -95,6 +95,29 @@ def test_fingerprint_tracks_what_changes_results(spec_dir):
     assert load_sweep(write(spec_dir, text), ["train.perf_warmup_steps=3"]).fingerprint() != one
 
 
+def test_sweeps_train_deterministically_unless_the_spec_says_not(spec_dir):
+    text = "name: d\nbase: base.yaml\narms: {a: [], b: [train.deterministic=false]}\n"
+    plan = load_sweep(write(spec_dir, text))
+    assert [a.recipe.train.deterministic for a in plan.arms] == [True, False]
+    assert TrainConfig().deterministic is False  # a plain run keeps the recipe's choice
+    off = load_sweep(write(spec_dir, "deterministic: false\n" + text))
+    assert [a.recipe.train.deterministic for a in off.arms] == [False, False]
+    on = load_sweep(write(spec_dir, text), ["train.deterministic=true"])  # --set beats spec
+    assert on.arms[0].recipe.train.deterministic
+    assert off.fingerprint() != plan.fingerprint()  # determinism decides results
+    assert plan.fingerprint_record()["deterministic"] == {"a": True, "b": False}
+
+
+def test_spec_gates(spec_dir):
+    text = "name: g\nbase: base.yaml\narms: {a: []}\n"
+    assert load_sweep(write(spec_dir, text)).gates.max_ne_regression_pct == 0.1
+    plan = load_sweep(write(spec_dir, text + "gates: {max_ne_regression: 0.5%, "
+                                              "max_auc_drop: 0.002}\n"))
+    assert (plan.gates.max_ne_regression_pct, plan.gates.max_auc_drop) == (0.5, 0.002)
+    with pytest.raises(SweepError, match="gates.max_ne_regression"):
+        load_sweep(write(spec_dir, text + "gates: {max_ne_regression: lots}\n"))
+
+
 @pytest.mark.parametrize("text, needle", [
     ("name: x\nbase: base.yaml\narms: {a: []}\nsedes: [1]\n", "sedes: unknown field"),
     ("name: x\nbase: base.yaml\n", "exactly one of 'arms'"),

@@ -18,7 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gem_platform.errors import GemError, RecipeError
-from gem_platform.recipe import Recipe, TrainConfig, apply_overrides, recipe_from_dict
+from gem_platform.recipe import Recipe, apply_overrides, recipe_from_dict
 from gem_platform.sweep.gates import Gates
 from gem_platform.tracking import resolve_tracking_uri
 
@@ -199,8 +199,7 @@ class SweepPlan:
                 "datasets": {p: ({k: d[k] for k in ("path", "digest", "source", "num_train",
                                                      "num_eval", "shards")} if d else None)
                              for p, d in datasets.items()},
-                "deterministic": {a.name: getattr(a.recipe.train, "deterministic", False)
-                                  for a in self.arms},
+                "deterministic": {a.name: a.recipe.train.deterministic for a in self.arms},
                 "recipes": {a.name: a.recipe.model_dump(mode="json", exclude={"tracking"})
                             for a in self.arms}}
 
@@ -269,9 +268,9 @@ def load_sweep(path: str | Path, overrides: list[str] | None = None,
     except yaml.YAMLError:
         raise SweepError(f"Base recipe {base_path} is not valid YAML.",
                          "Check it with `gemctl validate`.") from None
-    # Trials are deterministic unless the spec says otherwise (a recipe of its own may not).
-    determinism = ([f"train.deterministic={str(spec.deterministic).lower()}"]
-                   if "deterministic" in TrainConfig.model_fields else [])
+    # Trials are deterministic unless the spec says otherwise ('set', --set or an arm may
+    # still override it).
+    determinism = [f"train.deterministic={str(spec.deterministic).lower()}"]
     try:
         base_tree = apply_overrides(base_tree, [*determinism, *spec.set, *(overrides or [])])
     except RecipeError as err:
