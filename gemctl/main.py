@@ -107,7 +107,8 @@ def validate(
         render.console.print(
             f"[green]ok[/] {render.esc(recipe)}: sweep '{render.esc(plan.name)}' is valid "
             f"({len(plan.arms)} arms x {len(plan.seeds)} seeds, baseline "
-            f"'{render.esc(plan.baseline)}'; every arm's recipe checked).", highlight=False)
+            f"'{render.esc(plan.baseline)}'; every arm's recipe checked).", highlight=False,
+            soft_wrap=True)
         return
     r = load_recipe(recipe, set_ or [])
     if as_json:
@@ -117,7 +118,7 @@ def validate(
     render.console.print(f"[green]ok[/] {render.esc(recipe)}: recipe '{render.esc(r.name)}' is "
                          f"valid ({r.parallel.workers} workers, attention={r.model.attention}, "
                          f"precision={r.precision.mode}, loader={r.loader.batching}).",
-                         highlight=False)
+                         highlight=False, soft_wrap=True)
 
 
 @app.command(epilog=epilog(

@@ -178,7 +178,8 @@ class TrainingProgress:
                 self.print(prefix + text)
                 return True
             return False
-        clock = self._clocks.setdefault(key, _Clock())
+        # A run's clock starts with the command; a sweep trial's with its first line.
+        clock = self.clock if key == self.label else self._clocks.setdefault(key, _Clock())
         eta = clock.eta(report.step, report.total)
         if self._bars is None:
             self.print(f"{prefix}step {report.step:>{len(str(report.total))}}/{report.total}  "

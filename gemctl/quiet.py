@@ -142,3 +142,6 @@ class LibraryOutput:
                 stream.flush()
                 stream.close()
         self._log.close()
+        if self.path is not None and self.path.stat().st_size == 0:
+            self.path.unlink()  # nothing was routed: no empty file to point at
+            self.path = None
