@@ -204,7 +204,8 @@ def _strides(x: torch.Tensor) -> tuple[int, int]:
 
 class _BlockAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, offsets, block, cos, sin, rel, scale, causal):  # noqa: ANN001
+    def forward(ctx, q, k, v, offsets, block, cos, sin, rel, scale, causal,  # noqa: ANN001
+                autotune):
         total, heads, dim = q.shape
         plan, nblk, max_blocks = cached_plan(offsets, total, block)
         o = torch.empty(total, heads, dim, dtype=q.dtype, device=q.device)
@@ -214,9 +215,9 @@ class _BlockAttention(torch.autograd.Function):
                 scale * tk.LOG2E)
         consts = {"BLOCK": block, "D": dim, "ROPE": rope, "CAUSAL": causal, "REL": rel}
         _launch("fwd", tk.fwd_kernel, args, consts, max_blocks * heads, q.device, heads,
-                _AUTOTUNE)
+                autotune)
         ctx.save_for_backward(q, k, v, plan, nblk, cos, sin)
-        ctx.meta = (block, rel, scale, causal, max_blocks, _AUTOTUNE)
+        ctx.meta = (block, rel, scale, causal, max_blocks, autotune)
         return o
 
     @staticmethod
@@ -235,13 +236,16 @@ class _BlockAttention(torch.autograd.Function):
         consts = {"BLOCK": block, "D": dim, "ROPE": rope, "CAUSAL": causal, "REL": rel}
         _launch("bwd", tk.bwd_kernel, args, consts, max_blocks * heads, q.device, heads,
                 autotune)
-        return dq, dk, dv, None, None, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None, None, None
 
 
 def block_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                            offsets: torch.Tensor, *, block: int, rope: Rope | None,
-                           scale: float, causal: bool) -> torch.Tensor:
-    """Triton block attention; q, k, v may be strided views (last dim contiguous)."""
+                           scale: float, causal: bool, deterministic: bool = False
+                           ) -> torch.Tensor:
+    """Triton block attention; q, k, v may be strided views (last dim contiguous).
+    ``deterministic``: the default launch settings, never the autotuner's timing-based choice
+    (use_autotune), so that two processes run the same compiled kernels."""
     total, _, dim = q.shape
     if total == 0:
         return torch.empty_like(q)
@@ -256,4 +260,4 @@ def block_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         tables = rope_tables_for(rope, block if rel else total, dim, q.device, q.dtype)
         cos, sin = tables.cos, tables.sin
     return _BlockAttention.apply(q, k, v, offsets, block, cos, sin, rel, float(scale),
-                                 bool(causal))
+                                 bool(causal), _AUTOTUNE and not deterministic)

@@ -8,7 +8,7 @@ import torch
 
 from gem_kernels.block_attention.reference import block_attention_reference, check_inputs
 from gem_kernels.block_attention.rope import Rope
-from gem_kernels.dispatch import Kernel, resolve_kernel, same_dtype
+from gem_kernels.dispatch import Kernel, deterministic_backward, resolve_kernel, same_dtype
 
 
 def triton_unsupported(q: torch.Tensor, block: int) -> str | None:
@@ -36,13 +36,13 @@ def block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets: 
     and k by position within the sequence inside the kernel (tables rounded to the input dtype
     there; RopeTables must cover every position used). ``scale`` defaults to
     1/sqrt(head_dim). ``kernel``: None/'auto' (Triton on CUDA, reference elsewhere), 'triton'
-    or 'pytorch'. ``deterministic`` is accepted for the ops' common signature
-    (gem_kernels.dispatch): each (block, head) gradient is written by one program, with no
-    atomics, so the Triton backward is bitwise reproducible either way. Returns
+    or 'pytorch'. ``deterministic`` (None: gem_kernels.dispatch.deterministic_backward()):
+    the Triton backward writes each (block, head) gradient from one program, with no atomics,
+    so it is bitwise reproducible either way; deterministic mode also keeps the default
+    launch settings where the autotuner is on (autograd.use_autotune). Returns
     (total_tokens, heads, head_dim) in the operands' common dtype (autocast's inside an
     autocast region).
     """
-    del deterministic  # always deterministic
     q, k, v = same_dtype(q, k, v)
     check_inputs(q, k, v, offsets, block)
     if scale is None:
@@ -55,4 +55,5 @@ def block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets: 
     from gem_kernels.block_attention.autograd import block_attention_triton
 
     return block_attention_triton(q, k, v, offsets, block=block, rope=rope, scale=scale,
-                                  causal=causal)
+                                  causal=causal,
+                                  deterministic=deterministic_backward(deterministic))

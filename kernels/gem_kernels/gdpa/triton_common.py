@@ -94,7 +94,8 @@ def tile_rows(start, row0, length, BLOCK: tl.constexpr):
     """Rows row0 .. row0+BLOCK-1 of a sample that starts at row ``start`` and has ``length``
     rows: their global indices as int64 (BLOCK, 1) and the (BLOCK, 1) in-sample mask."""
     rows = row0 + tl.arange(0, BLOCK)
-    return (start + rows).to(tl.int64)[:, None], (rows < length)[:, None]
+    mask = (rows < length)[:, None]
+    return (start + rows).to(tl.int64)[:, None], mask
 
 
 @triton.jit
