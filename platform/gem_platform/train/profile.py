@@ -176,22 +176,27 @@ def _precision_label(recipe: Recipe) -> str:
 def render_profile(result: StepProfile, console=None) -> None:
     """Print the summary line and the two tables (by kind, costliest kernels)."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = console or Console()
     unit = "kernel" if result.device.startswith("cuda") else "operator"
-    console.print(f"[bold]{result.recipe}[/] ({result.precision}, {result.device}): "
+    # Names (kernels, the recipe) are shown as written, never read as rich markup.
+    console.print(f"[bold]{escape(result.recipe)}[/] ({escape(result.precision)}, "
+                  f"{escape(result.device)}): "
                   f"step {result.step_ms:.1f} ms, {unit}s busy {result.busy_ms:.1f} ms "
                   f"({result.busy_fraction:.0%}) over {result.active_steps} steps")
     kinds = Table("kind", "ms / step", "share of busy", "share of step")
     for kind, ms in result.by_kind.items():
-        kinds.add_row(kind, f"{ms:.2f}", f"{ms / result.busy_ms:.1%}" if result.busy_ms else "-",
+        kinds.add_row(escape(kind), f"{ms:.2f}",
+                      f"{ms / result.busy_ms:.1%}" if result.busy_ms else "-",
                       f"{ms / result.step_ms:.1%}" if result.step_ms > 0 else "-")
     console.print(kinds)
     table = Table(unit, "kind", "ms / step", "calls / step", "share")
     for r in result.top:
         name = r.name if len(r.name) <= 70 else r.name[:67] + "..."
-        table.add_row(name, r.kind, f"{r.ms_per_step:.3f}", f"{r.calls_per_step:.1f}",
+        table.add_row(escape(name), escape(r.kind), f"{r.ms_per_step:.3f}",
+                      f"{r.calls_per_step:.1f}",
                       f"{r.share:.1%}")
     console.print(table)
 
