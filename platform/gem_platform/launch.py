@@ -308,7 +308,9 @@ def submit(recipe: Recipe, *, local: bool = False, address: str | None = None,
 
     uri = resolve_tracking_uri(recipe.tracking.uri)
     tags = {"gem.mode": "local" if local else "ray", "gem.recipe": recipe.name,
-            "gem.data_source": meta.source, **recipe.tracking.tags}
+            "gem.data_source": meta.source,
+            "gem.deterministic": str(recipe.train.deterministic).lower(),
+            **recipe.tracking.tags}
     if resume:
         tracker = RunTracker.reopen(uri, resume, recipe.flat())
     else:

@@ -22,6 +22,7 @@ lower bound of compute-alone MFU and the scaling ratio an upper bound.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable, Iterator
@@ -48,6 +49,7 @@ from gem_platform.model.flops import FlopMeter
 from gem_platform.parallel import Parallelized, parallelize
 from gem_platform.recipe import Recipe
 from gem_platform.train.checkpoint import Stateful
+from gem_platform.train.determinism import deterministic_mode
 from gem_platform.train.metrics import TaskEvaluator
 from gem_platform.train.mfu import Peak, mfu, resolve_peak
 from gem_platform.train.state import CheckpointExtras, LoopState, Totals
@@ -476,6 +478,7 @@ def summarize(run: Run, state: LoopState) -> dict[str, float]:
         "perf/world_size": float(run.info.world_size),
         "train/final_loss": state.last_loss,
         "train/steps": float(run.recipe.train.steps),
+        "train/deterministic": float(run.recipe.train.deterministic),
         "data/truncated_histories": _truncated_histories(run),
     }
     if run.meta.planted_auc:
@@ -496,10 +499,21 @@ def train(recipe: Recipe, sink: MetricSink | None = None,
     ``checkpoints.every`` steps. A resumed run replays the steps after its checkpoint;
     ``published_through`` (the last step the run's record already holds) keeps those from
     being published twice. ``on_step(step)`` runs after each training step (a profiler's
-    clock).
+    clock). With ``train.deterministic`` the run trains inside
+    ``determinism.deterministic_mode(train.seed)``; the summary's ``train/deterministic`` says
+    whether it did (1.0) or not (0.0).
     """
+    report = Reporter(RankInfo.current().is_chief, sink, echo, published_through)
+    mode = (deterministic_mode(recipe.train.seed) if recipe.train.deterministic
+            else contextlib.nullcontext())
+    with mode:
+        return _train(recipe, report, checkpoints, on_step)
+
+
+def _train(recipe: Recipe, report: Reporter, checkpoints: CheckpointStore | None,
+           on_step: Callable[[int], None] | None) -> RunSummary:
+    """``train``'s stages, in order."""
     info = RankInfo.current()
-    report = Reporter(info.is_chief, sink, echo, published_through)
     run = setup(recipe, info)
     state, start_epoch = resume(run, checkpoints, report)
     cfg = recipe.train

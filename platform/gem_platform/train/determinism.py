@@ -1,0 +1,80 @@
+"""Deterministic training (``train.deterministic``): the same recipe, seed and code on the same
+device give bitwise-identical losses and metrics.
+
+``deterministic_mode(seed)`` turns on, for its duration:
+
+- ``torch.use_deterministic_algorithms(True)``: ops that have a deterministic implementation
+  use it (on CUDA, ``index_add_``, ``scatter_add_`` and the backward of ``index_select``,
+  ``gather`` and advanced indexing sort instead of accumulating with atomics); an op that has
+  none raises a RuntimeError naming itself instead of varying silently;
+- cuDNN's deterministic algorithms, without benchmark autotuning;
+- ``gem_kernels.set_deterministic_backward(True)``: every attention op's backward runs
+  without floating-point atomics;
+- ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` (the workspace setting cuBLAS needs to be reproducible)
+  unless it already holds ``:4096:8`` or ``:16:8``. PyTorch reads it at the process's first
+  cuBLAS call, so it must be entered before any CUDA matmul runs in the process;
+- Python's, NumPy's and torch's global RNGs (CPU and every GPU) seeded with ``seed``.
+
+On exit the torch, cuDNN and kernel switches return to what they were (the kernel switch to
+``None``: following torch's setting); the RNGs stay seeded and the environment variable stays.
+The data order needs nothing here: the batcher's permutation is a function of
+(``loader.seed``, rank, epoch), and synthetic data of ``data.synthetic.seed``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import numpy as np
+import torch
+
+from gem_kernels import set_deterministic_backward
+from gem_platform.errors import GemError
+
+CUBLAS_ENV = "CUBLAS_WORKSPACE_CONFIG"
+CUBLAS_DETERMINISTIC = (":4096:8", ":16:8")
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's, NumPy's and torch's global RNGs (torch: CPU and every CUDA device)."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def _cublas_workspace() -> None:
+    value = os.environ.get(CUBLAS_ENV)
+    if value is None:
+        os.environ[CUBLAS_ENV] = CUBLAS_DETERMINISTIC[0]
+    elif value not in CUBLAS_DETERMINISTIC:
+        raise GemError(
+            f"train.deterministic is on but {CUBLAS_ENV}={value!r} in the environment; cuBLAS "
+            f"is reproducible only with {' or '.join(CUBLAS_DETERMINISTIC)}.",
+            f"Unset {CUBLAS_ENV} (training sets {CUBLAS_DETERMINISTIC[0]}) or set it to one "
+            "of those values, or turn train.deterministic off.")
+
+
+@contextmanager
+def deterministic_mode(seed: int) -> Iterator[None]:
+    """Deterministic algorithms everywhere and seeded RNGs for the block's duration (see the
+    module docstring for what it sets and what it restores)."""
+    _cublas_workspace()
+    before = (torch.are_deterministic_algorithms_enabled(),
+              torch.is_deterministic_algorithms_warn_only_enabled(),
+              torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+    set_deterministic_backward(True)
+    seed_everything(seed)
+    try:
+        yield
+    finally:
+        enabled, warn_only, cudnn_deterministic, cudnn_benchmark = before
+        torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+        torch.backends.cudnn.deterministic = cudnn_deterministic
+        torch.backends.cudnn.benchmark = cudnn_benchmark
+        set_deterministic_backward(None)
