@@ -41,6 +41,11 @@ class Parallelized:
     expert_group: dist.ProcessGroup | None = None
     replica_sync: Callable[[], None] | None = None
 
+    @property
+    def fused_sparse(self) -> bool:
+        """True when the embedding tables are updated by TorchRec's fused optimizer."""
+        return self.sparse_optimizer is not None
+
     def sync_gradients(self) -> None:
         all_reduce_gradients(self.replicated_params, self.world_size)
 
