@@ -1,0 +1,109 @@
+"""The progress display (bars in a terminal, plain lines with elapsed and ETA elsewhere) and the
+routing of library output to a log file while gemctl's own output keeps the terminal."""
+
+from __future__ import annotations
+
+import io
+import re
+import subprocess
+import sys
+import textwrap
+
+from rich.console import Console
+
+from gemctl.progress import TrainingProgress, parse_step
+from tests.cli.conftest import REPO
+
+LINE = "step     4/10  loss 0.6931  ne_ctr 0.9876  samples/s 1234  straggler 3.0%"
+ANSI = re.compile(r"\x1b\[")
+
+
+def test_parse_the_training_loops_line():
+    report = parse_step(LINE)
+    assert report is not None
+    assert (report.step, report.total, report.loss, report.ne, report.samples_per_s) == \
+        (4, 10, 0.6931, 0.9876, 1234.0)
+    assert parse_step("resumed from step 4 (gem_runs/local/x)") is None
+
+
+def test_plain_lines_when_not_a_terminal():
+    out = io.StringIO()
+    with TrainingProgress(Console(file=out, width=120), "run") as progress:
+        progress.echo(LINE)
+        progress.echo("resumed from step 4")
+        progress.echo(LINE.replace("4/10", "6/10"))
+    text = out.getvalue()
+    assert not ANSI.search(text)
+    lines = text.splitlines()
+    assert lines[0].startswith("step  4/10  loss 0.6931  ne 0.9876  1,234 samples/s  elapsed ")
+    assert " eta " in lines[0] and lines[1] == "resumed from step 4"
+    assert lines[2].startswith("step  6/10")
+
+
+def test_bars_in_a_terminal():
+    out = io.StringIO()
+    con = Console(file=out, force_terminal=True, width=160)
+    with TrainingProgress(con, "run") as progress:
+        progress.echo(LINE)
+    text = ANSI.sub("", out.getvalue())
+    assert "4/10" in text and "loss 0.6931" in text and "eta" in text and "elapsed" in text
+
+
+def test_sweep_trials_and_overall():
+    out = io.StringIO()
+    with TrainingProgress(Console(file=out, width=160), "sweep", trials=2) as progress:
+        assert progress.take(f"(run_trial pid=7) [bf16 seed 0] {LINE}")
+        assert progress.take("trial bf16 seed 0 finished: NE ctr 0.9, AUC ctr 0.7 (run x)")
+        assert progress.take("[fp8 seed 0] NE ctr 0.910000  AUC ctr 0.7000  -> out.json")
+        assert not progress.take("(raylet) some Ray noise")
+    text = out.getvalue()
+    assert "[bf16 seed 0] step  4/10" in text
+    assert "trials 1/2 done" in text and "trials 2/2 done" in text
+
+
+ROUTED = textwrap.dedent("""
+    import logging, os, sys, warnings
+    sys.path[:0] = [{root!r}, {platform!r}]
+    from gemctl import render
+    from gemctl.quiet import LibraryOutput
+    with LibraryOutput("t", verbose={verbose}, on_line=lambda l: l.startswith("[a seed 0]")) as lib:
+        os.write(1, b"C-level banner\\n")
+        os.write(2, b"C-level warning\\n")
+        print("library print")
+        print("[a seed 0] step 1/2 loss 1.0")
+        warnings.warn("a deprecation")
+        logging.getLogger("mlflow").warning("INFO-like line")
+        render.console.print("[green]shown[/]")
+        render.print_json({{"ok": 1}})
+    print("after", lib.path)
+""")
+
+
+def _run(tmp_path, verbose: bool) -> subprocess.CompletedProcess[str]:
+    script = tmp_path / "routed.py"
+    script.write_text(ROUTED.format(root=str(REPO), platform=str(REPO / "platform"),
+                                    verbose=verbose))
+    return subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_library_output_goes_to_the_log(tmp_path):
+    proc = _run(tmp_path, verbose=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[:2] == ["shown", "{"]
+    assert '"ok": 1' in proc.stdout
+    for noise in ("C-level", "library print", "deprecation", "INFO-like", "[a seed 0]"):
+        assert noise not in proc.stdout + proc.stderr
+    log = next((tmp_path / "gem_runs" / "logs").glob("t-*.log")).read_text()
+    for noise in ("C-level banner", "C-level warning", "library print", "a deprecation",
+                  "INFO-like line"):
+        assert noise in log
+    assert "[a seed 0]" not in log  # taken by on_line, not logged
+    assert "after gem_runs/logs/t-" in proc.stdout
+
+
+def test_verbose_leaves_library_output_alone(tmp_path):
+    proc = _run(tmp_path, verbose=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "C-level banner" in proc.stdout and "library print" in proc.stdout
+    assert "a deprecation" in proc.stderr and not (tmp_path / "gem_runs").exists()
