@@ -4,6 +4,7 @@ workspace setting that defeats reproducibility is refused."""
 
 from __future__ import annotations
 
+import math
 import os
 import random
 
@@ -95,3 +96,21 @@ def test_a_nondeterministic_cublas_setting_is_refused(monkeypatch):
         with deterministic_mode(0):
             pass
     assert not torch.are_deterministic_algorithms_enabled()
+
+
+def test_repro_bench_reports_cost_and_agreement(tmp_path, monkeypatch):
+    import json
+
+    from gem_platform.train import repro_bench
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tiny.yaml").write_text(TINY.format(data=tmp_path / "data"))
+    rc = repro_bench.main(["tiny.yaml", "--out", "out", "--set", "train.steps=2",
+                           "--set", "parallel.workers=1"])
+    report = json.loads((tmp_path / "out" / "repro_bench.json").read_text())
+    result = report["recipes"]["tiny.yaml"]
+    assert rc == 0 and result["bitwise_identical"] is True and result["differing"] == []
+    assert set(result["runs"]) == {"plain", "deterministic", "deterministic_rerun"}
+    assert result["runs"]["plain"]["summary"]["train/deterministic"] == 0.0
+    assert result["runs"]["deterministic"]["summary"]["train/deterministic"] == 1.0
+    assert result["qps_plain"] > 0 and math.isfinite(result["cost"])
