@@ -11,6 +11,7 @@ import pytest
 from gem_platform.data.config import DataConfig
 from gem_platform.data.meta import DatasetMeta, SparseFeatureSpec
 from gem_platform.data.parquet import SampleArrays
+from gem_platform.data.prepare import prepare_dataset
 
 
 def tiny_config(path: Path, **synthetic) -> DataConfig:
@@ -37,7 +38,7 @@ def make_config():
 def tiny_dataset(tmp_path_factory) -> Path:
     """One generated dataset reused by read-only tests."""
     path = tmp_path_factory.mktemp("tiny") / "ds"
-    tiny_config(path).prepare()
+    prepare_dataset(tiny_config(path))
     return path
 
 

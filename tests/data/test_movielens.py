@@ -11,6 +11,7 @@ import pytest
 from gem_platform.data.config import DataConfig
 from gem_platform.data.movielens import convert_movielens
 from gem_platform.data.parquet import SampleTable
+from gem_platform.data.prepare import prepare_dataset
 from gem_platform.errors import DataError
 
 FLAGS = {"Action": 1, "Comedy": 5, "Drama": 8}  # positions among the 19 ML-100K genre flags
@@ -132,7 +133,7 @@ def test_100k_item_category_is_the_first_genre(tmp_path: Path) -> None:
 
 def test_converted_directory_is_a_parquet_source(tmp_path: Path) -> None:
     meta = convert_movielens(str(write_100k(tmp_path / "ml")), str(tmp_path / "out"))
-    assert DataConfig(source="parquet", path=str(tmp_path / "out")).prepare() == meta
+    assert prepare_dataset(DataConfig(source="parquet", path=str(tmp_path / "out"))) == meta
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
         "eval-00000.parquet", "meta.json", "train-00000.parquet",
     ]  # fmt: skip

@@ -13,6 +13,7 @@ from gem_platform.balance import LoaderConfig, make_batcher
 from gem_platform.data.batch import JaggedBatch
 from gem_platform.data.loader import expected_work, iterate, open_table
 from gem_platform.data.parquet import SampleTable, shard_name, to_arrow
+from gem_platform.data.prepare import prepare_dataset
 from gem_platform.data.stream import StreamingTable
 from gem_platform.data.synthetic import PlantedWorld
 from gem_platform.errors import DataError
@@ -36,7 +37,7 @@ def many_groups(tmp_path_factory) -> Path:
     """2400 train rows in 3 shards of 4 row groups (200 rows each), plus a small eval split."""
     path = tmp_path_factory.mktemp("groups") / "ds"
     cfg = tiny_config(path, num_samples=2700, eval_fraction=1 / 9, rows_per_shard=800)
-    meta = cfg.prepare()
+    meta = prepare_dataset(cfg)
     world = PlantedWorld.build(cfg.synthetic)
     rng = np.random.default_rng(5)
     for i in range(3):  # rewrite the train shards with 4 row groups each

@@ -10,6 +10,7 @@ import pytest
 
 from gem_platform.data.config import SeqLenConfig
 from gem_platform.data.parquet import SampleTable, load_meta
+from gem_platform.data.prepare import prepare_dataset
 from gem_platform.data.synthetic import PlantedWorld, auc, draw_lengths, generate_synthetic
 from gem_platform.errors import DataError
 
@@ -121,7 +122,7 @@ def test_degenerate_but_valid_shapes(tmp_path: Path, make_config) -> None:
         sparse_features=[],
         seq_len={"mean": 1.0, "sigma": 1.0, "min": 0, "max": 3},
     )
-    meta = cfg.prepare()
+    meta = prepare_dataset(cfg)
     assert [s.name for s in meta.sparse_features] == ["user_id"]
     table = SampleTable.load(tmp_path, "train")
     assert table.seq_lengths.min() == 0 and table.seq_lengths.max() <= 3

@@ -12,6 +12,7 @@ import pytest
 
 from gem_platform.data.config import DataConfig
 from gem_platform.data.parquet import SampleTable, load_meta, to_arrow, write_split
+from gem_platform.data.prepare import prepare_dataset
 from gem_platform.errors import DataError
 
 
@@ -134,7 +135,7 @@ def test_missing_dataset_directory_says_how_to_fix(tmp_path: Path) -> None:
         SampleTable.load(tmp_path / "nowhere", "train")
     assert "nowhere" in err.value.problem and "data.path" in err.value.fix
     with pytest.raises(DataError, match="data.path"):
-        DataConfig(source="parquet", path=str(tmp_path / "nowhere")).prepare()
+        prepare_dataset(DataConfig(source="parquet", path=str(tmp_path / "nowhere")))
 
 
 def test_directory_without_meta_or_shards(tmp_path: Path, hand) -> None:

@@ -8,12 +8,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-
-if TYPE_CHECKING:
-    from gem_platform.data.meta import DatasetMeta
 
 # Names the synthetic generator adds on its own; configured features may not reuse them.
 BUILTIN_SPARSE_FEATURES: tuple[str, ...] = ("user_id",)
@@ -154,25 +151,34 @@ class SyntheticConfig(BaseModel):
 
 
 class DataConfig(BaseModel):
-    """Where the dataset lives and how to make it.
+    """Where the dataset lives and how to make it (``prepare.prepare_dataset`` does).
 
     ``source: synthetic`` generates shards into ``path`` when they are missing or were made
     from a different ``synthetic`` config; ``source: parquet`` reads an existing dataset
-    directory (e.g. one written by the MovieLens converter) and ignores ``synthetic``.
+    directory (e.g. one written by the MovieLens converter, or a copy of one in object
+    storage: ``s3://``, ``gs://``, ``hdfs://``) and ignores ``synthetic``.
     """
 
     model_config = ConfigDict(extra="forbid")
 
     source: Literal["synthetic", "parquet"] = "synthetic"
-    path: str = Field("gem_data/synthetic", min_length=1)
+    path: str = Field("gem_data/synthetic", min_length=1,
+                      description="dataset directory, or an s3:// gs:// hdfs:// URI for "
+                      "source: parquet")
     synthetic: SyntheticConfig = Field(default_factory=SyntheticConfig)
+    history_overflow: Literal["error", "truncate"] = Field(
+        "error",
+        description="a history longer than the dataset's max_seq_len (meta.json): 'error' "
+        "stops with the file, row and column; 'truncate' keeps its newest max_seq_len events "
+        "and counts the row in the run summary (data/truncated_histories)",
+    )
 
-    def prepare(self, *, force: bool = False) -> DatasetMeta:
-        """Make sure the dataset exists (generating it if synthetic) and return its meta."""
-        if self.source == "synthetic":
-            from gem_platform.data.synthetic import generate_synthetic
-
-            return generate_synthetic(self, force=force)
-        from gem_platform.data.parquet import load_meta
-
-        return load_meta(self.path)
+    @model_validator(mode="after")
+    def _synthetic_is_local(self) -> DataConfig:
+        if self.source == "synthetic" and "://" in self.path:
+            raise ValueError(
+                f"data.path {self.path!r} is a URI, but data.source synthetic writes a local "
+                "directory: generate it locally (or copy one to object storage and use "
+                "source: parquet)"
+            )
+        return self

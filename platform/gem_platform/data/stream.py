@@ -51,6 +51,7 @@ class StreamingTable:
     def __init__(self, path: str, split: str, rank: int = 0, world_size: int = 1, *,
                  truncate: bool = False, chunk_rows: int = DEFAULT_CHUNK_ROWS,
                  prefetch: int = DEFAULT_PREFETCH) -> None:
+        self._thread: threading.Thread | None = None
         self.meta: DatasetMeta = load_meta(path)
         expected = self.meta.num_train if split == "train" else self.meta.num_eval
         self.index = SplitIndex.open(str(path), split, expected_rows=expected)
@@ -68,7 +69,6 @@ class StreamingTable:
         self._chunks: dict[int, _Chunk] = {}
         self._live: dict[int, int] = {}  # chunk id -> rows still needed
         self._next_id = 0
-        self._thread: threading.Thread | None = None
         self._queue: queue.Queue = queue.Queue(maxsize=self.prefetch)
         self._stop = threading.Event()
         self._seed, self._rank, self._shuffle = 0, rank, True
@@ -146,67 +146,16 @@ class StreamingTable:
     # -- the reader thread --------------------------------------------------------------
 
     def _start_reader(self, pass_: int, cursor: int) -> None:
-        self._stop.clear()
+        reader = _Reader(self.index, self.share, self.pieces, self.meta, self.chunk_rows,
+                         self.truncate, self._seed, self._rank, self._shuffle)
+        self._stop = threading.Event()
         self._queue = queue.Queue(maxsize=self.prefetch)
-        self._thread = threading.Thread(target=self._read, args=(pass_, cursor),
+        # the thread holds the reader, not the table: a table dropped without close() is
+        # collected, and its finalizer stops the thread
+        self._thread = threading.Thread(target=reader.run,
+                                        args=(pass_, cursor, self._queue, self._stop),
                                         name="gem-stream-reader", daemon=True)
         self._thread.start()
-
-    def _read(self, pass_: int, cursor: int) -> None:
-        try:
-            for chunk in self._stream(pass_, cursor):
-                while not self._stop.is_set():
-                    try:
-                        self._queue.put(chunk, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if self._stop.is_set():
-                    return
-        except BaseException as err:  # handed to the consumer, raised there
-            self._queue.put(err)
-
-    def _stream(self, pass_: int, cursor: int) -> Iterator[_Chunk]:
-        """Chunks of the stream from sample ``cursor`` of pass ``pass_`` on, forever."""
-        sizes = np.array([p.rows for p in self.share], dtype=np.int64)
-        if not sizes.size:
-            return
-        while not self._stop.is_set():
-            order = pass_pieces(len(self.share), self._seed, pass_, self._rank, self._shuffle)
-            ends = np.cumsum(sizes[order])
-            first = int(np.searchsorted(ends, cursor, side="right"))
-            skip = cursor - (int(ends[first - 1]) if first else 0)
-            for k in range(first, order.size):
-                if self._stop.is_set():
-                    return
-                piece_id = int(order[k])
-                yield from self._piece_chunks(piece_id, skip if k == first else 0)
-            pass_, cursor = pass_ + 1, 0
-
-    def _piece_chunks(self, piece_id: int, skip: int) -> Iterator[_Chunk]:
-        piece = self.share[piece_id]
-        handle = open_parquet(self.index.fs, piece.group.file)
-        begin = piece.start + skip  # row of the row group to start at
-        seen = 0  # rows of the row group passed so far
-        try:
-            batches = handle.iter_batches(batch_size=self.chunk_rows,
-                                          row_groups=[piece.group.index])
-            for batch in batches:
-                lo, hi = seen, seen + batch.num_rows
-                seen = hi
-                a, b = max(lo, begin), min(hi, piece.stop)
-                if a >= b:
-                    if lo >= piece.stop:
-                        break
-                    continue
-                table = pa.Table.from_batches([batch.slice(a - lo, b - a)])
-                arrays = self._validate(table, piece, a - piece.start)
-                start = int(self.pieces[piece_id]) + (a - piece.start)
-                yield _Chunk(np.arange(start, start + (b - a), dtype=np.int64), arrays)
-        except (pa.ArrowException, OSError) as e:
-            raise DataError(f"{piece.group.file}: reading row group {piece.group.index} "
-                            f"failed ({e}).",
-                            "The shard is corrupt or truncated; regenerate the dataset.") from e
 
     def _validate(self, table: pa.Table, piece: Piece, offset: int) -> SampleArrays:
         return from_arrow(table, self.meta, piece.group.file,
@@ -225,7 +174,8 @@ class StreamingTable:
         self._thread = None
 
     def __del__(self) -> None:
-        self.close()
+        if getattr(self, "_thread", None) is not None:
+            self._stop.set()
 
     # -- the pool of rows ----------------------------------------------------------------
 
@@ -302,6 +252,78 @@ class StreamingTable:
             self._chunk_of[chunk.positions[keep]] = -1
             if keep.size:
                 self._add(_Chunk(chunk.positions[keep], chunk.arrays.take(keep)), fresh=False)
+
+
+@dataclass
+class _Reader:
+    """Reads the stream of one rank's share from a cursor on, into a bounded queue."""
+
+    index: SplitIndex
+    share: list[Piece]
+    pieces: np.ndarray
+    meta: DatasetMeta
+    chunk_rows: int
+    truncate: bool
+    seed: int
+    rank: int
+    shuffle: bool
+
+    def run(self, pass_: int, cursor: int, out: queue.Queue, stop: threading.Event) -> None:
+        try:
+            for chunk in self.stream(pass_, cursor, stop):
+                while not stop.is_set():
+                    try:
+                        out.put(chunk, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+        except BaseException as err:  # handed to the consumer, raised there
+            out.put(err)
+
+    def stream(self, pass_: int, cursor: int, stop: threading.Event) -> Iterator[_Chunk]:
+        """Chunks of the stream from sample ``cursor`` of pass ``pass_`` on, forever."""
+        sizes = np.array([p.rows for p in self.share], dtype=np.int64)
+        if not sizes.size:
+            return
+        while not stop.is_set():
+            order = pass_pieces(len(self.share), self.seed, pass_, self.rank, self.shuffle)
+            ends = np.cumsum(sizes[order])
+            first = int(np.searchsorted(ends, cursor, side="right"))
+            skip = cursor - (int(ends[first - 1]) if first else 0)
+            for k in range(first, order.size):
+                if stop.is_set():
+                    return
+                yield from self.piece_chunks(int(order[k]), skip if k == first else 0)
+            pass_, cursor = pass_ + 1, 0
+
+    def piece_chunks(self, piece_id: int, skip: int) -> Iterator[_Chunk]:
+        """The piece's rows from its row ``skip`` on, ``chunk_rows`` at a time, validated."""
+        piece = self.share[piece_id]
+        handle = open_parquet(self.index.fs, piece.group.file)
+        begin = piece.start + skip  # row of the row group to start at
+        seen = 0  # rows of the row group passed so far
+        try:
+            batches = handle.iter_batches(batch_size=self.chunk_rows,
+                                          row_groups=[piece.group.index])
+            for batch in batches:
+                lo, hi = seen, seen + batch.num_rows
+                seen = hi
+                a, b = max(lo, begin), min(hi, piece.stop)
+                if a >= b:
+                    if lo >= piece.stop:
+                        break
+                    continue
+                table = pa.Table.from_batches([batch.slice(a - lo, b - a)])
+                arrays = from_arrow(table, self.meta, piece.group.file,
+                                    first_row=piece.group.first_row + a, truncate=self.truncate)
+                start = int(self.pieces[piece_id]) + (a - piece.start)
+                yield _Chunk(np.arange(start, start + (b - a), dtype=np.int64), arrays)
+        except (pa.ArrowException, OSError) as e:
+            raise DataError(f"{piece.group.file}: reading row group {piece.group.index} "
+                            f"failed ({e}).",
+                            "The shard is corrupt or truncated; regenerate the dataset.") from e
 
 
 def checked_lengths(column: pa.Table, file: str, first_row: int, limit: int,
