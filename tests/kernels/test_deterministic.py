@@ -124,8 +124,8 @@ def test_gdpa_deterministic_plans_have_no_atomics() -> None:
     assert not backward_mode(2048, 2048, torch.bfloat16).deterministic  # fast: atomics
     assert not backward_mode(8, 2048).deterministic
     assert backward_mode(2048, 16) is BackwardMode.SHORT_KV  # atomic-free anyway
-    assert {m for m in BackwardMode if m.deterministic} == {BackwardMode.SHORT_KV,
-                                                            BackwardMode.TWO_KERNEL}
+    assert {m for m in BackwardMode if m.deterministic} == {
+        BackwardMode.SHORT_KV, BackwardMode.SHORT_Q_STREAM, BackwardMode.TWO_KERNEL}
 
 
 @interpreter

@@ -236,6 +236,7 @@ def _check_triton(ql, kl, heads, dim, dtype, device, act, norm, fwd_tol, bwd_tol
     ([40, 17, 1, 0], [3, 1, 0, 2], "kv_len", None),                 # cross: fused, short KV
     ([1, 3, 2, 0], [70, 0, 21, 4], "max_len", None),                # pooled: fused, short Q
     ([1, 3, 2], [50, 0, 21], "max_len", "short_q"),
+    ([1, 3, 0, 2, 0], [70, 0, 9, 21, 4], "kv_len", "short_q_stream"),  # KV-only samples
     ([40, 17, 1, 0, 9], [3, 1, 0, 2, 16], "kv_len", "short_kv_atomic"),
     ([70, 0, 5, 1, 33], [66, 9, 0, 1, 40], "kv_len", "one_pass"),
 ])
@@ -444,6 +445,9 @@ def test_backward_mode_follows_the_short_side() -> None:
     assert backward_mode(8, 2048) == "short_q"
     assert backward_mode(2048, 2048) == "one_pass"
     assert backward_mode(2048, 2048, torch.float32) == "two_kernel"
+    assert backward_mode(8, 2048, deterministic=True) == "short_q_stream"
+    assert backward_mode(2048, 2048, deterministic=True) == "two_kernel"
+    assert backward_mode(2048, 16, deterministic=True) == "short_kv"
 
 
 @interpreter

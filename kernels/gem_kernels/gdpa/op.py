@@ -26,10 +26,12 @@ from gem_kernels.gdpa.triton_bwd import (
     launch_bwd_short_kv,
     launch_bwd_short_kv_stream,
     launch_bwd_short_q,
+    launch_bwd_short_q_stream,
     one_pass_config,
     short_kv_config,
     short_kv_stream_config,
     short_q_config,
+    short_q_stream_config,
 )
 from gem_kernels.gdpa.triton_common import TileConfig
 from gem_kernels.gdpa.triton_fwd import fwd_config, launch_fwd
@@ -47,6 +49,7 @@ _one_pass_config = functools.lru_cache(maxsize=1024)(one_pass_config)
 _short_kv_stream_config = functools.lru_cache(maxsize=1024)(short_kv_stream_config)
 _short_kv_config = functools.lru_cache(maxsize=1024)(short_kv_config)
 _short_q_config = functools.lru_cache(maxsize=1024)(short_q_config)
+_short_q_stream_config = functools.lru_cache(maxsize=1024)(short_q_stream_config)
 _dkdv_config = functools.lru_cache(maxsize=1024)(dkdv_config)
 _dq_config = functools.lru_cache(maxsize=1024)(dq_config)
 
@@ -109,6 +112,7 @@ class BackwardMode(str, enum.Enum):
     SHORT_KV = "short_kv"  # KV <= 64 rows: one pass, a sample's whole KV per item, no atomics
     SHORT_KV_ATOMIC = "short_kv_atomic"  # KV <= 64 rows: over query blocks, dK/dV by atomics
     SHORT_Q = "short_q"  # Q <= 64 rows: over key blocks, dQ summed by atomics
+    SHORT_Q_STREAM = "short_q_stream"  # Q <= 64 rows: a sample's whole Q per item, no atomics
     ONE_PASS = "one_pass"  # over key blocks, dQ summed by fp32 atomics
     ONE_PASS_PHASED = "one_pass_phased"  # ONE_PASS as first / middle / last key-block launches
     ONE_PASS_PHASED_HOISTED = "one_pass_phased_hoisted"  # phased, last phase's load hoisted
@@ -120,22 +124,24 @@ class BackwardMode(str, enum.Enum):
     @property
     def deterministic(self) -> bool:
         """No floating-point atomics: the same inputs give bitwise-identical gradients."""
-        return self in (BackwardMode.SHORT_KV, BackwardMode.TWO_KERNEL)
+        return self in (BackwardMode.SHORT_KV, BackwardMode.SHORT_Q_STREAM,
+                        BackwardMode.TWO_KERNEL)
 
 
 def backward_mode(max_q: int, max_kv: int, dtype: torch.dtype = torch.bfloat16,
                   deterministic: bool = False) -> BackwardMode:
-    """The default plan for a shape: SHORT_KV when max_kv <= SHORT_SIDE (deterministic as it
-    is); else, when ``deterministic``, TWO_KERNEL; else SHORT_Q when max_q <= SHORT_SIDE,
-    ONE_PASS with 16-bit inputs (the op then times it against ONE_PASS_PHASED, see
+    """The default plan for a shape: SHORT_KV when max_kv <= SHORT_SIDE (atomic-free as it
+    is); else, when ``deterministic``, SHORT_Q_STREAM when max_q <= SHORT_SIDE and TWO_KERNEL
+    otherwise (no floating-point atomics); else SHORT_Q when max_q <= SHORT_SIDE, ONE_PASS
+    with 16-bit inputs (the op then times it against ONE_PASS_PHASED, see
     one_pass_candidates) and TWO_KERNEL with fp32 ones (whose one-pass tiles would not fit).
     The other modes run only when asked for (GDPAFunction's bwd_mode)."""
     if max_kv <= SHORT_SIDE:
         return BackwardMode.SHORT_KV
+    if max_q <= SHORT_SIDE:
+        return BackwardMode.SHORT_Q_STREAM if deterministic else BackwardMode.SHORT_Q
     if deterministic:
         return BackwardMode.TWO_KERNEL
-    if max_q <= SHORT_SIDE:
-        return BackwardMode.SHORT_Q
     return BackwardMode.ONE_PASS if dtype.itemsize == 2 else BackwardMode.TWO_KERNEL
 
 
@@ -156,8 +162,9 @@ def one_pass_candidates(max_q: int, max_kv: int, d: int
 def run_backward(mode: BackwardMode | str, cfg: TileConfig | None, cfg_q: TileConfig | None,
                  q, k, v, do, q_offsets, kv_offsets, max_q, max_kv, act, norm_code, scale):
     """(dq, dk, dv) by one backward plan; cfg / cfg_q None: the heuristic configs (cfg
-    configures the kernel over key blocks, or the fused kernel of SHORT_KV and SHORT_Q; cfg_q
-    the dQ kernel of TWO_KERNEL and the fused kernel of SHORT_KV_ATOMIC)."""
+    configures the kernel over key blocks, or the fused kernel of SHORT_KV, SHORT_Q and
+    SHORT_Q_STREAM; cfg_q the dQ kernel of TWO_KERNEL and the fused kernel of
+    SHORT_KV_ATOMIC)."""
     mode = _backward_mode(mode)
     d, heads = q.shape[-1], q.shape[1]
     if mode is BackwardMode.SHORT_KV:
@@ -180,6 +187,14 @@ def run_backward(mode: BackwardMode | str, cfg: TileConfig | None, cfg_q: TileCo
             raise ValueError(f"short_q backward needs max_q <= {cfg.block_cols}")
         sched = schedule_for(kv_offsets, q_offsets, heads, cfg, q.device)
         return launch_bwd_short_q(q, k, v, do, sched, cfg, act, norm_code, scale, max_kv)
+    if mode is BackwardMode.SHORT_Q_STREAM:
+        cfg = cfg or _short_q_stream_config(max_q, d)
+        if max_q > cfg.block_rows:
+            raise ValueError(f"short_q_stream backward needs max_q <= {cfg.block_rows}")
+        sched = schedule_for(q_offsets, kv_offsets, heads, cfg, q.device,
+                             cover_empty_rows=True)
+        return launch_bwd_short_q_stream(q, k, v, do, sched, cfg, act, norm_code, scale,
+                                         max_kv)
     if mode is BackwardMode.ONE_PASS:
         cfg = cfg or _one_pass_config(max_q, max_kv, d)
         sched = schedule_for(kv_offsets, q_offsets, heads, cfg, q.device)

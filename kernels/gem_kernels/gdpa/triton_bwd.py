@@ -104,6 +104,13 @@ def short_kv_stream_config(max_kv: int, head_dim: int) -> TileConfig:
                       ctas_per_sm=2, prefetch=False)
 
 
+def short_q_stream_config(max_q: int, head_dim: int) -> TileConfig:
+    """One-pass backward with rows = a sample's whole Q, columns = its 64-row key blocks
+    (8 warps, 3 stages: see gdpa/DESIGN.md)."""
+    return TileConfig(pow2_at_least(max_q, 16, 64), 64, num_warps=8, num_stages=3,
+                      ctas_per_sm=2, prefetch=False)
+
+
 def short_q_config(max_q: int, head_dim: int) -> TileConfig:
     """Fused backward with rows = key blocks, the whole Q of a sample in one column tile."""
     return TileConfig(64, pow2_at_least(max_q, 16, 64), num_warps=4, num_stages=1,
@@ -300,14 +307,18 @@ def _gdpa_dkdv_kernel(Q, K, V, DO, DK, DV, DQ, DQ32, items, prog_ptr,
 
 
 @triton.jit
-def _gdpa_dq_kernel(Q, K, V, DO, DQ, items, prog_ptr,
+def _gdpa_dq_kernel(Q, K, V, DO, DQ, DK, DV, items, prog_ptr,
                     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
                     stride_dot, stride_doh, scale, inv_max_kv,
                     ACT: tl.constexpr, NORM: tl.constexpr, D: tl.constexpr,
                     BM: tl.constexpr, BN: tl.constexpr, STAGES: tl.constexpr,
                     PREFETCH: tl.constexpr, PREC: tl.constexpr, FOLD: tl.constexpr,
-                    CSCALE: tl.constexpr):
-    """Items are query blocks; dQ shares q's strides."""
+                    CSCALE: tl.constexpr, WITH_DKDV: tl.constexpr):
+    """Items are query blocks; dQ shares q's strides. WITH_DKDV (short Q: every item's query
+    block holds all of its sample's queries, and samples with keys but no queries have an
+    item too) also stores each visited key block's dK and dV, which are then complete: the
+    whole backward in one pass over the sample's keys, with no atomics; dK and dV share k's
+    and v's strides."""
     start, end = program_items(prog_ptr)
     blk, h, r0, rlen, c0, clen = load_meta(items, start)
     nblk, nh, nr0, nrlen, nc0, nclen = load_meta(items, tl.minimum(start + 1, end - 1))
@@ -322,15 +333,25 @@ def _gdpa_dq_kernel(Q, K, V, DO, DQ, items, prog_ptr,
         dq = tl.zeros((BM, D), dtype=tl.float32)
         k_base = K + h * stride_kh + offs_d[None, :]
         v_base = V + h * stride_vh + offs_d[None, :]
+        c = norm_factor(clen, inv_max_kv, NORM)
         for n0 in tl.range(0, clen, BN, num_stages=STAGES):
             crow, cmask = tile_rows(c0, n0, clen, BN)
             k = tl.load(k_base + crow * stride_kt, mask=cmask, other=0.0)
             v = tl.load(v_base + crow * stride_vt, mask=cmask, other=0.0)
             s = tl.dot(q, tl.trans(k), input_precision=PREC)
-            _, dact = act_fwd_and_grad(s, scale, ACT, FOLD, CSCALE)
+            p, dact = act_fwd_and_grad(s, scale, ACT, FOLD, CSCALE)
             dp = tl.dot(do, tl.trans(v), input_precision=PREC)
-            dq = tl.dot((dp * dact).to(k.dtype), k, dq, input_precision=PREC)
-        c = norm_factor(clen, inv_max_kv, NORM)
+            ds = (dp * dact).to(k.dtype)
+            dq = tl.dot(ds, k, dq, input_precision=PREC)
+            if WITH_DKDV:
+                # Query rows past the sample are 0 (q and dO), so they add nothing here.
+                dv = tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PREC)
+                tl.store(DV + crow * stride_vt + h * stride_vh + offs_d[None, :],
+                         (dv * (c * out_scale(scale, FOLD))).to(DV.dtype.element_ty),
+                         mask=cmask)
+                dk = tl.dot(tl.trans(ds), q, input_precision=PREC)
+                tl.store(DK + crow * stride_kt + h * stride_kh + offs_d[None, :],
+                         (dk * (c * scale)).to(DK.dtype.element_ty), mask=cmask)
         store_rows(DQ, dq * (c * scale), r0, rlen, blk, h, stride_qt, stride_qh, BM, D)
         if not PREFETCH:
             q_next = load_rows(Q, nr0, nrlen, nblk, nh, stride_qt, stride_qh, BM, D)
@@ -413,21 +434,29 @@ def launch_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tens
     dq = torch.empty_like(q)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
-    inv_max_kv = 1.0 / max(max_kv, 1)
-    d = q.shape[-1]
     _launch_dkdv(q, k, v, do, dk, dv, dq, dq, sched_kv, cfg_kv, act_code, norm_code, scale,
                  max_kv, with_dq=DqMode.NONE)
-    if sched_q.num_items:
-        fold, cscale = scale_args(act_code, scale, q.dtype, cfg_q.scale_mode)
-        _gdpa_dq_kernel[(sched_q.num_programs,)](
-            q, k, v, do, dq, sched_q.items, sched_q.prog_ptr,
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-            do.stride(0), do.stride(1), scale, inv_max_kv,
-            ACT=act_code, NORM=norm_code, D=d, BM=cfg_q.block_rows, BN=cfg_q.block_cols,
-            STAGES=cfg_q.num_stages, PREFETCH=cfg_q.prefetch, PREC=dot_precision(q),
-            FOLD=fold, CSCALE=cscale, num_warps=cfg_q.num_warps,
-            num_stages=cfg_q.num_stages)
+    _launch_dq(q, k, v, do, dq, dq, dq, sched_q, cfg_q, act_code, norm_code, scale, max_kv,
+               with_dkdv=False)
     return dq, dk, dv
+
+
+def _launch_dq(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
+               dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, sched, cfg: TileConfig,
+               act_code: int, norm_code: int, scale: float, max_kv: int, with_dkdv: bool
+               ) -> None:
+    """_gdpa_dq_kernel over sched's query-block items (with_dkdv: see the kernel)."""
+    if not sched.num_items:
+        return
+    fold, cscale = scale_args(act_code, scale, q.dtype, cfg.scale_mode)
+    _gdpa_dq_kernel[(sched.num_programs,)](
+        q, k, v, do, dq, dk, dv, sched.items, sched.prog_ptr,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        do.stride(0), do.stride(1), scale, 1.0 / max(max_kv, 1),
+        ACT=act_code, NORM=norm_code, D=q.shape[-1], BM=cfg.block_rows, BN=cfg.block_cols,
+        STAGES=cfg.num_stages, PREFETCH=cfg.prefetch, PREC=dot_precision(q),
+        FOLD=fold, CSCALE=cscale, WITH_DKDV=with_dkdv, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages)
 
 
 def launch_bwd_short_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
@@ -470,6 +499,23 @@ def launch_bwd_short_q(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: to
             FOLD=fold, CSCALE=cscale, num_warps=cfg.num_warps,
             num_stages=cfg.num_stages)
     return dq32.to(q.dtype), dk, dv
+
+
+def launch_bwd_short_q_stream(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                              do: torch.Tensor, sched_q, cfg: TileConfig, act_code: int,
+                              norm_code: int, scale: float, max_kv: int
+                              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One-pass backward for Q samples of at most cfg.block_rows rows: items are a sample's
+    whole Q (one query block) per head, built with cover_empty_rows, and stream its key
+    blocks, storing dK, dV per key block and dQ once per item. Every gradient row is written
+    exactly once, in the inputs' dtype, with no atomics: deterministic."""
+    dq = torch.empty_like(q)
+    dk = torch.empty_like(k)
+    dv = torch.empty_like(v)
+    _launch_dq(q, k, v, do, dq, dk, dv, sched_q, cfg, act_code, norm_code, scale, max_kv,
+               with_dkdv=True)
+    # Key rows of samples with no queries belong to an item with no query rows: written 0.
+    return dq, dk, dv
 
 
 def launch_bwd_short_kv_stream(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
