@@ -6,7 +6,8 @@ ones.
     PYTHONPATH=kernels python -m gem_kernels.bench.deterministic --out $OUT [--quick]
 
 Writes deterministic.json. Rows: case (gdpa_self, gdpa_cross, gdpa_pooled, jfa_causal,
-jfa_sliding, block64_rope), variant "fast" (deterministic=False) or "deterministic"
+jfa_sliding, block64_rope; gdpa_pooled_two_kernel: pooled with the two-kernel plan forced as
+its deterministic row), variant "fast" (deterministic=False) or "deterministic"
 (deterministic=True), direction "bwd". ratio_to_baseline on a deterministic row is fast ms /
 deterministic ms (below 1: the deterministic backward is slower). extra: ms_gpu, the backward
 plan, bitwise_repeatable over --repeats backwards, max_abs_diff_vs_fast. Inputs: bf16, head
@@ -45,6 +46,7 @@ def cases(batch: int, heads: int, dim: int) -> dict[str, tuple[Op, tuple[torch.T
     """name -> (op(q, k, v, deterministic), (q, k, v, do)) on CUDA bf16 inputs."""
     from gem_kernels.block_attention import RopeConfig, block_attention
     from gem_kernels.gdpa import gdpa
+    from gem_kernels.gdpa.op import GDPAFunction
     from gem_kernels.jagged_attention import jagged_attention
 
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -61,6 +63,14 @@ def cases(batch: int, heads: int, dim: int) -> dict[str, tuple[Op, tuple[torch.T
         tensors = (_randn(sum(ql), heads, dim, g), _randn(sum(kl), heads, dim, g),
                    _randn(sum(kl), heads, dim, g), _randn(sum(ql), heads, dim, g))
         out[f"gdpa_{name}"] = (op, tensors)
+        if name == "pooled":  # the deterministic plan it replaces, forced
+            def op2(q, k, v, det, qo=qo, ko=ko, mq=mq, mk=mk):  # noqa: ANN001, ANN202
+                if not det:
+                    return op(q, k, v, det)
+                return GDPAFunction.apply(q, k, v, qo, ko, mq, mk, "gelu_tanh", dim ** -0.5,
+                                          0, None, None, None, "two_kernel", True)
+
+            out["gdpa_pooled_two_kernel"] = (op2, tensors)
     lengths = powerlaw_lengths(batch // 4, alpha=1.2, max_len=2048, min_len=32)
     offs = offsets_from_lengths(lengths, "cuda")
     total, max_len = sum(lengths), max(lengths)
