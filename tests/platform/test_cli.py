@@ -1,10 +1,12 @@
 """The real CLI in a subprocess: the full submit path on Ray with 2 workers recorded in a live
 MLflow server, the in-process path, and every bad input (clear message, exit code != 0, no
-traceback, no orphan run)."""
+traceback, no orphan run). What a user sees while a run trains: progress with elapsed time
+and ETA, no library noise, no ANSI codes in a log, no credentials."""
 
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -38,6 +40,16 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def no_traceback(proc) -> None:
     assert "Traceback" not in proc.stderr + proc.stdout, proc.stderr
+
+
+# What libraries print that a user must not see (it goes to gem_runs/logs/ instead).
+NOISE = ("PlacementGroupCleaner", "Failed to query Ray Train Controller", "INFO mlflow",
+         "Successfully loaded", "DeprecationWarning", "Trial status", "\x1b[")
+
+
+def quiet_and_plain(text: str) -> None:
+    for noise in NOISE:
+        assert noise not in text, (noise, text[-3000:])
 
 
 def runs_in(uri: str, experiment: str) -> list:
@@ -152,21 +164,34 @@ def _check_run(uri: str, run, workers: int) -> None:
 
 @pytest.mark.slow
 def test_submit_on_ray_with_two_workers(workdir, mlflow_server):
-    proc = run_gemctl("submit", "tiny.yaml", cwd=workdir,
+    proc = run_gemctl("submit", "tiny.yaml", "--json", cwd=workdir,
                       env={"MLFLOW_TRACKING_URI": mlflow_server})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "step     6/6" in proc.stdout and "eval auc" in proc.stdout
+    result = json.loads(proc.stdout)  # stdout holds the result only; progress is on stderr
+    assert re.search(r"step 6/6 .* elapsed \d+:\d\d +eta ", proc.stderr)
+    quiet_and_plain(proc.stdout + proc.stderr)
     (run,) = runs_in(mlflow_server, "cli-test")
+    assert result["run_id"] == run.info.run_id and result["summary"]["eval/auc_ctr"] > 0
+    assert Path(workdir / result["log"]).exists()  # library output kept for a post-mortem
     _check_run(mlflow_server, run, workers=2)
     assert run.data.tags["gem.mode"] == "ray"
 
 
 @pytest.mark.slow
 def test_submit_local_in_process(workdir, mlflow_server):
+    """With a password in the tracking URI: recorded and printed nowhere."""
+    with_password = mlflow_server.replace("http://", "http://alice:s3cret@")
     proc = run_gemctl("submit", "tiny.yaml", "--local", "--set",
-                      "tracking.experiment=cli-test-local", cwd=workdir,
-                      env={"MLFLOW_TRACKING_URI": mlflow_server})
+                      "tracking.experiment=cli-test-local", "--set",
+                      f"tracking.uri={with_password}", cwd=workdir)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "eval auc" in proc.stdout and "wall time" in proc.stdout
+    assert re.search(r"step 6/6 .* elapsed \d+:\d\d +eta ", proc.stdout)
+    quiet_and_plain(proc.stdout + proc.stderr)
+    assert "s3cret" not in proc.stdout + proc.stderr and "alice:***@" in proc.stdout
     (run,) = runs_in(mlflow_server, "cli-test-local")
     _check_run(mlflow_server, run, workers=1)
     assert run.data.tags["gem.mode"] == "local"
+    assert run.data.params["tracking.uri"] == mlflow_server.replace("http://", "http://alice:***@")
+    recipe = Path(MlflowClient(mlflow_server).download_artifacts(run.info.run_id, "recipe.yaml"))
+    assert "s3cret" not in recipe.read_text() and "alice:***@" in recipe.read_text()
