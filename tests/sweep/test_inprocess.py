@@ -16,6 +16,7 @@ from gem_platform.sweep.config import load_sweep
 from gem_platform.sweep.inprocess import run_in_process
 from gem_platform.sweep.results import load_results
 from tests.conftest import run_gemctl
+from tests.sweep.test_provenance import in_history
 from tests.sweep.test_spec import BASE
 
 SPEC = """
@@ -29,19 +30,30 @@ arms:
 """
 
 
+NO_RAY_NO_MLFLOW = """
+import sys
+sys.modules.update(ray=None, mlflow=None)  # importing either now raises ImportError
+from gem_platform.sweep.inprocess import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
 @pytest.fixture(scope="module")
 def swept(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("inprocess")
     (d / "base.yaml").write_text(BASE + "loader: {local_batch_size: 64, base_batch_size: 16}\n")
     (d / "prec.yaml").write_text(SPEC)
     out = d / "results.json"
-    cmd = [sys.executable, "-m", "gem_platform.sweep.inprocess", "prec.yaml", "--out", str(out)]
+    # the lone GPU box has neither Ray nor MLflow: the runner must not need them
+    cmd = [sys.executable, "-c", NO_RAY_NO_MLFLOW, "prec.yaml", "--out", str(out)]
     # seed 0 first (as if the sweep had been cut short), then the whole sweep resumes
     first = subprocess.run([*cmd, "--seeds", "0"], cwd=d, capture_output=True, text=True,
                            timeout=600)
     assert first.returncode == 0, first.stderr[-2000:]
     assert len(load_results(out)[0]) == 2
-    second = subprocess.run(cmd, cwd=d, capture_output=True, text=True, timeout=600)
+    # --allow-code-change: this checkout may gain commits between the two launches
+    second = subprocess.run([*cmd, "--allow-code-change"], cwd=d, capture_output=True,
+                            text=True, timeout=600)
     assert second.returncode == 0, second.stderr[-2000:]
     assert second.stdout.count("already in") == 2  # seed 0's trials kept, not retrained
     return d
@@ -70,7 +82,7 @@ def test_compare_reads_the_file_and_pairs_by_seed(swept):
     assert not (swept / "mlflow.db").exists()
 
 
-def test_bad_results_and_mismatched_resume(swept, tmp_path):
+def test_bad_results_and_mismatched_resume(swept, tmp_path, monkeypatch):
     bad = tmp_path / "bad.json"
     bad.write_text('{"trials": []}')
     proc = run_gemctl("compare", str(bad), cwd=tmp_path)
@@ -82,7 +94,64 @@ def test_bad_results_and_mismatched_resume(swept, tmp_path):
     assert not (tmp_path / "mlflow.db").exists()  # a missing file is not looked up as a run id
     # the same file resumed with different recipes: refused, file untouched
     before = (swept / "results.json").read_text()
-    plan = load_sweep(swept / "prec.yaml", ["train.steps=3"])
+    monkeypatch.chdir(swept)
+    plan = load_sweep("prec.yaml", ["train.steps=3"])
     with pytest.raises(GemError, match="other recipes"):
         run_in_process(plan, swept / "results.json")
     assert (swept / "results.json").read_text() == before
+
+
+def test_results_file_records_provenance_and_determinism(swept, monkeypatch):
+    monkeypatch.chdir(swept)  # where the sweep ran: data paths resolve as they did there
+    trials, header = load_results(swept / "results.json")
+    record = header["provenance"]
+    commit = record["code"]["commit"]
+    assert len(commit) == 40 and isinstance(record["code"]["dirty"], bool)
+    assert record["fingerprint"] == load_sweep("prec.yaml").fingerprint()
+    (data,) = record["datasets"].values()
+    assert len(data["digest"]) == 16 and data["shards"] and data["num_train"] > 0
+    assert record["environment"]["libraries"]["torch"]
+    assert record["recipes"]["bf16"]["precision"]["mode"] == "bf16"
+    assert record["deterministic"] == {"fp32": True, "bf16": True}  # sweeps default it on
+    for t in trials:
+        # seed 1's trials trained in the launch that wrote this header; seed 0's in the
+        # first launch, which may have seen an earlier commit of this busy checkout
+        assert in_history(t.commit) and (t.seed == "0" or t.commit == commit)
+        assert t.metrics["train/deterministic"] == 1.0
+        assert t.history["train/loss"]  # the step series the NE-vs-step chart draws
+        assert t.history["eval/ne_ctr"][-1][1] == pytest.approx(t.metrics["eval/ne_ctr"])
+
+
+def test_a_trial_trained_again_gives_identical_metrics(swept, tmp_path):
+    again = tmp_path / "again.json"
+    proc = subprocess.run([sys.executable, "-m", "gem_platform.sweep.inprocess", "prec.yaml",
+                           "--out", str(again), "--arms", "bf16", "--seeds", "1"], cwd=swept,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (rerun,), _ = load_results(again)
+    first = next(t for t in load_results(swept / "results.json")[0]
+                 if (t.arm, t.seed) == ("bf16", "1"))
+    for key in ("eval/ne_ctr", "eval/ne_cvr", "eval/auc_ctr", "train/loss"):
+        if key in first.metrics:
+            assert rerun.metrics[key] == first.metrics[key], key  # bitwise, not approx
+    assert rerun.history == first.history
+
+
+def test_resume_across_commits_needs_allow_code_change(swept, tmp_path, monkeypatch):
+    monkeypatch.chdir(swept)
+    body = json.loads((swept / "results.json").read_text())
+    other = "0123456789abcdef0123456789abcdef01234567"
+    body["trials"][0]["commit"] = other  # as if its first trial ran at another commit
+    path = tmp_path / "mixed.json"
+    path.write_text(json.dumps(body))
+    plan = load_sweep("prec.yaml")
+    first = body["trials"][0]
+    with pytest.raises(GemError) as err:
+        run_in_process(plan, path)
+    text = f"{err.value.problem} {err.value.fix}"
+    assert f"commit {other[:12]}: {first['arm']} seed {first['seed']}" in text
+    assert "--allow-code-change" in text
+    lines: list[str] = []
+    kept = run_in_process(plan, path, echo=lines.append, allow_code_change=True)
+    assert len(kept) == 4 and any("with a code change" in ln for ln in lines)
+    assert {t.commit for t in kept} == {other, body["trials"][1]["commit"]}

@@ -77,13 +77,13 @@ def run_in_process(plan: SweepPlan, out: str | Path, echo: Callable[[str], None]
     the next seed, so a cut-short sweep still pairs). With ``resume``, trials already in
     ``out`` (same sweep name, same recipes) are kept, not retrained; trials of another commit
     only with ``allow_code_change``."""
+    from gem_platform.data.prepare import prepare_dataset
+    from gem_platform.provenance import code_version
     from gem_platform.train.loop import train
 
     out = Path(out)
-    for arm in {a.recipe.data.path: a for a in plan.arms}.values():
-        arm.recipe.data.prepare()  # before the fingerprint record, which reads the shards
-    record = plan.fingerprint_record()
-    commit = record["code"]["commit"]
+    code = code_version()
+    commit = code["commit"]
     recipes = _arm_fingerprints(plan)
     arms = {a.name: a.overrides for a in plan.arms}
     done: list[TrialRun] = []
@@ -100,6 +100,9 @@ def run_in_process(plan: SweepPlan, out: str | Path, echo: Callable[[str], None]
         done = earlier
         recipes = {**before, **recipes}
         arms = {**(header.get("arms") or {}), **arms}
+    for arm in {a.recipe.data.path: a for a in plan.arms}.values():
+        prepare_dataset(arm.recipe.data)  # before the fingerprint record reads the shards
+    record = {**plan.fingerprint_record(), "code": code}
     have = {(t.arm, t.seed) for t in done}
     header = {"sweep": plan.name, "spec": plan.spec_path, "base": plan.base_path,
               "baseline": plan.baseline, "seeds": plan.seeds,
