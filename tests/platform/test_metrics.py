@@ -1,4 +1,5 @@
-"""NE and AUC against hand-computed values, alone and reduced over 2 gloo processes."""
+"""NE, AUC and calibration against hand-computed values, alone and reduced over 2 gloo
+processes."""
 
 from __future__ import annotations
 
@@ -14,6 +15,14 @@ from gem_platform.train.metrics import TaskEvaluator, normalized_entropy
 
 LOGITS = torch.tensor([-2.0, 0.5, -0.3, 1.2, -1.0, 0.8])
 LABELS = torch.tensor([0.0, 1.0, 0.0, 1.0, 0.0, 0.0])
+
+
+def hand_calibration(mask: list[bool] | None = None) -> float:
+    """Predicted positives over actual ones: sum of sigmoid(logit) / sum of labels."""
+    keep = mask or [True] * len(LABELS)
+    p = [1 / (1 + math.exp(-x)) for x, k in zip(LOGITS.tolist(), keep, strict=True) if k]
+    y = [v for v, k in zip(LABELS.tolist(), keep, strict=True) if k]
+    return sum(p) / sum(y)
 
 
 def hand_scores() -> tuple[float, float]:
@@ -46,6 +55,14 @@ def test_evaluator_matches_hand_computation():
     assert s.auc == pytest.approx(auc)
     assert auc == pytest.approx(7 / 8)  # one negative (0.8) outranks one positive (0.5)
     assert s.count == 6 and s.base_rate == pytest.approx(2 / 6)
+    assert s.calibration == pytest.approx(hand_calibration(), rel=1e-9)
+    assert s.calibration == pytest.approx(2.894660 / 2, rel=1e-6)  # over-predicts positives
+
+
+def test_calibration_without_positives_is_undefined():
+    ev = TaskEvaluator()
+    ev.update(LOGITS[:1], LABELS[:1])
+    assert math.isnan(ev.compute().calibration)
 
 
 def test_mask_selects_samples():
@@ -54,6 +71,7 @@ def test_mask_selects_samples():
     ev.update(LOGITS, LABELS, mask=mask)
     s = ev.compute()
     assert s.count == 3 and s.base_rate == pytest.approx(1 / 3)
+    assert s.calibration == pytest.approx(hand_calibration(mask.tolist()), rel=1e-9)
 
 
 def _worker(rank: int, port: int, out: dict) -> None:
@@ -64,7 +82,7 @@ def _worker(rank: int, port: int, out: dict) -> None:
     sl = slice(0, 4) if rank == 0 else slice(4, 6)
     ev.update(LOGITS[sl], LABELS[sl])
     s = ev.compute()
-    out[rank] = (s.ne, s.auc, s.count)
+    out[rank] = (s.ne, s.auc, s.count, s.calibration)
     dist.destroy_process_group()
 
 
@@ -76,7 +94,7 @@ def test_distributed_reduction_equals_single_process():
     mp.spawn(_worker, args=(free_port(), out), nprocs=2, join=True)
     ne, auc = hand_scores()
     for rank in (0, 1):
-        r_ne, r_auc, count = out[rank]
-        assert count == 6
+        r_ne, r_auc, count, cal = out[rank]
+        assert count == 6 and cal == pytest.approx(hand_calibration(), rel=1e-9)
         assert r_ne == pytest.approx(ne, rel=1e-6)
         assert r_auc == pytest.approx(auc)

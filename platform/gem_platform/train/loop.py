@@ -197,6 +197,7 @@ def evaluate(model: nn.Module, table: SampleTable, recipe: Recipe, device: torch
         out[f"eval/logloss_{task}"] = s.log_loss
         out[f"eval/base_rate_{task}"] = s.base_rate
         out[f"eval/count_{task}"] = float(s.count)
+        out[f"eval/calibration_{task}"] = s.calibration
     return out
 
 
