@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
-# Nightly ablations with a regression gate: run each sweep spec as a fresh sweep, then gate it
-# against its own baseline arm with `gemctl compare SWEEP_ID --max-ne-regression ...`.
-# Exits non-zero when any sweep failed or any gate was exceeded, after running all of them,
-# so one bad night still records every ablation.
+# Nightly ablations with regression gates judged on their 95% intervals: run each sweep spec as
+# a fresh sweep, then gate it against its own baseline arm with
+# `gemctl compare SWEEP_ID --max-ne-regression ...`. Both steps are read from their JSON output
+# (`--json`), never from their text: the sweep id from `gemctl sweep --json`, the verdicts and
+# exit code from `gemctl compare --json`.
+# Runs every spec before exiting, so one bad night still records every ablation. Exit status:
+#   0  every sweep finished and every gate passed
+#   1  a sweep failed, or a gate failed (an interval lies wholly beyond its limit)
+#   3  no failure, but a gate is inconclusive (its interval straddles the limit; the seeds
+#      that would settle it are printed)
 #
 #   deploy/scripts/nightly-ablations.sh recipes/ablations/attention.yaml ...
 #   MAX_NE_REGRESSION=0.1% (default) sets the gate.
@@ -10,10 +16,49 @@ set -uo pipefail
 
 MAX_NE_REGRESSION="${MAX_NE_REGRESSION:-0.1%}"
 
-# The sweep id from `gemctl sweep` output: its closing line reads
-# "sweep <id> <FINISHED|FAILED|KILLED>: ...".
-sweep_id_from_log() {
-  sed -n -E 's/^sweep ([A-Za-z0-9_.-]+) (FINISHED|FAILED|KILLED):.*/\1/p' "$1" | tail -n 1
+# json_field FILE KEY: the top-level KEY of the JSON document in FILE; empty when the file is
+# not JSON or the key is missing or null.
+json_field() {
+  python3 - "$1" "$2" <<'PY'
+import json
+import sys
+
+try:
+    with open(sys.argv[1]) as f:
+        body = json.load(f)
+except (OSError, ValueError):
+    body = {}
+value = body.get(sys.argv[2]) if isinstance(body, dict) else None
+print("" if value is None else value)
+PY
+}
+
+# verdicts FILE: one line per gate of a `gemctl compare --json` document:
+# "ARM METRIC VERDICT" (+ "needs ~N seeds" when inconclusive and the spread says how many).
+verdicts() {
+  python3 - "$1" <<'PY'
+import json
+import sys
+
+try:
+    with open(sys.argv[1]) as f:
+        body = json.load(f)
+except (OSError, ValueError):
+    sys.exit(0)
+for v in body.get("verdicts") or []:
+    line = f"{v['arm']} {v['metric']} {v['verdict'].upper()}"
+    if v["verdict"] == "inconclusive" and v.get("seeds_needed"):
+        line += f" needs ~{v['seeds_needed']} seeds"
+    print(line)
+PY
+}
+
+# worse STATUS CODE: the combined status (1 beats 3 beats 0).
+worse() {
+  if [ "$1" -eq 1 ] || [ "$2" -eq 1 ]; then echo 1
+  elif [ "$1" -eq 3 ] || [ "$2" -eq 3 ]; then echo 3
+  else echo 0
+  fi
 }
 
 main() {
@@ -21,20 +66,30 @@ main() {
     echo "usage: $0 SWEEP_SPEC..." >&2
     return 2
   fi
-  local status=0 spec log id
+  local status=0 spec sweep_json cmp_json id code rc
   for spec in "$@"; do
-    log="$(mktemp)"
-    echo "== gemctl sweep --new ${spec}"
-    gemctl sweep --new "${spec}" 2>&1 | tee "${log}" || status=1
-    id="$(sweep_id_from_log "${log}")"
-    rm -f "${log}"
+    sweep_json="$(mktemp)"
+    cmp_json="$(mktemp)"
+    echo "== gemctl sweep --new ${spec} --json"
+    gemctl sweep --new "${spec}" --json > "${sweep_json}" || status=1
+    id="$(json_field "${sweep_json}" sweep_id)"
     if [ -z "${id}" ]; then
-      echo "error: no sweep id in the output of gemctl sweep ${spec}" >&2
+      echo "error: gemctl sweep ${spec} reported no sweep id" >&2
       status=1
+      rm -f "${sweep_json}" "${cmp_json}"
       continue
     fi
-    echo "== gemctl compare ${id} --max-ne-regression ${MAX_NE_REGRESSION}"
-    gemctl compare "${id}" --max-ne-regression "${MAX_NE_REGRESSION}" --no-plot || status=1
+    echo "sweep ${id}: $(json_field "${sweep_json}" status)"
+    echo "== gemctl compare ${id} --max-ne-regression ${MAX_NE_REGRESSION} --json"
+    gemctl compare "${id}" --max-ne-regression "${MAX_NE_REGRESSION}" --no-plot --json \
+      > "${cmp_json}"
+    rc=$?
+    verdicts "${cmp_json}"
+    # the document's own exit_code; without a document (bad input, a crash) the run failed
+    code="$(json_field "${cmp_json}" exit_code)"
+    if [ -z "${code}" ]; then code=$(( rc == 0 ? 0 : 1 )); fi
+    status="$(worse "${status}" "${code}")"
+    rm -f "${sweep_json}" "${cmp_json}"
   done
   return "${status}"
 }

@@ -183,17 +183,35 @@ def test_raycronjob_runs_the_nightly_ablations_and_gate() -> None:
     check_cluster_spec(template["rayClusterSpec"])
 
 
-def test_nightly_script_finds_the_sweep_id(tmp_path: Path) -> None:
-    """The id is read from the closing line `gemctl sweep` prints (gemctl/sweep.py)."""
-    log = tmp_path / "sweep.log"
-    log.write_text("sweep attention-20260101-020000: 4 arms x 2 seeds, parent run abc\n"
-                   "trial padded seed 0 done\n"
-                   "sweep attention-20260101-020000 FINISHED: 8/8 trials recorded; parent run "
-                   "abc\n")
+def test_nightly_script_reads_sweep_id_and_verdicts_as_json(tmp_path: Path) -> None:
+    """The sweep id comes from `gemctl sweep --json`'s document and the verdicts from the
+    real `gemctl compare --json` on a results file, not from either command's text."""
+    from gem_platform.sweep.results import TrialRun, write_results
+    from tests.conftest import run_gemctl
+
     script = DEPLOY / "scripts" / "nightly-ablations.sh"
-    out = subprocess.run(["bash", "-c", f'source "{script}"; sweep_id_from_log "{log}"'],
-                         capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "attention-20260101-020000"
+
+    def call(function: str, *args: str) -> str:
+        quoted = " ".join(shlex.quote(a) for a in args)
+        return subprocess.run(["bash", "-c", f'source "{script}"; {function} {quoted}'],
+                              capture_output=True, text=True, check=True).stdout.strip()
+
+    sweep_doc = tmp_path / "sweep.json"
+    sweep_doc.write_text('{"sweep_id": "attention-20260101-020000", "status": "FINISHED"}')
+    assert call("json_field", str(sweep_doc), "sweep_id") == "attention-20260101-020000"
+    (tmp_path / "log.txt").write_text("sweep x FINISHED: not JSON\n")
+    assert call("json_field", str(tmp_path / "log.txt"), "sweep_id") == ""
+    trials = [TrialRun(f"{arm}{s}", arm, str(s), {"eval/ne_ctr": ne * (1 + d * s)})
+              for s in range(3) for arm, ne, d in (("base", 0.9, 0.0), ("arm", 0.9, 0.004))]
+    write_results(tmp_path / "r.json", {"sweep": "r", "baseline": "base"}, trials)
+    proc = run_gemctl("compare", "r.json", "--max-ne-regression", "0.1%", "--no-plot",
+                      "--json", cwd=tmp_path)
+    assert proc.returncode == 3, proc.stderr  # inconclusive: the interval straddles 0.1%
+    (tmp_path / "cmp.json").write_text(proc.stdout)
+    assert call("json_field", str(tmp_path / "cmp.json"), "exit_code") == "3"
+    assert call("verdicts", str(tmp_path / "cmp.json")).startswith(
+        "arm eval/ne_ctr INCONCLUSIVE needs ~")
+    assert [call("worse", *p) for p in (("0", "3"), ("3", "1"), ("0", "0"))] == ["3", "1", "0"]
     usage = subprocess.run(["bash", str(script)], capture_output=True, text=True)
     assert usage.returncode == 2 and "usage" in usage.stderr
 
