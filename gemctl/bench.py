@@ -27,7 +27,11 @@ BENCHES: dict[str, tuple[str, str]] = {
                  "One FP8 layer's training call at narrow recipe shapes vs bf16 nn.Linear: "
                  "host time, GPU time, launches."),
     "bbs": ("gem_platform.balance.bench",
-            "Straggler overhead without balancing, with BBS and with a global partition (CPU)."),
+            "Straggler overhead without balancing, with BBS, with BBS v2 and with a global "
+            "partition (CPU)."),
+    "loader": ("gem_platform.data.bench",
+               "Streaming reader vs in-memory table: reader + collate samples/s, time to first "
+               "batch, peak RSS against the dataset's size (CPU)."),
 }
 
 
