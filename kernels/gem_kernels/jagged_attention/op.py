@@ -12,7 +12,7 @@ import torch
 import triton
 
 from gem_kernels.dispatch import Kernel, resolve_kernel, same_dtype
-from gem_kernels.jagged_attention.reference import _check_inputs, jagged_attention_reference
+from gem_kernels.jagged_attention.reference import check_inputs, jagged_attention_reference
 from gem_kernels.jagged_attention.schedule import ScheduleCache
 from gem_kernels.jagged_attention.triton_bwd import (
     _jfa_bwd_delta_kernel,
@@ -294,7 +294,7 @@ def jagged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets:
     """
     del deterministic  # always deterministic
     q, k, v = same_dtype(q, k, v)
-    _check_inputs(q, k, v, offsets, window)
+    check_inputs(q, k, v, offsets, window)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     which = resolve_kernel(kernel, q, k, v, unsupported=triton_unsupported(q),

@@ -19,8 +19,9 @@ import math
 import torch
 
 
-def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets: torch.Tensor,
-                  window: tuple[int, int] | None) -> None:
+def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets: torch.Tensor,
+                 window: tuple[int, int] | None) -> None:
+    """Raises ValueError naming the shape or window that the op cannot take."""
     if q.dim() != 3 or k.shape != q.shape or v.shape != q.shape:
         raise ValueError(f"q, k, v must share one (total_tokens, heads, head_dim) shape; got "
                          f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
@@ -82,7 +83,7 @@ def jagged_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     """Jagged softmax attention, one sequence at a time. Same signature as ``jagged_attention``
     (``max_len``, ``kernel`` and ``deterministic`` are accepted and ignored)."""
     del max_len, kernel, deterministic
-    _check_inputs(q, k, v, offsets, window)
+    check_inputs(q, k, v, offsets, window)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
