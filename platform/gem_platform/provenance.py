@@ -21,7 +21,6 @@ import json
 import os
 import platform as _platform
 import subprocess
-import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -92,8 +91,9 @@ def environment() -> dict[str, Any]:
             continue
     out: dict[str, Any] = {"python": _platform.python_version(), "os": _platform.platform(),
                            "libraries": libs}
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_available():
+    import torch
+
+    if torch.cuda.is_available():
         out["device"] = torch.cuda.get_device_name()
         out["cuda"] = torch.version.cuda
     else:
