@@ -84,6 +84,7 @@ def test_annotations_are_not_counted_as_kernels():
 
 def test_profile_cli_writes_json(tmp_path):
     (tmp_path / "tiny.yaml").write_text(TINY.format(data=tmp_path / "data"))
+    (tmp_path / "prof").mkdir()  # gemctl writes into existing folders only
     proc = run_gemctl("profile", "tiny.yaml", "--set", "parallel.workers=1", "--warmup", "2",
                       "--active", "2", "--top", "5", "--out", "prof/tiny.json", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr

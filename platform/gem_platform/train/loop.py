@@ -52,6 +52,14 @@ from gem_platform.train.checkpoint import Stateful
 from gem_platform.train.determinism import deterministic_mode
 from gem_platform.train.metrics import TaskEvaluator
 from gem_platform.train.mfu import Peak, mfu, resolve_peak
+from gem_platform.train.optim import dense_optimizer
+from gem_platform.train.prefetch import Prefetcher
+from gem_platform.train.regions import (
+    CheckpointPlan,
+    batch_units,
+    compile_enabled,
+    setup_regions,
+)
 from gem_platform.train.state import CheckpointExtras, LoopState, Totals
 
 MetricSink = Callable[[dict[str, float], int], None]
@@ -271,6 +279,9 @@ class Run:
     loader: LoaderConfig
     batcher: Batcher
     peak: Peak
+    regions: CheckpointPlan = field(default_factory=CheckpointPlan)
+    # the batcher's state as of the last batch handed to the loop (batches are collated ahead)
+    loader_state: dict | None = None
     state: Stateful = field(init=False)
 
     def __post_init__(self) -> None:
@@ -294,8 +305,7 @@ def setup(recipe: Recipe, info: RankInfo) -> Run:
                                   truncate=truncate)
 
     par = parallelize(build_model(recipe, meta, device), recipe)
-    dense_opt = torch.optim.AdamW(par.dense_params, lr=recipe.train.lr,
-                                  weight_decay=recipe.train.weight_decay)
+    dense_opt = dense_optimizer(par.dense_params, recipe.train, device)
     # Sharded tables (TorchRec) train with their fused optimizer; replicated ones with Adagrad.
     sparse_opt = par.sparse_optimizer or torch.optim.Adagrad(par.sparse_params,
                                                              lr=recipe.train.sparse_lr)
@@ -312,8 +322,14 @@ def setup(recipe: Recipe, info: RankInfo) -> Run:
     batcher = make_batcher(loader, train_table.seq_lengths, steps_per_epoch, rank=info.rank,
                            pieces=train_table.pieces, expected_work=expected_work(meta, loader))
     peak = resolve_peak(device, recipe.precision.mode, recipe.train.peak_tflops)
+    # Compiled and recomputed regions (train.compile, train.activation_memory_gb).
+    regions = setup_regions(
+        par.model, compile=compile_enabled(recipe.train.compile, device, recipe.precision.mode),
+        backend=recipe.train.compile_backend, budget_gb=recipe.train.activation_memory_gb,
+        units=batch_units(train_table.seq_lengths, recipe.loader.local_batch_size),
+        device=device, autocast=lambda: _autocast(recipe, device))
     return Run(recipe, info, device, meta, train_table, eval_table, par, optimizers, schedules,
-               loader, batcher, peak)
+               loader, batcher, peak, regions)
 
 
 def resume(run: Run, checkpoints: CheckpointStore | None, report: Reporter
@@ -337,9 +353,25 @@ def resume(run: Run, checkpoints: CheckpointStore | None, report: Reporter
 
 def batch_stream(run: Run, start_epoch: int) -> Iterator[tuple[JaggedBatch, np.ndarray]]:
     """Training batches on the run's device, with their sample positions in the rank's table,
-    epoch after epoch from ``start_epoch`` (continuing mid-epoch after a resume)."""
-    for batch, indices in iterate(run.train_table, run.batcher, start_epoch):
-        yield batch.to(run.device), indices
+    epoch after epoch from ``start_epoch`` (continuing mid-epoch after a resume).
+
+    With ``train.prefetch_batches`` > 0 batches are collated that many ahead on a background
+    thread and copied to the GPU on a side stream (train.prefetch); ``run.loader_state`` keeps
+    the batcher's state as of the batch handed out, which is what a checkpoint must resume."""
+    def host() -> Iterator[tuple[JaggedBatch, tuple[np.ndarray, dict]]]:
+        for batch, indices in iterate(run.train_table, run.batcher, start_epoch):
+            yield batch, (indices, run.batcher.state_dict())
+
+    depth = run.recipe.train.prefetch_batches
+    if depth == 0:
+        for batch, (indices, loader_state) in host():
+            run.loader_state = loader_state
+            yield batch.to(run.device), indices
+        return
+    with Prefetcher(host(), run.device, depth) as batches:
+        for batch, (indices, loader_state) in batches:
+            run.loader_state = loader_state
+            yield batch, indices
 
 
 @dataclass(frozen=True)
@@ -443,11 +475,22 @@ def log_step(run: Run, state: LoopState, result: StepResult, step_balance: dict[
 def save_checkpoint(run: Run, state: LoopState, checkpoints: CheckpointStore) -> None:
     """Collective: write the model, optimizers and this rank's extras, and commit the folder."""
     folder = checkpoints.folder(state.step)
-    extras = CheckpointExtras(loop=state, loader=run.batcher.state_dict(),
+    extras = CheckpointExtras(loop=state, loader=run.loader_state or run.batcher.state_dict(),
                               schedulers=[s.state_dict() for s in run.schedules])
     run.state.save(folder, state.step, run.info.rank, extras)
     checkpoints.commit(folder, state.step, {"train/loss": state.last_loss,
                                             "step": float(state.step)})
+
+
+def _memory(run: Run) -> dict[str, float]:
+    """Peak device memory of the run (CUDA) and, under a recompute budget, the estimate of
+    the activations kept."""
+    out: dict[str, float] = {}
+    if run.device.type == "cuda":
+        out["perf/peak_memory_gb"] = torch.cuda.max_memory_allocated(run.device) / 1e9
+    if run.regions.budget_gb is not None:
+        out["perf/activations_kept_gb"] = run.regions.kept_gb
+    return out
 
 
 def _truncated_histories(run: Run) -> float:
@@ -479,6 +522,7 @@ def summarize(run: Run, state: LoopState) -> dict[str, float]:
         "perf/world_size": float(run.info.world_size),
         "train/final_loss": state.last_loss,
         "train/steps": float(run.recipe.train.steps),
+        **_memory(run),
         "train/deterministic": float(run.recipe.train.deterministic),
         "data/truncated_histories": _truncated_histories(run),
     }
@@ -516,6 +560,8 @@ def _train(recipe: Recipe, report: Reporter, checkpoints: CheckpointStore | None
     """``train``'s stages, in order."""
     info = RankInfo.current()
     run = setup(recipe, info)
+    if run.regions.budget_gb is not None:
+        report.line(run.regions.describe())
     state, start_epoch = resume(run, checkpoints, report)
     cfg = recipe.train
     # QPS and MFU leave out each process's first steps: they pay kernel compilation and
@@ -524,6 +570,8 @@ def _train(recipe: Recipe, report: Reporter, checkpoints: CheckpointStore | None
     meter = FlopMeter(run.model)
     steps = range(state.step + 1, cfg.steps + 1)
     for step, (batch, indices) in zip(steps, batch_stream(run, start_epoch), strict=False):
+        # host lengths for the FLOP count (self-attention pairs), so it never waits on the GPU
+        meter.seq_lengths = torch.as_tensor(run.train_table.seq_lengths[indices])
         result = timed_step(run, batch, step, meter,
                             checkpointing=bool(checkpoints and checkpoints.every))
         step_balance = account(run, state, step, result, batch, indices,

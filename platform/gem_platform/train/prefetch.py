@@ -19,13 +19,13 @@ import queue
 import threading
 from collections.abc import Iterator
 from dataclasses import fields
+from typing import Any
 
-import numpy as np
 import torch
 
 from gem_platform.data.batch import JaggedBatch
 
-HostBatch = tuple[JaggedBatch, np.ndarray]
+HostBatch = tuple[JaggedBatch, Any]  # the batch and what travels with it (indices)
 
 
 class PrefetchedBatch(JaggedBatch):
@@ -78,8 +78,9 @@ class _End:
         self.error = error
 
 
-class Prefetcher(Iterator[tuple[JaggedBatch, np.ndarray]]):
-    """Host batches from ``source`` (collated on a background thread, ``depth`` ahead, pinned
+class Prefetcher(Iterator[HostBatch]):
+    """Host batches from ``source`` (``(batch, extra)`` pairs; ``extra`` is passed through
+    untouched: the indices, a loader state; collated on a background thread, ``depth`` ahead, pinned
     on CUDA) handed out on ``device`` with the next copy in flight. ``close()`` stops the
     thread; the iterator closes itself at the end of ``source``. Exceptions raised by
     ``source`` surface from ``next()``."""
@@ -93,7 +94,7 @@ class Prefetcher(Iterator[tuple[JaggedBatch, np.ndarray]]):
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
         self._stream = torch.cuda.Stream(device) if self.cuda else None
-        self._next: tuple[JaggedBatch, np.ndarray] | None = None
+        self._next: HostBatch | None = None
         self._done = False
         self._thread = threading.Thread(target=self._produce, args=(source,), daemon=True,
                                         name="gem-collate")
@@ -117,6 +118,10 @@ class Prefetcher(Iterator[tuple[JaggedBatch, np.ndarray]]):
             self._put(_End())
         except BaseException as err:  # handed to the training thread
             self._put(_End(err))
+        finally:
+            close = getattr(source, "close", None)
+            if close is not None:  # a generator's cleanup runs here, on its own thread
+                close()
 
     def _take(self) -> HostBatch:
         if self._done:
@@ -143,7 +148,7 @@ class Prefetcher(Iterator[tuple[JaggedBatch, np.ndarray]]):
         with torch.cuda.stream(self._stream):
             self._next = (to_device(batch, self.device, max_len), indices)
 
-    def __next__(self) -> tuple[JaggedBatch, np.ndarray]:
+    def __next__(self) -> HostBatch:
         if self._next is None:
             self._issue_copy()
         batch, indices = self._next  # type: ignore[misc]
