@@ -13,7 +13,6 @@ import shutil
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 from gem_platform.data.meta import DatasetMeta
@@ -23,7 +22,6 @@ from gem_platform.recipe import Recipe
 from gem_platform.topology import Placement
 from gem_platform.tracking import RunTracker, resolve_tracking_uri
 
-RAY_STORAGE = "gem_runs/ray"
 NO_CHECKPOINT = "no checkpoint of this run was found: it restarts from step 0"
 
 
@@ -140,9 +138,12 @@ def _ray_worker_loop(config: dict[str, Any]) -> None:
         progress.put(("summary", summary))
 
 
-def ray_run_dir(recipe: Recipe, run_id: str) -> Path:
-    """Where Ray Train keeps this MLflow run's checkpoints (stable across resumes)."""
-    return Path(RAY_STORAGE).resolve() / f"{recipe.name}-{run_id[:8]}"
+def ray_run_dir(recipe: Recipe, run_id: str) -> str:
+    """Where Ray Train keeps this MLflow run's checkpoints (stable across resumes): a folder of
+    ``train.storage`` (storage.py), an absolute local path or an object-store URI."""
+    from gem_platform.storage import run_dir
+
+    return run_dir(recipe, run_id)
 
 
 def _run_on_ray(recipe: Recipe, tracker: RunTracker, address: str | None,
@@ -151,9 +152,10 @@ def _run_on_ray(recipe: Recipe, tracker: RunTracker, address: str | None,
     pin every worker to its planned node, train, and check that Ray put them there."""
     from ray.util.queue import Queue
 
+    from gem_platform.storage import check_storage, latest_checkpoint
     from gem_platform.topology import place_on_ray
-    from gem_platform.train.checkpoint import latest_checkpoint
 
+    check_storage(recipe)
     _init_ray(recipe, address)
     placement = place_on_ray(recipe.parallel)
     tracker.log_json({"planned": [asdict(slot) for slot in placement.slots]}, "placement.json")
@@ -170,14 +172,18 @@ def _run_on_ray(recipe: Recipe, tracker: RunTracker, address: str | None,
 
 
 def _build_trainer(recipe: Recipe, tracker: RunTracker, placement: Placement, progress: Any,
-                   start: Path | None) -> Any:
+                   start: str | None) -> Any:
     """Ray Train's TorchTrainer for the run: one worker per rank pinned by ``placement``'s
     label selectors, checkpoints under ``ray_run_dir``, resuming from ``start`` if given."""
     from ray.train import Checkpoint, CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
+    from gem_platform.storage import is_remote, run_dir_name, storage_root
     from gem_platform.topology import label_selectors
 
+    resume_from = None
+    if start:
+        resume_from = Checkpoint(start) if is_remote(start) else Checkpoint.from_directory(start)
     return TorchTrainer(
         train_loop_per_worker=_ray_worker_loop,
         train_loop_config={"recipe": recipe.model_dump(mode="json"), "run_id": tracker.run_id,
@@ -189,12 +195,12 @@ def _build_trainer(recipe: Recipe, tracker: RunTracker, placement: Placement, pr
             label_selector=label_selectors(placement),
         ),
         run_config=RunConfig(
-            name=ray_run_dir(recipe, tracker.run_id).name,
-            storage_path=str(Path(RAY_STORAGE).resolve()),
+            name=run_dir_name(recipe, tracker.run_id),
+            storage_path=storage_root(recipe),
             failure_config=FailureConfig(max_failures=recipe.train.max_failures),
             checkpoint_config=CheckpointConfig(num_to_keep=recipe.train.keep_checkpoints),
         ),
-        resume_from_checkpoint=Checkpoint.from_directory(str(start)) if start else None,
+        resume_from_checkpoint=resume_from,
     )
 
 

@@ -104,6 +104,12 @@ class TrainConfig(_Strict):
     max_failures: int = Field(
         1, ge=0, le=100,
         description="worker-group restarts from the last checkpoint after a failure")
+    storage: str | None = Field(
+        None, min_length=1, max_length=2048,
+        description="where Ray runs keep checkpoints and Ray Train's run folder: a path every "
+        "node mounts (e.g. /mnt/shared/gem) or an object-store URI (s3://bucket/prefix, gs://...; "
+        "credentials from the environment); null = gem_runs/ray on the driver, which only a "
+        "single-node cluster shares. In-process runs keep theirs under gem_runs/local")
     peak_tflops: float | None = Field(
         None, gt=0, le=1e6,
         description="peak for MFU; default: table by GPU and dtype, measured on CPU"
