@@ -157,6 +157,7 @@ def _render_comparison(cmp, uri: str, plot: Path | None, as_json: bool,
 
 def _default_plot(ids: list[str]) -> Path:
     label = ids[0] if len(ids) == 1 else f"compare-{time.strftime('%Y%m%d-%H%M%S')}"
+    label = Path(label).stem if label.endswith(".json") else label  # a results file's name
     return Path("gem_runs/compare") / f"{label}-ne.png"
 
 
