@@ -25,7 +25,7 @@ def test_plan_4096_gpus_json(workdir):
         "plan", str(REPO / "recipes/demo.yaml"), "--world", "4096", "--gpus-per-host", "8",
         "--hosts-per-zone", "32", "--set", "parallel.hsdp_shard_group=128",
         "--set", "parallel.expert_parallel=2", "--set", "parallel.expert_shard_hosts=16",
-        "--set", "parallel.embedding_group=256", "--json", "plan.json", cwd=workdir)
+        "--set", "parallel.embedding_group=256", "--out", "plan.json", cwd=workdir)
     assert proc.returncode == 0, proc.stderr[-2000:]
     plan = json.loads((workdir / "plan.json").read_text())
     groups = plan["groups"]
@@ -53,7 +53,7 @@ def test_profile_data_reports_three_methods(workdir):
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads((workdir / "prof/profile.json").read_text())
     rows = {r["method"]: r for r in report["rows"]}
-    assert set(rows) == {"none", "bbs", "global"}
+    assert {"none", "bbs", "global"} <= set(rows)
     none, bbs, best = (rows[m]["straggler_mean"] for m in ("none", "bbs", "global"))
     assert best <= bbs <= none
     assert 0.0 < rows["none"]["padding_waste"] < 1.0
