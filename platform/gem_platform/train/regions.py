@@ -92,11 +92,10 @@ def example_input(model: nn.Module, region: Region, units: int,
     return (torch.randn(units, tokens, d, device=device),)
 
 
-def measure_cost(model: nn.Module, region: Region, device: torch.device,
-                 autocast: Callable[[], object], units: int = 256) -> RegionCost:
-    """Bytes the region saves for backward per unit (tensors packed by autograd, parameters
-    and duplicates of one storage left out) and its forward FLOPs per unit, on ``units``
-    units of a random input under ``autocast`` (the run's precision)."""
+def _saved_bytes(model: nn.Module, region: Region, device: torch.device,
+                 autocast: Callable[[], object], units: int) -> tuple[int, int]:
+    """Bytes autograd saves for the region's backward on ``units`` units of a random input
+    (parameters and repeats of one storage left out), and the input's bytes."""
     params = {p.data_ptr() for p in region.module.parameters()}
     seen: dict[int, int] = {}
 
@@ -111,13 +110,22 @@ def measure_cost(model: nn.Module, region: Region, device: torch.device,
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast():
         out = region.module(x, *inputs[1:])
     del out
-    input_bytes = x.numel() * x.element_size()
+    return sum(seen.values()), x.numel() * x.element_size()
+
+
+def measure_cost(model: nn.Module, region: Region, device: torch.device,
+                 autocast: Callable[[], object], units: int = 256) -> RegionCost:
+    """Bytes the region saves for backward per unit and its forward FLOPs per unit, under
+    ``autocast`` (the run's precision). Measured at ``units`` and twice as many units: the
+    difference leaves out what does not grow with the batch (autocast's low-precision copies
+    of the weights)."""
+    one, input_bytes = _saved_bytes(model, region, device, autocast, units)
+    two, _ = _saved_bytes(model, region, device, autocast, 2 * units)
     flops = linear_flops_per_row(region.module)
     if region.unit == "token":
         # attention: each token against about as many keys as the example's 64-token sequences
-        attn = region.module.heads * region.module.head_dim
-        flops += 4.0 * 64 * attn
-    return RegionCost(sum(seen.values()) / units, input_bytes / units, flops)
+        flops += 4.0 * 64 * region.module.heads * region.module.head_dim
+    return RegionCost(max(two - one, 0) / units, input_bytes / units, flops)
 
 
 @dataclass
