@@ -41,8 +41,13 @@ CRON_FIELD = re.compile(r"^(\*|\d+(-\d+)?)(/\d+)?(,(\*|\d+(-\d+)?)(/\d+)?)*$")
 CRON_RANGES = [(0, 59), (0, 23), (1, 31), (1, 12), (0, 7)]
 
 
+SWEEPS = DEPLOY / "sweeps"  # sweep specs the jobs run, not Kubernetes manifests
+
+
 def documents() -> Iterator[tuple[Path, dict[str, Any]]]:
     for path in sorted(DEPLOY.rglob("*.yaml")):
+        if SWEEPS in path.parents:
+            continue
         for doc in yaml.safe_load_all(path.read_text()):
             if doc is not None:
                 yield path, doc
@@ -146,6 +151,44 @@ def test_raycluster() -> None:
     assert claims <= declared, claims - declared
 
 
+def cluster_gpus(spec: dict[str, Any]) -> int:
+    """GPUs a RayCluster spec's worker groups request in all."""
+    return sum(g["replicas"] * int(c["resources"]["requests"]["nvidia.com/gpu"])
+               for g in spec["workerGroupSpecs"] for c in g["template"]["spec"]["containers"])
+
+
+def shared_mounts(spec: dict[str, Any]) -> set[str]:
+    """Paths every pod of a RayCluster spec mounts from the same persistent volume claim."""
+    per_pod = []
+    for pod in pod_specs(spec):
+        claims = {v["name"]: v["persistentVolumeClaim"]["claimName"]
+                  for v in pod.get("volumes", []) if "persistentVolumeClaim" in v}
+        per_pod.append({(m["mountPath"], claims[m["name"]]) for c in pod["containers"]
+                        for m in c.get("volumeMounts", []) if m["name"] in claims})
+    common = set.intersection(*per_pod) if per_pod else set()
+    return {path for path, _ in common}
+
+
+def check_gpu_sweep(spec_path: str, cluster: dict[str, Any]) -> None:
+    """A job's sweep spec trains on GPUs, its concurrent trials use exactly the GPUs the
+    job's cluster requests, and its checkpoints go to storage every pod sees."""
+    from gem_platform.sweep.config import load_sweep
+
+    plan = load_sweep(REPO / spec_path)
+    gpus = cluster_gpus(cluster)
+    for arm in plan.arms:
+        r = arm.recipe
+        assert r.parallel.use_gpu, f"{spec_path}: arm {arm.name} does not use GPUs"
+        assert r.parallel.workers * plan.max_concurrent == gpus, (
+            f"{spec_path}: {plan.max_concurrent} trials x {r.parallel.workers} workers on a "
+            f"cluster of {gpus} GPUs")
+        storage = r.train.storage
+        assert storage, f"{spec_path}: arm {arm.name} keeps checkpoints on the driver only"
+        assert "://" in storage or any(
+            storage.startswith(m.rstrip("/") + "/") for m in shared_mounts(cluster)), (
+            f"{spec_path}: train.storage {storage} is not on a volume every pod mounts")
+
+
 def test_rayjob_runs_the_attention_sweep() -> None:
     (job,) = of_kind("RayJob")
     assert job["apiVersion"] == "ray.io/v1"
@@ -153,7 +196,8 @@ def test_rayjob_runs_the_attention_sweep() -> None:
     assert set(spec) <= RAYJOB_SPEC, set(spec) - RAYJOB_SPEC
     cd, command = spec["entrypoint"].split(" && ")
     assert cd == f"cd {IMAGE_PROJECT}"
-    assert command == "gemctl sweep recipes/ablations/attention.yaml"
+    assert command == "gemctl sweep deploy/sweeps/attention_gpu.yaml"
+    check_gpu_sweep(command.split()[-1], spec["rayClusterSpec"])
     assert spec["submissionMode"] in SUBMISSION_MODES
     assert spec["shutdownAfterJobFinishes"] is True
     env = yaml.safe_load(spec["runtimeEnvYAML"])
@@ -174,8 +218,10 @@ def test_raycronjob_runs_the_nightly_ablations_and_gate() -> None:
     words = shlex.split(command)
     assert words[:3] == ["MAX_NE_REGRESSION=0.1%", "bash", "deploy/scripts/nightly-ablations.sh"]
     specs = words[3:]
-    assert {Path(s).stem for s in specs} == {"attention", "precision", "loader"}
-    assert all((REPO / s).is_file() for s in specs)
+    assert {Path(s).stem for s in specs} == {"attention_gpu", "precision_gpu", "loader_gpu"}
+    for s in specs:
+        check_gpu_sweep(s, template["rayClusterSpec"])
+    assert "COPY --chown=ray:users deploy/sweeps" in (DEPLOY / "Dockerfile").read_text()
     script = (REPO / words[2]).read_text()
     assert 'gemctl sweep --new "${spec}"' in script
     assert 'gemctl compare "${id}" --max-ne-regression "${MAX_NE_REGRESSION}"' in script
