@@ -111,7 +111,9 @@ def sim_row(per_rank: list[np.ndarray], steps: int, cfg: LoaderConfig,
 
 
 def batcher_cost(cfg: LoaderConfig, steps: int, reps: int, seed: int) -> dict[str, float]:
-    """Median ms per full batch of building and iterating one rank's epoch, per batching."""
+    """Median CPU ms per full batch of building and iterating one rank's epoch, per batching
+    (CPU time: the batcher runs on one thread, so on an idle core this is its wall time too;
+    on a shared machine wall time also counts other processes' turns)."""
     from gem_platform.balance import make_batcher
 
     lengths = long_tailed_lengths(steps * cfg.local_batch_size, np.random.default_rng(seed))
@@ -121,10 +123,10 @@ def batcher_cost(cfg: LoaderConfig, steps: int, reps: int, seed: int) -> dict[st
         c = cfg.model_copy(update={"batching": batching, "window_samples": window})
         times = []
         for epoch in range(reps):
-            t0 = time.perf_counter()
+            t0 = time.process_time()
             for _ in make_batcher(c, lengths).epoch(epoch):
                 pass
-            times.append(time.perf_counter() - t0)
+            times.append(time.process_time() - t0)
         out[f"{batching}_ms_per_full_batch"] = 1e3 * float(np.median(times)) / steps
     out["samples_per_rank"] = float(lengths.size)
     out["buffer_full_batches"] = float(cfg.buffer_full_batches)
@@ -249,6 +251,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
             "command": "gemctl bench bbs --out docs/bench",
             "local_batch": 1024, "base_batch": 128, "steps": steps, "quick": args.quick,
             "seed": args.seed, "python": _platform.python_version(),
+            "batcher_cost": "CPU time (time.process_time) per full batch",
+            "load_average_at_end": os.getloadavg(),
             "numpy": np.__version__, "cpus": os.cpu_count(),
         },
         "rows": [asdict(r) for r in rows],
