@@ -360,20 +360,16 @@ def _eval_mask(user_start: np.ndarray, user_count: np.ndarray, eval_fraction: fl
     return k >= user_count - n_eval
 
 
-def convert_movielens(
-    src: str,
-    out: str,
-    *,
-    eval_fraction: float = 0.1,
-    max_history: int = 256,
-    seed: int = 0,
-    rows_per_shard: int = 50_000,
-) -> DatasetMeta:
-    """Convert a MovieLens 100K or 1M directory ``src`` into a dataset directory ``out``.
+@dataclass
+class _Timeline:
+    """Ratings sorted by (user, time, file order) with each one's user block."""
 
-    The format is detected from the files present. ``out`` is written through a temporary
-    sibling directory and replaces an existing dataset there.
-    """
+    ratings: Ratings
+    user_start: np.ndarray  # index of the user's first rating, per rating
+    user_count: np.ndarray  # the user's number of ratings, per rating
+
+
+def _check_args(src: str, eval_fraction: float, max_history: int, rows_per_shard: int) -> Path:
     if not 0.0 < eval_fraction < 1.0:
         raise DataError(
             f"eval_fraction={eval_fraction} is outside (0, 1).",
@@ -390,23 +386,31 @@ def convert_movielens(
             f"MovieLens directory {src!r} does not exist.",
             "Download and unpack ml-100k or ml-1m and pass its directory.",
         )
+    return src_dir
+
+
+def _read_release(src_dir: Path) -> tuple[str, Ratings, np.ndarray, Users, Movies]:
+    """The release's format, ratings (with their line numbers), users and movies, checked
+    against each other."""
     fmt = detect_format(src_dir)
     ratings_file, users_file, movies_file = (src_dir / f for f in FILES[fmt])
     ratings, lines = _parse_ratings(ratings_file, "\t" if fmt == "movielens-100k" else "::")
     users = _parse_users(users_file, fmt)
     movies = _parse_movies(movies_file, fmt)
     _check_references(ratings, lines, users, movies, ratings_file)
+    return fmt, ratings, lines, users, movies
 
+
+def _timeline(ratings: Ratings) -> _Timeline:
     order = np.lexsort((np.arange(len(ratings.user)), ratings.ts, ratings.user))
     r = Ratings(ratings.user[order], ratings.item[order], ratings.rating[order], ratings.ts[order])
     first = np.flatnonzero(np.concatenate([[True], r.user[1:] != r.user[:-1]]))
     counts = np.diff(np.concatenate([first, [len(r.user)]]))
-    user_start = np.repeat(first, counts)
-    user_count = np.repeat(counts, counts)
-    dense = _past_only_dense(r, user_start)
-    is_eval = _eval_mask(user_start, user_count, eval_fraction)
+    return _Timeline(r, np.repeat(first, counts), np.repeat(counts, counts))
 
-    specs = [
+
+def _sparse_specs(users: Users, movies: Movies) -> list[SparseFeatureSpec]:
+    return [
         SparseFeatureSpec("user_id", len(users.known)),
         SparseFeatureSpec("gender", 2),
         SparseFeatureSpec("age_bucket", len(AGE_BUCKETS)),
@@ -414,26 +418,78 @@ def convert_movielens(
         SparseFeatureSpec("zip_prefix", ZIP_OTHER + 1),
         SparseFeatureSpec("ad_genres", len(movies.genres), multi_hot=True),
     ]
+
+
+@dataclass
+class _SplitStats:
+    clicks: int = 0
+    conversions: int = 0
+    max_len: int = 0
+    lengths: np.ndarray | None = None  # samples per history length
+
+    def add(self, arrays: SampleArrays) -> None:
+        self.clicks += int(arrays.ctr.sum())
+        self.conversions += int(arrays.cvr.sum())
+        lengths = arrays.seq_lengths
+        self.max_len = max(self.max_len, int(lengths.max(initial=0)))
+        counts = np.bincount(lengths, minlength=1)
+        if self.lengths is None:
+            self.lengths = counts
+        else:
+            size = max(self.lengths.size, counts.size)
+            self.lengths = np.pad(self.lengths, (0, size - self.lengths.size)) + np.pad(
+                counts, (0, size - counts.size))
+
+
+def _write_splits(out: Path, split_rows: dict[str, np.ndarray], t: _Timeline, users: Users,
+                  movies: Movies, dense: np.ndarray, specs: list[SparseFeatureSpec],
+                  max_history: int, rows_per_shard: int) -> dict[str, _SplitStats]:
+    """Every split's shards in ``out``; click, conversion and length counts per split."""
+    from gem_platform.data.parquet import shard_name, write_shard
+
+    stats = {}
+    for split, rows in split_rows.items():
+        st = _SplitStats()
+        for i, start in enumerate(range(0, max(len(rows), 1), rows_per_shard)):
+            chunk = rows[start : start + rows_per_shard]
+            arrays = _samples(chunk, t.ratings, t.user_start, users, movies, dense, max_history)
+            write_shard(out / shard_name(split, i), arrays, specs)
+            st.add(arrays)
+        stats[split] = st
+    return stats
+
+
+def convert_movielens(
+    src: str,
+    out: str,
+    *,
+    eval_fraction: float = 0.1,
+    max_history: int = 256,
+    seed: int = 0,
+    rows_per_shard: int = 50_000,
+) -> DatasetMeta:
+    """Convert a MovieLens 100K or 1M directory ``src`` into a dataset directory ``out``.
+
+    The format is detected from the files present. ``out`` is written through a temporary
+    sibling directory and replaces an existing dataset there.
+    """
+    src_dir = _check_args(src, eval_fraction, max_history, rows_per_shard)
+    fmt, ratings, _, users, movies = _read_release(src_dir)
+    t = _timeline(ratings)
+    dense = _past_only_dense(t.ratings, t.user_start)
+    is_eval = _eval_mask(t.user_start, t.user_count, eval_fraction)
+    specs = _sparse_specs(users, movies)
     rng = np.random.default_rng(seed)
     split_rows = {
         s: rng.permutation(np.flatnonzero(m)) for s, m in (("train", ~is_eval), ("eval", is_eval))
     }
-    from gem_platform.data.parquet import shard_name, staged_dataset, write_shard
+    from gem_platform.data.parquet import staged_dataset
 
-    stats = {}
     with staged_dataset(out, "output") as tmp:
-        for split, rows in split_rows.items():
-            clicks = convs = max_len = 0
-            for i, start in enumerate(range(0, max(len(rows), 1), rows_per_shard)):
-                chunk = rows[start : start + rows_per_shard]
-                arrays = _samples(chunk, r, user_start, users, movies, dense, max_history)
-                write_shard(tmp / shard_name(split, i), arrays, specs)
-                clicks += int(arrays.ctr.sum())
-                convs += int(arrays.cvr.sum())
-                max_len = max(max_len, int(arrays.seq_lengths.max(initial=0)))
-            stats[split] = (clicks, convs, max_len)
+        stats = _write_splits(tmp, split_rows, t, users, movies, dense, specs, max_history,
+                              rows_per_shard)
         n_train = len(split_rows["train"])
-        clicks, convs, _ = stats["train"]
+        train = stats["train"]
         meta = DatasetMeta(
             source=fmt,
             num_items=len(movies.known) - 1,
@@ -442,10 +498,10 @@ def convert_movielens(
             dense_dim=DENSE_DIM,
             num_train=n_train,
             num_eval=len(split_rows["eval"]),
-            ctr_base_rate=clicks / max(n_train, 1),
-            cvr_base_rate=convs / max(clicks, 1),
+            ctr_base_rate=train.clicks / max(n_train, 1),
+            cvr_base_rate=train.conversions / max(train.clicks, 1),
             planted_auc=None,
-            max_seq_len=max(s[2] for s in stats.values()),
+            max_seq_len=max(s.max_len for s in stats.values()),
             num_categories=len(movies.categories),
             extra={
                 "genres": movies.genres,
@@ -462,7 +518,10 @@ def convert_movielens(
                     "mean_earlier_rating_over_5",
                 ],
                 "num_users": int(users.known.sum()),
-                "num_ratings": len(r.user),
+                "num_ratings": len(t.ratings.user),
+                # train samples per history length: every rank's expected work per batch
+                "seq_len_histogram": (train.lengths.tolist() if train.lengths is not None
+                                      else [0]),
             },
         )
         meta.save(tmp)
