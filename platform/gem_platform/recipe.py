@@ -59,8 +59,9 @@ class ModelConfig(_Strict):
     num_experts: int = Field(2, ge=1, le=1024, description="MLP experts per DHEN layer")
     expert_hidden: int = Field(128, ge=8, le=1 << 20, description="hidden width of an expert")
     head_hidden: int = Field(64, ge=8, le=1 << 20, description="hidden width of the CTR/CVR heads")
-    kernel: Literal["auto", "triton", "pytorch"] = Field(
-        "auto", description="auto = Triton on CUDA, PyTorch reference elsewhere"
+    kernel: Literal["auto", "triton", "pytorch", "baseline"] = Field(
+        "auto", description="auto = Triton on CUDA, PyTorch reference elsewhere; baseline = "
+        "off-the-shelf parts (varlen_attn or padded SDPA, padded GDPA): the e2e bench's baseline"
     )
 
     @model_validator(mode="after")

@@ -2,7 +2,8 @@
 
 Each gem_kernels op picks its Triton kernel on CUDA and its PyTorch reference elsewhere; the
 ``padded`` kind is the dense baseline (pad to the batch max, mask, SDPA) that the jagged
-kernels are measured against in ablations.
+kernels are measured against in ablations. ``kernel="baseline"`` takes the off-the-shelf parts
+of model/baseline.py instead (the e2e benchmark's same-run baseline).
 """
 
 from __future__ import annotations
@@ -53,6 +54,19 @@ def _padded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets
     return out.transpose(1, 2)[seq_idx, pos]
 
 
+def _baseline_self_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                             offsets: torch.Tensor, max_len: int,
+                             spec: SelfAttentionSpec) -> torch.Tensor:
+    from gem_platform.model import baseline
+
+    if spec.kind == "block64":  # as the block64 op call below: every key of the block
+        return baseline.block_attention(q, k, v, offsets, spec.rope_base, causal=False)
+    window = None
+    if spec.kind == "sliding":
+        window = (spec.window, 0 if spec.causal else spec.window)
+    return baseline.self_attention(q, k, v, offsets, max_len, spec.causal, window)
+
+
 def self_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets: torch.Tensor,
                    max_len: int, spec: SelfAttentionSpec) -> torch.Tensor:
     """Self-attention over jagged sequences: q/k/v (T, H, d), offsets (B+1,) -> (T, H, d).
@@ -61,6 +75,8 @@ def self_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets: t
     opaque node each; eager calls take the public ops directly. Its FLOPs are counted by the
     calling block (SelfAttentionBlock.forward_flops), not here: counting needs the lengths on
     the host, which a compiled region must not sync for."""
+    if spec.kernel == "baseline" and spec.kind != "padded":
+        return _baseline_self_attention(q, k, v, offsets, max_len, spec)
     compiling = torch.compiler.is_compiling()
     if spec.kind in ("full", "sliding"):
         window = None
@@ -92,5 +108,10 @@ def generalized_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                           kernel: str = "auto") -> torch.Tensor:
     """Cross / pooled attention in GDPA form (activation instead of softmax); its callers
     count its (query, key) pairs from their shapes (no device sync)."""
+    if kernel == "baseline":
+        from gem_platform.model import baseline
+
+        return baseline.gdpa(q, k, v, q_offsets, kv_offsets, max_q, max_kv,
+                             activation=activation, norm=norm)
     return gdpa(q, k, v, q_offsets, kv_offsets, max_q, max_kv, activation=activation, norm=norm,
                 kernel=kernel)
