@@ -1,0 +1,78 @@
+"""gemctl sweep --in-process (narrowed with --arms/--seeds, JSON result, resumable results file)
+and gemctl profile --trace, through the real CLI in a subprocess."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_gemctl
+from tests.sweep.test_spec import BASE
+
+SPEC = """
+name: tri
+base: base.yaml
+seeds: [0, 1]
+baseline: fp32
+arms:
+  fp32: [precision.mode=fp32]
+  bf16: [precision.mode=bf16]
+  wide: [model.d_model=64]
+"""
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("sweepcli")
+    (d / "base.yaml").write_text(BASE + "loader: {local_batch_size: 64, base_batch_size: 16}\n")
+    (d / "tri.yaml").write_text(SPEC)
+    return d
+
+
+@pytest.mark.slow
+def test_in_process_sweep_narrowed(workdir):
+    args = ("sweep", "tri.yaml", "--in-process", "--arms", "fp32", "--arms", "bf16",
+            "--seeds", "0", "--out", "res.json")
+    proc = run_gemctl(*args, "--json", cwd=workdir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    body = json.loads(proc.stdout)
+    assert body["trials"] == 2 and body["results"] == "res.json"
+    assert {a["arm"] for a in body["comparison"]["arms"]} == {"fp32", "bf16"}
+    assert "trials 2/2 done" in proc.stderr and "Traceback" not in proc.stderr
+    results = json.loads((workdir / "res.json").read_text())
+    assert sorted((t["arm"], t["seed"]) for t in results["trials"]) == [("bf16", "0"),
+                                                                      ("fp32", "0")]
+    # resumes: nothing retrained (others may commit meanwhile: allow the code change)
+    again = run_gemctl(*args, "--allow-code-change", cwd=workdir)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.stdout.count("already in") == 2 and "quality per arm" in again.stdout
+
+
+def test_unknown_arm_is_named(workdir):
+    proc = run_gemctl("sweep", "tri.yaml", "--in-process", "--arms", "fp16", cwd=workdir)
+    assert proc.returncode == 2
+    assert "fp16" in proc.stderr and "fp32, bf16, wide" in proc.stderr
+
+
+def test_in_process_refuses_tracking_options(workdir):
+    proc = run_gemctl("sweep", "tri.yaml", "--in-process", "--tracking-uri", "sqlite:///x.db",
+                      cwd=workdir)
+    assert proc.returncode == 2 and "--in-process" in proc.stderr
+
+
+@pytest.mark.slow
+def test_profile_writes_a_chrome_trace(workdir):
+    proc = run_gemctl("profile", "base.yaml", "--warmup", "2", "--active", "1", "--top", "5",
+                      "--trace", "step.trace.json", "--out", "prof.json", cwd=workdir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    trace = json.loads((workdir / "step.trace.json").read_text())
+    assert trace["traceEvents"] and any(e.get("ph") == "X" for e in trace["traceEvents"])
+    assert json.loads((workdir / "prof.json").read_text())["active_steps"] == 1
+    assert "trace: step.trace.json" in proc.stdout
+
+
+def test_profile_trace_folder_must_exist(workdir):
+    proc = run_gemctl("profile", "base.yaml", "--trace", "nope/t.json", cwd=workdir)
+    assert proc.returncode == 2 and "nope" in proc.stderr and "Traceback" not in proc.stderr
