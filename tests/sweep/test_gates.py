@@ -80,6 +80,12 @@ def test_compare_reads_its_own_json_back(tmp_path: Path):
     (tmp_path / "cmp.json").write_text(first.stdout)
     again = run_gemctl("compare", "cmp.json", "--json", "--no-plot", cwd=tmp_path)
     assert again.returncode == 0, again.stderr
+    # `gemctl sweep --json` wraps the same comparison in the sweep's outcome
+    outcome = {"sweep_id": "r", "status": "FINISHED", "comparison": json.loads(first.stdout)}
+    (tmp_path / "sweep.json").write_text(json.dumps(outcome))
+    wrapped = run_gemctl("compare", "sweep.json", "--json", "--no-plot", cwd=tmp_path)
+    assert wrapped.returncode == 0, wrapped.stderr
+    assert json.loads(wrapped.stdout)["arms"] == json.loads(again.stdout)["arms"]
     a, b = json.loads(first.stdout), json.loads(again.stdout)
     assert a["format"] == b["format"] == "gem-comparison/1"
     for x, y in zip(a["arms"], b["arms"], strict=True):

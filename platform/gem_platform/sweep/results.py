@@ -73,13 +73,17 @@ def is_results_file(ident: str) -> bool:
 
 
 def load_results(path: str | Path) -> tuple[list[TrialRun], dict[str, Any]]:
-    """(trials, header) of a results file or a comparison written by ``gemctl compare
-    --json``; a clear error for anything else."""
+    """(trials, header) of a results file, a comparison written by ``gemctl compare --json``
+    or the outcome of ``gemctl sweep --json`` (its comparison); a clear error for anything
+    else."""
     path = Path(path)
     try:
         body = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as err:
         raise GemError(f"Cannot read sweep results {path}: {err}.", _FIX) from None
+    nested = body.get("comparison") if isinstance(body, dict) else None
+    if isinstance(nested, dict) and nested.get("format") == COMPARISON_FORMAT:
+        body = nested  # `gemctl sweep --json`: the sweep's outcome around its comparison
     if isinstance(body, dict) and body.get("format") == FORMAT:
         trials = _sweep_trials(path, body)
     elif isinstance(body, dict) and body.get("format") == COMPARISON_FORMAT:
