@@ -1,0 +1,48 @@
+"""gemctl's modules import each other without cycles (imports inside functions included), and
+gemctl sits on top: nothing in gem_platform or gem_kernels imports it."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from tests.cli.conftest import REPO
+
+
+def _imports(path: Path, package: str) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            if node.module == package:  # from gemctl import render, sweep
+                found |= {f"{package}.{a.name}" for a in node.names}
+            elif node.module.startswith(package + "."):
+                found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith(package + ".")}
+    return found
+
+
+def test_gemctl_has_no_import_cycles():
+    graph = {f"gemctl.{p.stem}": _imports(p, "gemctl") for p in (REPO / "gemctl").glob("*.py")}
+    graph = {m: {d for d in deps if d in graph and d != m} for m, deps in graph.items()}
+    state: dict[str, int] = {}
+
+    def visit(module: str, path: list[str]) -> None:
+        if state.get(module) == 1:
+            raise AssertionError("import cycle: " + " -> ".join([*path, module]))
+        if state.get(module) == 2:
+            return
+        state[module] = 1
+        for dep in sorted(graph[module]):
+            visit(dep, [*path, module])
+        state[module] = 2
+
+    for module in sorted(graph):
+        visit(module, [])
+
+
+def test_nothing_below_imports_gemctl():
+    for root in ("platform", "kernels"):
+        for path in (REPO / root).rglob("*.py"):
+            assert not _imports(path, "gemctl"), path
+            assert "import gemctl" not in path.read_text(), path
