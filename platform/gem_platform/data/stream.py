@@ -29,7 +29,7 @@ from gem_platform.data.source import Piece, SplitIndex, open_parquet, piece_star
 from gem_platform.data.validate import from_arrow
 from gem_platform.errors import DataError
 
-DEFAULT_CHUNK_ROWS = 4096
+DEFAULT_CHUNK_ROWS = 1024
 DEFAULT_PREFETCH = 4
 
 
