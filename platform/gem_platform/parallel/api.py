@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -14,6 +15,9 @@ from gem_platform.parallel.clip import clip_grad_norm
 from gem_platform.parallel.data_parallel import all_reduce_gradients, broadcast_parameters
 from gem_platform.recipe import Recipe
 from gem_platform.topology import GroupKind, ParallelConfig
+
+if TYPE_CHECKING:
+    from gem_platform.parallel.mesh import RankGroups
 
 
 @dataclass
@@ -93,9 +97,10 @@ def _world() -> int:
 def parallelize(model: nn.Module, recipe: Recipe) -> Parallelized:
     """Spread ``model`` over the ranks as ``recipe.parallel`` asks.
 
-    With no parallel sizes set (or a single process) this is plain data parallelism: every
-    rank holds the whole model; gradients are all-reduced in one flat bucket after backward,
-    timed apart from compute for Local MFU.
+    One process: the whole model here, its tables through TorchRec's fused path where that
+    runs (see ``_single_process``). Several processes with no parallel sizes set: plain data
+    parallelism, every rank holds the whole model and its gradients are all-reduced in one
+    flat bucket after backward (``sync_gradients``, timed apart from compute for Local MFU).
     """
     world = _world()
     choice = StrategyChoice.from_config(recipe.parallel)
@@ -141,61 +146,38 @@ def _data_parallel(model: nn.Module, world: int) -> Parallelized:
                         replicated_params=[*dense, *sparse], world_size=world)
 
 
+@dataclass
+class _ShardedTables:
+    """What TorchRec sharding leaves: the module to train on, its fused optimizer, and the
+    replica averaging of 2-D sparse parallelism (None when the tables have one copy)."""
+
+    module: nn.Module
+    optimizer: torch.optim.Optimizer | None = None
+    replica_sync: Callable[[], None] | None = None
+
+
 def _compose(model: nn.Module, recipe: Recipe, choice: StrategyChoice,
              world: int) -> Parallelized:
     """Embeddings first (the planner sees plain TorchRec modules), then experts on their own
     meshes, then HSDP over what is left of the dense part."""
     from gem_platform.parallel.mesh import build_rank_groups
 
-    parallel = recipe.parallel
-    if parallel.embedding_host_split:
+    if recipe.parallel.embedding_host_split:
         raise RecipeError(
             "parallel.embedding_host_split is planned (gemctl plan) but not trained yet: "
             "TorchRec's 2-D sparse sharding (DMPCollection) runs on CUDA only.",
             "Remove parallel.embedding_host_split from the recipe.",
         )
-    groups = build_rank_groups(parallel)
+    groups = build_rank_groups(recipe.parallel)
     device = next(model.parameters()).device
-    inner, sparse_optimizer, replica_sync = model, None, None
-    if choice.shard_embeddings:
-        from gem_platform.parallel.embeddings import (
-            EmbeddingShardingSpec,
-            shard_embeddings,
-            shard_embeddings_replicated,
-        )
-
-        size = len(groups.ranks(GroupKind.EMBEDDING))
-        spec = EmbeddingShardingSpec(parallel.embedding_sharding, size, recipe.train.sparse_lr,
-                                     device.type)
-        if size == world:
-            dmp = shard_embeddings(model, spec, groups.group(GroupKind.EMBEDDING), device)
-        elif device.type != "cuda":
-            raise RecipeError(
-                f"parallel.embedding_group={size} is smaller than parallel.workers={world}: "
-                "tables sharded per group and replicated across groups use TorchRec's "
-                "DMPCollection, which runs on CUDA only.",
-                "Leave parallel.embedding_group unset on CPU (one copy sharded over all "
-                "workers), or run on GPUs (parallel.use_gpu: true).",
-            )
-        else:
-            dmp = shard_embeddings_replicated(model, spec, world, device)
-            replica_sync = dmp.sync
-        # Train DMP's inner module: DMP's forward only calls it, and its parameter names are
-        # the unsharded model's, which torch.distributed.checkpoint resolves against.
-        inner = dmp.module
-        sparse_optimizer = dmp.fused_optimizer
-
+    sharded = (_shard_tables(model, recipe, groups, world, device) if choice.shard_embeddings
+               else _ShardedTables(model))
+    inner = sharded.module
     expert_params: list[nn.Parameter] = []
     expert_group = None
     if choice.expert_parallel:
-        from gem_platform.parallel.experts import apply_expert_parallel
-        from gem_platform.parallel.mesh import expert_device_mesh
-
-        ranks = groups.ranks(GroupKind.EXPERT)
         expert_group = groups.group(GroupKind.EXPERT)
-        expert_params = apply_expert_parallel(
-            inner, expert_group, ranks.index(groups.rank),
-            expert_device_mesh(groups, device.type), world)
+        expert_params = _place_experts(inner, groups, expert_group, world, device)
 
     tables = list(inner.embedding_parameters())
     if choice.hsdp:
@@ -212,5 +194,49 @@ def _compose(model: nn.Module, recipe: Recipe, choice: StrategyChoice,
     return Parallelized(
         model=inner, dense_params=dense, sparse_params=sparse,
         replicated_params=[*plain_dense, *sparse], world_size=world, strategy=choice.name,
-        sparse_optimizer=sparse_optimizer, expert_params=expert_params,
-        expert_group=expert_group, replica_sync=replica_sync)
+        sparse_optimizer=sharded.optimizer, expert_params=expert_params,
+        expert_group=expert_group, replica_sync=sharded.replica_sync)
+
+
+def _shard_tables(model: nn.Module, recipe: Recipe, groups: RankGroups, world: int,
+                  device: torch.device) -> _ShardedTables:
+    """Shard the embedding tables with TorchRec over each embedding group: one copy over all
+    ranks, or (CUDA only) one copy per group, replicated across groups."""
+    from gem_platform.parallel.embeddings import (
+        EmbeddingShardingSpec,
+        shard_embeddings,
+        shard_embeddings_replicated,
+    )
+
+    size = len(groups.ranks(GroupKind.EMBEDDING))
+    spec = EmbeddingShardingSpec(recipe.parallel.embedding_sharding, size,
+                                 recipe.train.sparse_lr, device.type)
+    replica_sync = None
+    if size == world:
+        dmp = shard_embeddings(model, spec, groups.group(GroupKind.EMBEDDING), device)
+    elif device.type != "cuda":
+        raise RecipeError(
+            f"parallel.embedding_group={size} is smaller than parallel.workers={world}: "
+            "tables sharded per group and replicated across groups use TorchRec's "
+            "DMPCollection, which runs on CUDA only.",
+            "Leave parallel.embedding_group unset on CPU (one copy sharded over all "
+            "workers), or run on GPUs (parallel.use_gpu: true).",
+        )
+    else:
+        dmp = shard_embeddings_replicated(model, spec, world, device)
+        replica_sync = dmp.sync
+    # Train DMP's inner module: DMP's forward only calls it, and its parameter names are
+    # the unsharded model's, which torch.distributed.checkpoint resolves against.
+    return _ShardedTables(dmp.module, dmp.fused_optimizer, replica_sync)
+
+
+def _place_experts(inner: nn.Module, groups: RankGroups, expert_group: dist.ProcessGroup,
+                   world: int, device: torch.device) -> list[nn.Parameter]:
+    """One DHEN expert per rank of this rank's expert group, each FSDP-sharded over its own
+    mesh; returns the expert parameters."""
+    from gem_platform.parallel.experts import apply_expert_parallel
+    from gem_platform.parallel.mesh import expert_device_mesh
+
+    ranks = groups.ranks(GroupKind.EXPERT)
+    return apply_expert_parallel(inner, expert_group, ranks.index(groups.rank),
+                                 expert_device_mesh(groups, device.type), world)
