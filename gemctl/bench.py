@@ -47,10 +47,31 @@ def _command(module: str):
     return run
 
 
+def _e2e(
+    recipe: Annotated[str, typer.Argument(help="Recipe YAML.")] = "recipes/h200_gem.yaml",
+    set_: Annotated[list[str] | None, typer.Option(
+        "--set", "-s", help="Override a recipe field (repeatable).")] = None,
+    steps: Annotated[int, typer.Option(help="Timed steps per arm.")] = 20,
+    warmup: Annotated[int, typer.Option(help="Untimed steps first (compilation).")] = 10,
+    out: Annotated[str, typer.Option(help="Folder for the JSON result.")] = "docs/bench",
+    quick: Annotated[bool, typer.Option(help="3 warm-up, 5 timed, 2 profiled steps.")] = False,
+) -> None:
+    from gem_platform.train.bench_e2e import main
+
+    argv = [recipe, "--steps", str(steps), "--warmup", str(warmup), "--out", out]
+    argv += [a for s in set_ or [] for a in ("--set", s)] + (["--quick"] if quick else [])
+    raise typer.Exit(main(argv))
+
+
 def register(app: typer.Typer) -> None:
     bench = typer.Typer(no_args_is_help=True, help="Benchmarks: a table plus JSON per run.",
                         context_settings={"help_option_names": ["-h", "--help"]})
     for name, (module, help_text) in BENCHES.items():
         bench.command(name, help=help_text, epilog=epilog(
             f"gemctl bench {name} --out bench_results --quick"))(user_errors(_command(module)))
+    bench.command("e2e", help="A recipe trained by the platform's own build and by the same "
+                  "model from off-the-shelf parts, same run: samples/s, E2E MFU, peak memory, "
+                  "time by kind of kernel.", epilog=epilog(
+                      "gemctl bench e2e recipes/h200_gem.yaml --set model.attention=block64"))(
+        user_errors(_e2e))
     app.add_typer(bench, name="bench")

@@ -17,6 +17,7 @@ from gem_platform.parallel import parallelize
 from gem_platform.parallel.single import (
     dense_table_cost,
     fused_tbe_available,
+    plain_tables,
     wants_fused_tables,
     warn_dense_tables,
 )
@@ -101,7 +102,13 @@ def test_dense_fallback_says_what_it_costs(caplog):
         warn_dense_tables(tables, torch.device("cpu"))  # the only path on CPU: no warning
         assert not caplog.records
         warn_dense_tables(tables, torch.device("cuda"))
-    assert [r.getMessage() for r in caplog.records] == [line]
+    if fused_tbe_available(torch.device("cuda")):  # the fused path runs: nothing to warn of
+        assert not caplog.records
+    else:
+        assert [r.getMessage() for r in caplog.records] == [line]
+    with plain_tables():
+        assert not wants_fused_tables(torch.device("cpu"), sharding_requested=True)
+    assert wants_fused_tables(torch.device("cpu"), sharding_requested=True)
 
 
 def test_dense_optimizer_is_fused_on_cuda_only():

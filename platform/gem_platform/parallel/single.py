@@ -13,7 +13,10 @@ layout (``parallel.embedding_sharding``): the same code, testable without a GPU.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
+from collections.abc import Iterator
 from datetime import timedelta
 
 import torch
@@ -38,9 +41,27 @@ def fused_tbe_available(device: torch.device) -> bool:
     return torch._C._dispatch_has_kernel_for_dispatch_key(_TBE_PROBE, "CUDA")
 
 
+_PLAIN_TABLES = threading.local()
+
+
+@contextlib.contextmanager
+def plain_tables() -> Iterator[None]:
+    """Within this block (this thread), single-process runs keep plain tables with a dense
+    optimizer step even where the fused path runs: the off-the-shelf baseline of a benchmark."""
+    before = getattr(_PLAIN_TABLES, "on", False)
+    _PLAIN_TABLES.on = True
+    try:
+        yield
+    finally:
+        _PLAIN_TABLES.on = before
+
+
 def wants_fused_tables(device: torch.device, sharding_requested: bool) -> bool:
     """Whether a single process trains its tables through TorchRec's fused path: by default
-    on CUDA when the fused TBE runs there, and wherever a sharding layout is asked for."""
+    on CUDA when the fused TBE runs there, and wherever a sharding layout is asked for
+    (never inside ``plain_tables()``)."""
+    if getattr(_PLAIN_TABLES, "on", False):
+        return False
     if sharding_requested:
         return True
     return device.type == "cuda" and fused_tbe_available(device)
@@ -74,6 +95,7 @@ def dense_table_cost(tables: list[nn.Parameter]) -> str:
 
 
 def warn_dense_tables(tables: list[nn.Parameter], device: torch.device) -> None:
-    """Log the dense path's cost once per run on CUDA (on CPU it is the only path)."""
-    if device.type == "cuda" and tables:
+    """Log the dense path's cost once per run on CUDA where the fused path cannot run (on CPU
+    the dense path is the default; inside ``plain_tables()`` it was asked for)."""
+    if device.type == "cuda" and tables and not fused_tbe_available(device):
         log.warning(dense_table_cost(tables))

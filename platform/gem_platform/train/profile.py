@@ -127,7 +127,7 @@ def profile_recipe(recipe: Recipe, warmup: int = 20, active: int = 10, top: int 
         prof.export_chrome_trace(str(trace))
 
     step_ms = (marks[total] - marks[warmup]) * 1e3 / active
-    return _summarize(prof, recipe, str(device), cuda, active, step_ms, top)
+    return summarize_profile(prof, recipe, str(device), cuda, active, step_ms, top)
 
 
 def is_annotation(evt) -> bool:  # noqa: ANN001 (a profiler FunctionEventAvg)
@@ -138,8 +138,9 @@ def is_annotation(evt) -> bool:  # noqa: ANN001 (a profiler FunctionEventAvg)
         ("ProfilerStep", "Optimizer.step", "Optimizer.zero_grad"))
 
 
-def _summarize(prof, recipe: Recipe, device: str, cuda: bool, active: int, step_ms: float,
-               top: int) -> StepProfile:
+def summarize_profile(prof, recipe: Recipe, device: str, cuda: bool, active: int,  # noqa: ANN001
+                      step_ms: float, top: int) -> StepProfile:
+    """A finished profiler's ``active`` steps as a StepProfile (steps of ``step_ms``)."""
     rows = []
     for evt in prof.key_averages():
         if cuda:

@@ -1,0 +1,233 @@
+"""gemctl bench e2e: a recipe trained end to end by the platform's own build and, in the same
+run on the same data, by the same model from off-the-shelf parts.
+
+Arms (each trains ``warmup + steps + 1 + profile`` steps in this process, one after the other):
+
+- ``ours``: the recipe as it is (Triton kernels, compiled regions where train.compile is on,
+  prefetched input, fused tables where fbgemm-gpu's CUDA build runs, fused AdamW on CUDA).
+- ``off_the_shelf``: ``model.kernel=baseline`` (varlen_attn self-attention, padded compiled
+  GDPA for cross and pooled attention), eager glue (train.compile=false), input collated on
+  the training thread (train.prefetch_batches=0), plain tables with a dense optimizer step.
+
+Per arm: samples/s and E2E MFU over the ``steps`` timed steps (after ``warmup`` steps that pay
+compilation and autotuning), peak device memory, and the step's time by kind of kernel from
+torch.profiler over the last ``profile`` steps (not timed). The ratio is ours / off-the-shelf
+samples/s. Prints a table and writes JSON.
+
+    gemctl bench e2e recipes/h200_gem.yaml --set model.attention=block64 --out docs/bench
+    python -m gem_platform.train.bench_e2e recipes/h200_gem.yaml --out docs/bench
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile, schedule
+
+from gem_platform.errors import GemError
+from gem_platform.recipe import Recipe, apply_overrides, load_recipe, recipe_from_dict
+
+ARMS: dict[str, list[str]] = {
+    "ours": [],
+    "off_the_shelf": ["model.kernel=baseline", "train.compile=false",
+                      "train.prefetch_batches=0"],
+}
+DEFAULT_RECIPE = "recipes/h200_gem.yaml"
+
+
+@dataclass
+class ArmResult:
+    """One arm's measurements (times per step in ms)."""
+
+    name: str
+    overrides: list[str]
+    samples_per_s: float
+    mfu_e2e: float
+    peak_memory_gb: float | None
+    step_ms: float
+    train_tflops_per_step: float
+    warmup_s: float  # the warm-up steps' wall time (compilation, autotuning)
+    busy_fraction: float
+    by_kind_ms: dict[str, float] = field(default_factory=dict)
+    by_kind_of_step: dict[str, float] = field(default_factory=dict)
+    final_loss: float = float("nan")
+
+
+@dataclass
+class E2EResult:
+    recipe: str
+    attention: str
+    precision: str
+    device: str
+    environment: dict[str, str]
+    warmup_steps: int
+    timed_steps: int
+    profiled_steps: int
+    local_batch: int
+    fused_tables: bool
+    arms: list[ArmResult]
+    speedup: float | None  # ours / off_the_shelf samples/s
+    resolved_recipe: dict
+
+
+def arm_recipe(recipe: Recipe, overrides: list[str], total_steps: int, warmup: int) -> Recipe:
+    """The recipe with the arm's overrides, trained ``total_steps`` steps, evaluated on one
+    batch, without checkpoints."""
+    tree = apply_overrides(recipe.model_dump(mode="json"), overrides)
+    r = recipe_from_dict(tree, f"{recipe.name} ({' '.join(overrides) or 'as is'})")
+    r.train.steps = total_steps
+    r.train.log_every = total_steps
+    r.train.eval_every = 0
+    r.train.eval_max_samples = r.loader.local_batch_size
+    r.train.perf_warmup_steps = min(warmup, total_steps - 1)
+    return r
+
+
+def run_arm(recipe: Recipe, name: str, overrides: list[str], warmup: int, steps: int,
+            profiled: int, echo: Callable[[str], None] = print) -> ArmResult:
+    """Train one arm and measure it (see the module docstring)."""
+    from gem_platform.parallel.single import plain_tables
+    from gem_platform.train.loop import pick_device, train
+    from gem_platform.train.profile import summarize_profile
+
+    total = warmup + steps + 1 + profiled
+    r = arm_recipe(recipe, overrides, total, warmup)
+    device = pick_device(r)
+    cuda = device.type == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+    marks: dict[int, float] = {}
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    tables = plain_tables() if name == "off_the_shelf" else contextlib.nullcontext()
+    echo(f"[{name}] {total} steps ({warmup} warm-up, {steps} timed, 1 + {profiled} profiled)")
+    start = time.perf_counter()
+    with profile(activities=activities,
+                 schedule=schedule(wait=warmup + steps, warmup=1, active=profiled)) as prof:
+        def on_step(step: int) -> None:
+            sync()
+            marks[step] = time.perf_counter()
+            prof.step()
+
+        with tables:
+            summary = train(r, echo=echo, on_step=on_step)
+    timed_s = marks[warmup + steps] - marks[warmup]
+    prof_ms = (marks[total] - marks[total - profiled]) * 1e3 / profiled
+    step_profile = summarize_profile(prof, r, str(device), cuda, profiled, prof_ms, top=1)
+    flops = float(summary["perf/train_flops_per_step"])
+    peak = float(summary["perf/peak_tflops"]) * 1e12
+    result = ArmResult(
+        name=name, overrides=overrides,
+        samples_per_s=r.loader.local_batch_size * steps / timed_s,
+        mfu_e2e=flops * steps / timed_s / peak,
+        peak_memory_gb=summary.get("perf/peak_memory_gb"),
+        step_ms=timed_s * 1e3 / steps, train_tflops_per_step=flops / 1e12,
+        warmup_s=marks[warmup] - start, busy_fraction=step_profile.busy_fraction,
+        by_kind_ms=step_profile.by_kind, by_kind_of_step=step_profile.by_kind_of_step,
+        final_loss=float(summary["train/final_loss"]))
+    gc.collect()
+    if cuda:
+        torch.cuda.empty_cache()
+    return result
+
+
+def bench(recipe: Recipe, warmup: int = 10, steps: int = 20, profiled: int = 3,
+          arms: list[str] | None = None, echo: Callable[[str], None] = print) -> E2EResult:
+    """Every arm of ``arms`` (default both) on ``recipe``, one after the other."""
+    from gem_kernels.bench.common import device_info
+    from gem_platform.parallel.single import fused_tbe_available
+    from gem_platform.train.loop import pick_device
+
+    if warmup < 1 or steps < 1 or profiled < 1:
+        raise GemError(f"warmup={warmup}, steps={steps}, profile={profiled}: each must be >= 1.",
+                       "Pass --warmup, --steps and --profile-steps of at least 1.")
+    names = arms or list(ARMS)
+    unknown = [a for a in names if a not in ARMS]
+    if unknown:
+        raise GemError(f"Unknown arm(s) {unknown}.", f"Choose from {list(ARMS)}.")
+    device = pick_device(recipe)
+    results = [run_arm(recipe, a, ARMS[a], warmup, steps, profiled, echo) for a in names]
+    by = {a.name: a for a in results}
+    speedup = (by["ours"].samples_per_s / by["off_the_shelf"].samples_per_s
+               if {"ours", "off_the_shelf"} <= by.keys() else None)
+    p = recipe.precision
+    return E2EResult(
+        recipe=recipe.name, attention=recipe.model.attention,
+        precision=f"fp8_block b{p.block}" if p.mode == "fp8_block" else p.mode,
+        device=str(device), environment=device_info(), warmup_steps=warmup,
+        timed_steps=steps, profiled_steps=profiled,
+        local_batch=recipe.loader.local_batch_size,
+        fused_tables=fused_tbe_available(device) and device.type == "cuda", arms=results,
+        speedup=speedup, resolved_recipe=recipe.model_dump(mode="json"))
+
+
+def render(result: E2EResult, console=None) -> None:  # noqa: ANN001 (rich Console)
+    """The arms side by side, then each kind of kernel's time per step."""
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    console = console or Console()
+    ratio = f", ours / off-the-shelf {result.speedup:.2f}x" if result.speedup else ""
+    console.print(escape(f"{result.recipe} ({result.attention}, {result.precision}, "
+                         f"{result.device}, batch {result.local_batch}){ratio}"))
+    arms = Table("arm", "samples/s", "E2E MFU", "peak GB", "ms / step", "busy", "warm-up s")
+    for a in result.arms:
+        mem = "-" if a.peak_memory_gb is None else f"{a.peak_memory_gb:.1f}"
+        arms.add_row(a.name, f"{a.samples_per_s:,.0f}", f"{a.mfu_e2e:.1%}", mem,
+                     f"{a.step_ms:.1f}", f"{a.busy_fraction:.0%}", f"{a.warmup_s:.0f}")
+    console.print(arms)
+    kinds = sorted({k for a in result.arms for k in a.by_kind_ms},
+                   key=lambda k: -max(a.by_kind_ms.get(k, 0.0) for a in result.arms))
+    table = Table("kind", *[f"{a.name} ms (of step)" for a in result.arms])
+    for k in kinds:
+        table.add_row(escape(k), *[f"{a.by_kind_ms.get(k, 0.0):.2f} "
+                                   f"({a.by_kind_of_step.get(k, 0.0):.0%})" for a in result.arms])
+    console.print(table)
+
+
+def write(result: E2EResult, out: str | Path) -> Path:
+    """JSON at ``out/e2e_<recipe>_<attention>.json`` (folder created)."""
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"e2e_{result.recipe}_{result.attention}.json"
+    path.write_text(json.dumps(asdict(result), indent=1))
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("recipe", nargs="?", default=DEFAULT_RECIPE, help="recipe YAML")
+    p.add_argument("--set", "-s", dest="overrides", action="append", default=[],
+                   help="override a recipe field (repeatable), e.g. model.attention=block64")
+    p.add_argument("--warmup", type=int, default=10, help="untimed steps first (compilation)")
+    p.add_argument("--steps", type=int, default=20, help="timed steps per arm")
+    p.add_argument("--profile-steps", type=int, default=3, help="profiled steps per arm")
+    p.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {list(ARMS)}")
+    p.add_argument("--quick", action="store_true", help="3 warm-up, 5 timed, 2 profiled steps")
+    p.add_argument("--out", default="docs/bench", help="folder for the JSON result")
+    args = p.parse_args(argv)
+    warmup, steps, profiled = ((3, 5, 2) if args.quick
+                               else (args.warmup, args.steps, args.profile_steps))
+    try:
+        recipe = load_recipe(args.recipe, args.overrides)
+        result = bench(recipe, warmup, steps, profiled, args.arms.split(","))
+    except GemError as err:
+        print(err.as_text(), file=sys.stderr)
+        return 2
+    render(result)
+    print(f"e2e: {write(result, args.out)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,65 @@
+"""gemctl bench e2e on CPU: both arms train the same tiny recipe in one run, the result has
+samples/s, MFU, the ratio and the step by kind of operator; the CLI writes the JSON."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from gem_platform.errors import GemError
+from gem_platform.recipe import recipe_from_dict
+from gem_platform.train.bench_e2e import ARMS, arm_recipe, bench, write
+from tests.conftest import run_gemctl
+from tests.platform.test_cli import TINY
+
+
+@pytest.fixture
+def tiny(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    tree = yaml.safe_load(TINY.format(data=tmp_path / "data"))
+    tree["model"].update(attention="full", seq_layers=1)
+    tree["parallel"]["workers"] = 1
+    return tmp_path, tree
+
+
+def test_both_arms_in_one_run(tiny):
+    tmp_path, tree = tiny
+    result = bench(recipe_from_dict(tree), warmup=1, steps=2, profiled=1, echo=lambda _: None)
+    assert [a.name for a in result.arms] == ["ours", "off_the_shelf"]
+    ours, off = result.arms
+    assert off.overrides == ARMS["off_the_shelf"]
+    for a in result.arms:
+        assert a.samples_per_s > 0 and 0 < a.mfu_e2e < 1 and a.step_ms > 0
+        assert a.by_kind_ms and "matmul" in a.by_kind_ms
+        assert a.peak_memory_gb is None  # CPU: no device memory to report
+    # the same model and batches: the same useful FLOPs per step
+    assert ours.train_tflops_per_step == pytest.approx(off.train_tflops_per_step)
+    assert result.speedup == pytest.approx(ours.samples_per_s / off.samples_per_s)
+    data = json.loads(write(result, tmp_path / "out").read_text())
+    assert data["recipe"] == "tiny" and data["attention"] == "full"
+    assert data["timed_steps"] == 2 and len(data["arms"]) == 2
+
+
+def test_arm_recipe_and_bad_arguments(tiny):
+    _, tree = tiny
+    recipe = recipe_from_dict(tree)
+    r = arm_recipe(recipe, ARMS["off_the_shelf"], total_steps=7, warmup=3)
+    assert (r.model.kernel, r.train.compile, r.train.prefetch_batches) == ("baseline", False, 0)
+    assert r.train.steps == 7 and r.train.perf_warmup_steps == 3
+    assert recipe.model.kernel == "auto"  # the recipe itself is untouched
+    with pytest.raises(GemError, match="Unknown arm"):
+        bench(recipe, 1, 1, 1, arms=["fastest"])
+    with pytest.raises(GemError, match="steps=0"):
+        bench(recipe, 1, 0, 1)
+
+
+def test_cli_writes_json(tiny):
+    tmp_path, tree = tiny
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(tree))
+    proc = run_gemctl("bench", "e2e", "tiny.yaml", "--quick", "--out", "res", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "samples/s" in proc.stdout and "off_the_shelf" in proc.stdout
+    data = json.loads((tmp_path / "res" / "e2e_tiny_full.json").read_text())
+    assert data["warmup_steps"] == 3 and data["speedup"] > 0
