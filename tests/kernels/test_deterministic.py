@@ -123,6 +123,9 @@ def test_gdpa_deterministic_plans_have_no_atomics() -> None:
             assert backward_mode(max_q, max_kv, dtype, deterministic=True).deterministic
     assert not backward_mode(2048, 2048, torch.bfloat16).deterministic  # fast: atomics
     assert not backward_mode(8, 2048).deterministic
+    # short Q, fast request, a batch whose (sample, head) items balance: atomic-free anyway
+    assert backward_mode(8, 2048, batch=1024, heads=4, total_kv=1024 * 400,
+                         sms=132).deterministic
     assert backward_mode(2048, 16) is BackwardMode.SHORT_KV  # atomic-free anyway
     assert {m for m in BackwardMode if m.deterministic} == {
         BackwardMode.SHORT_KV, BackwardMode.SHORT_Q_STREAM, BackwardMode.TWO_KERNEL}
@@ -141,9 +144,10 @@ def test_gdpa_refuses_an_atomic_plan_when_deterministic() -> None:
                            "fastest")
 
 
-GDPA_SHAPES = {  # name: (Q lengths, KV lengths); self and pooled have KV > 64 rows
+GDPA_SHAPES = {  # name: (Q lengths, KV lengths); self and pooled* have KV > 64 rows
     "self": ([70, 5, 0, 33], [70, 5, 0, 33]),
-    "pooled": ([3, 8, 1, 0], [100, 70, 0, 5]),
+    "pooled": ([3, 8, 1, 0, 2], [100, 70, 0, 5, 66]),  # balanced: fast plan atomic-free too
+    "pooled_few": ([3], [100]),  # one sample's items: the fast plan sums dQ by atomics
     "cross": ([70, 5, 33, 2], [16, 9, 0, 16]),
 }
 
@@ -171,7 +175,8 @@ def test_gdpa_deterministic_backward_matches_reference_and_fast_and_repeats(shap
     leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
     assert op(True)(*leaves).grad_fn.mode.deterministic
     fast_mode = op(False)(*leaves).grad_fn.mode
-    assert fast_mode is {"self": BackwardMode.ONE_PASS, "pooled": BackwardMode.SHORT_Q,
+    assert fast_mode is {"self": BackwardMode.ONE_PASS, "pooled": BackwardMode.SHORT_Q_STREAM,
+                         "pooled_few": BackwardMode.SHORT_Q,
                          "cross": BackwardMode.SHORT_KV}[shape]
     for a, b in zip(det, again, strict=True):
         assert torch.equal(a, b)

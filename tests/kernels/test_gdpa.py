@@ -25,7 +25,13 @@ from gem_kernels.gdpa.activations import (  # noqa: E402
     gelu_tanh_poly,
     gelu_tanh_poly_grad,
 )
-from gem_kernels.gdpa.op import GDPAFunction, backward_mode  # noqa: E402
+from gem_kernels.gdpa.op import (  # noqa: E402
+    STREAM_MAX_Q,
+    BackwardMode,
+    GDPAFunction,
+    backward_mode,
+    stream_balance,
+)
 from gem_kernels.gdpa.schedule import build_items, build_schedule, deal, imbalance  # noqa: E402
 from gem_kernels.testing import lognormal_lengths, offsets_from_lengths  # noqa: E402
 
@@ -448,6 +454,65 @@ def test_backward_mode_follows_the_short_side() -> None:
     assert backward_mode(8, 2048, deterministic=True) == "short_q_stream"
     assert backward_mode(2048, 2048, deterministic=True) == "two_kernel"
     assert backward_mode(2048, 16, deterministic=True) == "short_kv"
+
+
+def test_short_q_default_is_atomic_free_where_its_items_balance() -> None:
+    """Short Q, fast request: SHORT_Q_STREAM (no atomics) for 16-bit inputs with at most
+    STREAM_MAX_Q query rows when every SM's share of the (sample, head) items is at least
+    STREAM_MIN_BALANCE longest items; SHORT_Q otherwise and when the batch is not given."""
+    big = dict(batch=256, heads=4, total_kv=256 * 470, sms=132)  # balance ~1.75
+    assert backward_mode(8, 2048, **big) is BackwardMode.SHORT_Q_STREAM
+    assert backward_mode(STREAM_MAX_Q, 2048, torch.float16, **big) == "short_q_stream"
+    few = dict(big, batch=64, total_kv=64 * 470)  # ~0.44: one long sample would dominate
+    assert backward_mode(8, 2048, **few) is BackwardMode.SHORT_Q
+    assert backward_mode(64, 2048, **big) is BackwardMode.SHORT_Q  # 64-row query tile
+    assert backward_mode(8, 2048, torch.float32, **big) is BackwardMode.SHORT_Q
+    assert backward_mode(8, 2048) is BackwardMode.SHORT_Q  # batch unknown
+    for shape in (big, few):  # deterministic: unchanged
+        assert backward_mode(64, 2048, deterministic=True, **shape) == "short_q_stream"
+        assert backward_mode(2048, 2048, deterministic=True, **shape) == "two_kernel"
+    # heads * (total_kv / 64 + batch) / sms over ceil(max_kv / 64) + 1
+    assert stream_balance(4, 2, 256, 128, 3) == pytest.approx(2 * (4 + 4) / 3 / 3)
+    assert stream_balance(1, 1, 0, 0, 1) == pytest.approx(0.5)
+    assert backward_mode(8, 2048, **dict(big, batch=0, total_kv=0)) is BackwardMode.SHORT_Q
+    with pytest.raises(ValueError, match="sms must be positive"):
+        stream_balance(4, 2, 256, 128, 0)
+
+
+@interpreter
+def test_triton_interpreter_default_pooled_plan_is_atomic_free_and_matches_reference() -> None:
+    """fp16 pooled shapes (the interpreter's 3 SMs): a batch whose items balance runs
+    SHORT_Q_STREAM by default, a single long sample SHORT_Q; both, and SHORT_Q asked for
+    explicitly, match the reference; the stream's gradients repeat bitwise."""
+    dtype, heads, dim = torch.float16, 2, 32
+    for ql, kl, expect in (([1, 4, 2, 0, 3, 1], [70, 30, 0, 5, 66, 21], "short_q_stream"),
+                           ([4], [100], "short_q")):
+        q, k, v, qo, ko = _inputs(ql, kl, heads, dim, dtype, "cpu", seed=len(ql))
+        do = torch.randn(q.shape, generator=torch.Generator().manual_seed(5)).to(dtype)
+        max_q, max_kv = max(ql), max(kl)
+        qf, kf, vf = (t.float().requires_grad_(True) for t in (q, k, v))
+        ref = gdpa_reference(qf, kf, vf, qo, ko, max_q, max_kv, activation="gelu_tanh")
+        ref_grads = torch.autograd.grad(ref, (qf, kf, vf), do.float())
+        runs = {}
+        for mode in (None, "short_q"):
+            leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+            if mode is None:
+                out = gdpa(*leaves, qo, ko, max_q, max_kv, activation="gelu_tanh",
+                           kernel="triton", deterministic=False)
+            else:
+                out = GDPAFunction.apply(*leaves, qo, ko, max_q, max_kv, "gelu_tanh",
+                                         dim ** -0.5, 0, None, None, None, mode, False)
+            assert out.grad_fn.mode == (expect if mode is None else mode)
+            grads = torch.autograd.grad(out, leaves, do, retain_graph=True)
+            assert _rel(out, ref) < 3e-3
+            for name, a, b in zip("qkv", grads, ref_grads, strict=True):
+                assert _rel(a, b) < 1e-2, (expect, mode, name, _rel(a, b))
+            runs[mode] = (out, leaves, grads)
+        out, leaves, grads = runs[None]
+        if expect == "short_q_stream":
+            again = torch.autograd.grad(out, leaves, do)
+            for a, b in zip(grads, again, strict=True):
+                assert torch.equal(a, b)
 
 
 @interpreter

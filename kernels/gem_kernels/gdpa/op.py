@@ -128,18 +128,50 @@ class BackwardMode(str, enum.Enum):
                         BackwardMode.TWO_KERNEL)
 
 
+# SHORT_Q_STREAM replaces SHORT_Q as the fast plan up to this many query rows (the measured
+# 16-row query tile and the 32-row one use well under 255 registers; the 64-row one does not)
+STREAM_MAX_Q = 32
+# ... and only where the per-SM share of its (sample, head) items is at least this many times
+# the longest item's work (why: gdpa/DESIGN.md).
+STREAM_MIN_BALANCE = 1.5
+
+
+def stream_balance(batch: int, heads: int, total_kv: int, max_kv: int, sms: int,
+                   block_cols: int = 64) -> float:
+    """How many times the longest (sample, head) item of SHORT_Q_STREAM fits in one SM's share
+    of all items: heads * (total_kv / block_cols + batch) / sms over ceil(max_kv / block_cols)
+    + 1 (an item's work counts its key blocks plus one, as schedule.item_work does; the sum
+    of ceilings is bounded below by total_kv / block_cols, so this never overstates);
+    block_cols: SHORT_Q_STREAM's key block (short_q_stream_config)."""
+    if batch <= 0 or heads <= 0 or sms <= 0:
+        raise ValueError(f"batch, heads and sms must be positive; got {batch}, {heads}, {sms}")
+    per_sm = heads * (total_kv / block_cols + batch) / sms
+    return per_sm / (math.ceil(max(max_kv, 1) / block_cols) + 1)
+
+
 def backward_mode(max_q: int, max_kv: int, dtype: torch.dtype = torch.bfloat16,
-                  deterministic: bool = False) -> BackwardMode:
+                  deterministic: bool = False, *, batch: int | None = None,
+                  heads: int | None = None, total_kv: int | None = None,
+                  sms: int | None = None) -> BackwardMode:
     """The default plan for a shape: SHORT_KV when max_kv <= SHORT_SIDE (atomic-free as it
     is); else, when ``deterministic``, SHORT_Q_STREAM when max_q <= SHORT_SIDE and TWO_KERNEL
-    otherwise (no floating-point atomics); else SHORT_Q when max_q <= SHORT_SIDE, ONE_PASS
-    with 16-bit inputs (the op then times it against ONE_PASS_PHASED, see
-    one_pass_candidates) and TWO_KERNEL with fp32 ones (whose one-pass tiles would not fit).
+    otherwise (no floating-point atomics). Else, with max_q <= SHORT_SIDE: SHORT_Q_STREAM
+    (atomic-free) for 16-bit inputs when max_q <= STREAM_MAX_Q and the batch is known
+    (batch, heads, total_kv: the KV rows, sms: the device's SM count) and its items balance
+    (stream_balance >= STREAM_MIN_BALANCE), SHORT_Q (dQ by atomics) otherwise; with longer
+    Q, ONE_PASS for 16-bit inputs (the op then times it against ONE_PASS_PHASED, see
+    one_pass_candidates) and TWO_KERNEL for fp32 ones (whose one-pass tiles would not fit).
     The other modes run only when asked for (GDPAFunction's bwd_mode)."""
     if max_kv <= SHORT_SIDE:
         return BackwardMode.SHORT_KV
     if max_q <= SHORT_SIDE:
-        return BackwardMode.SHORT_Q_STREAM if deterministic else BackwardMode.SHORT_Q
+        if deterministic:
+            return BackwardMode.SHORT_Q_STREAM
+        known = None not in (batch, heads, total_kv, sms) and batch > 0
+        if dtype.itemsize == 2 and max_q <= STREAM_MAX_Q and known and \
+                stream_balance(batch, heads, total_kv, max_kv, sms) >= STREAM_MIN_BALANCE:
+            return BackwardMode.SHORT_Q_STREAM
+        return BackwardMode.SHORT_Q
     if deterministic:
         return BackwardMode.TWO_KERNEL
     return BackwardMode.ONE_PASS if dtype.itemsize == 2 else BackwardMode.TWO_KERNEL
@@ -239,7 +271,9 @@ class GDPAFunction(torch.autograd.Function):
         out = gdpa_forward(q, k, v, q_offsets, kv_offsets, max_q, max_kv, activation, scale,
                            norm_code, fwd_cfg)
         if bwd_mode is None:
-            mode = backward_mode(max_q, max_kv, q.dtype, deterministic)
+            mode = backward_mode(max_q, max_kv, q.dtype, deterministic,
+                                 batch=q_offsets.numel() - 1, heads=q.shape[1],
+                                 total_kv=k.shape[0], sms=num_sms(q.device))
         else:
             mode = _backward_mode(bwd_mode)
             if deterministic and not mode.deterministic:
