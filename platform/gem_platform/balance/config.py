@@ -37,8 +37,8 @@ class LoaderConfig(BaseModel):
             "How many full batches one BBS buffer spans. A rank can only balance within its "
             "buffer, so the rank-to-rank spread of step work shrinks like 1/sqrt(this). The "
             "buffer holds sample positions only (lengths are known up front), so a large one "
-            "costs no memory; an epoch shorter than the buffer is one buffer. 128 reaches 90% "
-            "of a global partition's gain in the simulation benchmark."
+            "costs no memory; an epoch shorter than the buffer is one buffer (gemctl bench bbs "
+            "measures the share of a global partition's gain per buffer size)."
         ),
     )
     cost: CostName = Field(
