@@ -107,3 +107,25 @@ def test_verbose_leaves_library_output_alone(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "C-level banner" in proc.stdout and "library print" in proc.stdout
     assert "a deprecation" in proc.stderr and not (tmp_path / "gem_runs").exists()
+
+
+def test_profile_data_headers_fit_in_120_columns():
+    """Every column of the real profile keeps a whole, distinct header at 120 columns."""
+    import numpy as np
+
+    from gem_platform.balance.config import LoaderConfig
+    from gem_platform.balance.profile import profile_lengths
+    from gemctl.inspect import profile_table
+
+    lengths = np.random.default_rng(0).lognormal(4, 1, 4000).clip(1, 2048).astype(np.int64)
+    cfg = LoaderConfig(local_batch_size=64, base_batch_size=16, buffer_full_batches=4)
+    summary = profile_lengths(lengths, world=4, local_batch=64, cfg=cfg).to_dict()
+    out = io.StringIO()
+    Console(file=out, width=120).print(profile_table(summary, "profile"))
+    text = out.getvalue()
+    assert "…" not in text
+    assert max(len(line) for line in text.splitlines()) <= 120
+    header = text.split("┡")[0]
+    for column in summary["rows"][0]:
+        for word in column.split("_"):
+            assert word in header, (word, header)
