@@ -4,6 +4,10 @@ backwards are bitwise identical, and how far the deterministic gradients are fro
 ones.
 
     PYTHONPATH=kernels python -m gem_kernels.bench.deterministic --out $OUT [--quick]
+    PYTHONPATH=kernels python -m gem_kernels.bench.deterministic --pooled-sweep --out $OUT
+
+--pooled-sweep runs gem_kernels.bench.gdpa_pooled_sweep instead (every short-Q GDPA
+backward plan over a grid of pooled shapes; gdpa_pooled_sweep.json).
 
 Writes deterministic.json. Rows: case (gdpa_self, gdpa_cross, gdpa_pooled, jfa_causal,
 jfa_sliding, block64_rope; gdpa_pooled_two_kernel: pooled with the two-kernel plan forced as
@@ -132,7 +136,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="batch 64 instead of 256")
     ap.add_argument("--repeats", type=int, default=5, help="backwards compared bitwise")
     ap.add_argument("--cases", default=None, help="comma-separated subset of the case names")
+    ap.add_argument("--pooled-sweep", action="store_true",
+                    help="instead: every short-Q GDPA backward plan over a grid of pooled "
+                         "shapes (gem_kernels.bench.gdpa_pooled_sweep)")
+    ap.add_argument("--budget-s", type=float, default=80.0,
+                    help="--pooled-sweep: start no new shape after this many seconds")
     args = ap.parse_args(argv)
+    if args.pooled_sweep:
+        from gem_kernels.bench.gdpa_pooled_sweep import run
+
+        run(args.out, budget_s=args.budget_s)
+        return 0
     if not torch.cuda.is_available():
         raise SystemExit("the deterministic-backward benchmark needs a CUDA GPU")
     if args.repeats < 2:
