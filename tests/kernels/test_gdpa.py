@@ -651,6 +651,28 @@ def test_hopper_resources_dq_transposed_runs_every_product_as_warpgroup_mma() ->
     assert old_mma_sync > 0
 
 
+def test_hopper_resources_short_q_stream_spills_nothing_up_to_its_default_tile() -> None:
+    """The short_q_stream backward compiled for sm_90 (no GPU needed): no spills at head dim
+    128 for the query tiles the fast default uses (up to STREAM_MAX_Q rows), with registers
+    to spare below the 255 cap (which the 64-row tile reached: gdpa/DESIGN.md)."""
+    import subprocess
+    import sys
+
+    code = ("from gem_kernels.gdpa.resources import short_q_stream_resources\n"
+            "for q in (16, 32, 64):\n"
+            "    r = short_q_stream_resources(q, 128)\n"
+            "    print(q, r.registers, r.spill_store_bytes)\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    for line in res.stdout.split("\n"):
+        if line:
+            q, regs, spilled = map(int, line.split())
+            if q <= STREAM_MAX_Q:
+                assert spilled == 0 and regs < 240, (q, regs, spilled)
+
+
 @pytest.mark.parametrize("kernel", ["pytorch", "triton"])
 def test_mixed_dtypes_meet_in_one_dtype(kernel: str) -> None:
     """A learned fp32 query against fp16 keys (what a model's pooled attention hands over

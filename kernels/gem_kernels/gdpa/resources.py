@@ -1,9 +1,9 @@
-"""Registers, spills and matrix instructions of the GDPA dK/dV kernel on Hopper, read on any
+"""Registers, spills and matrix instructions of the GDPA backward kernels on Hopper, read on any
 machine: Triton compiles the kernel for sm_90 without a GPU and its bundled ptxas reports
 the resources, so a tile or pipeline change can be judged before a GPU run. The ptxas figures
 quoted in gdpa/DESIGN.md come from here:
 
-    PYTHONPATH=kernels python -m gem_kernels.gdpa.resources
+    PYTHONPATH=kernels python -m gem_kernels.gdpa.resources [--short-q]
 
 Needs TRITON_INTERPRET unset (under the interpreter the kernels are never compiled).
 """
@@ -23,7 +23,13 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from gem_kernels.gdpa.activations import ACT_CODE, scale_args
-from gem_kernels.gdpa.triton_bwd import DqMode, _gdpa_dkdv_kernel, one_pass_config
+from gem_kernels.gdpa.triton_bwd import (
+    DqMode,
+    _gdpa_dkdv_kernel,
+    _gdpa_dq_kernel,
+    one_pass_config,
+    short_q_stream_config,
+)
 from gem_kernels.gdpa.triton_common import TileConfig
 
 HOPPER = ("cuda", 90, 64)  # triton GPUTarget(backend, arch, warp size)
@@ -50,8 +56,6 @@ def dkdv_resources(cfg: TileConfig, with_dq: DqMode, head_dim: int = 128,
     """Compiles _gdpa_dkdv_kernel for sm_90 with bf16 inputs, 16-byte aligned pointers and
     strides, as the launcher would for cfg and with_dq (see the kernel); stages overrides
     cfg.num_stages as the phased launcher does."""
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        raise RuntimeError("dkdv_resources compiles for the GPU: unset TRITON_INTERPRET")
     act = ACT_CODE[activation]
     scale = head_dim ** -0.5 if scale is None else scale
     stages = cfg.num_stages if stages is None else stages
@@ -61,7 +65,30 @@ def dkdv_resources(cfg: TileConfig, with_dq: DqMode, head_dim: int = 128,
                   FOLD=fold, CSCALE=cscale, DQ_T=cfg.dq_transposed)
     pointers = {"Q": "bf16", "K": "bf16", "V": "bf16", "DO": "bf16", "DK": "bf16",
                 "DV": "bf16", "DQ": "bf16", "DQ32": "fp32", "items": "i32", "prog_ptr": "i32"}
-    fn = _gdpa_dkdv_kernel
+    return _resources(_gdpa_dkdv_kernel, consts, pointers, cfg.num_warps, stages)
+
+
+def short_q_stream_resources(max_q: int, head_dim: int = 128,
+                             activation: str = "gelu_tanh") -> KernelResources:
+    """Compiles the SHORT_Q_STREAM backward (_gdpa_dq_kernel with WITH_DKDV) for sm_90 with
+    bf16 inputs as the launcher would for short_q_stream_config(max_q, head_dim)."""
+    cfg = short_q_stream_config(max_q, head_dim)
+    act = ACT_CODE[activation]
+    fold, cscale = scale_args(act, head_dim ** -0.5, torch.bfloat16, cfg.scale_mode)
+    consts = dict(ACT=act, NORM=0, D=head_dim, BM=cfg.block_rows, BN=cfg.block_cols,
+                  STAGES=cfg.num_stages, PREFETCH=cfg.prefetch, PREC="tf32", FOLD=fold,
+                  CSCALE=cscale, WITH_DKDV=True)
+    pointers = {"Q": "bf16", "K": "bf16", "V": "bf16", "DO": "bf16", "DQ": "bf16",
+                "DK": "bf16", "DV": "bf16", "items": "i32", "prog_ptr": "i32"}
+    return _resources(_gdpa_dq_kernel, consts, pointers, cfg.num_warps, cfg.num_stages)
+
+
+def _resources(fn, consts: dict, pointers: dict, num_warps: int, stages: int
+               ) -> KernelResources:
+    """Compiles fn for sm_90 (16-byte aligned pointers and strides, fp32 scalars) and reads
+    ptxas's report for sm_90a."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        raise RuntimeError("the resource reports compile for the GPU: unset TRITON_INTERPRET")
     signature, attrs = {}, {}
     for i, name in enumerate(fn.arg_names):
         if name in consts:
@@ -76,7 +103,7 @@ def dkdv_resources(cfg: TileConfig, with_dq: DqMode, head_dim: int = 128,
             signature[name] = "fp32"
     src = ASTSource(fn, signature, constexprs=consts, attrs=attrs)
     kernel = triton.compile(src, target=GPUTarget(*HOPPER),
-                            options=dict(num_warps=cfg.num_warps, num_stages=stages))
+                            options=dict(num_warps=num_warps, num_stages=stages))
     ptx = kernel.asm["ptx"]
     with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
         f.write(ptx)
@@ -94,12 +121,31 @@ def dkdv_resources(cfg: TileConfig, with_dq: DqMode, head_dim: int = 128,
                            len(re.findall(r"mma\.sync", ptx)))
 
 
+def print_short_q_stream(activation: str) -> None:
+    """Resources of the SHORT_Q_STREAM backward per query tile and head dim."""
+    print(f"{'short_q_stream':20s} {'d':>4s} {'regs':>5s} {'spill st/ld':>12s} {'shared':>7s}")
+    for d in (64, 128):
+        for max_q in (16, 32, 64):
+            cfg = short_q_stream_config(max_q, d)
+            r = short_q_stream_resources(max_q, d, activation)
+            name = (f"{cfg.block_rows}x{cfg.block_cols} w{cfg.num_warps} s{cfg.num_stages}")
+            print(f"{name:20s} {d:4d} {r.registers:5d} "
+                  f"{r.spill_store_bytes:5d}/{r.spill_load_bytes:<6d} {r.shared_bytes:7d}",
+                  flush=True)
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Prints the resources of every phase of the long-KV backward plans the op tunes."""
+    """Prints the resources of every phase of the long-KV backward plans the op tunes (or,
+    with --short-q, of the short_q_stream backward)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--activation", default="gelu_tanh")
+    ap.add_argument("--short-q", action="store_true",
+                    help="the short_q_stream backward per query tile instead")
     args = ap.parse_args(argv)
+    if args.short_q:
+        print_short_q_stream(args.activation)
+        return
     base = one_pass_config(2048, 2048, args.head_dim)
     phases = {DqMode.ATOMIC: "atomic / middle", DqMode.PHASE_FIRST: "first",
               DqMode.PHASE_LAST: "last", DqMode.PHASE_LAST_HOISTED: "last, hoisted"}
