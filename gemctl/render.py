@@ -101,6 +101,7 @@ def summary_tables(run_id: str, summary: dict[str, Any], tracking_uri: str,
         ("MFU local", "perf/mfu_local"),
         ("scaling ratio", "perf/scaling_ratio"),
         ("peak TFLOP/s", "perf/peak_tflops"),
+        ("peak memory (GB)", "perf/peak_memory_gb"),
         ("padding waste (mean)", "balance/padding_waste_mean"),
         ("straggler overhead (mean)", "balance/straggler_overhead_mean"),
     ]
