@@ -114,3 +114,21 @@ def test_repro_bench_reports_cost_and_agreement(tmp_path, monkeypatch):
     assert result["runs"]["plain"]["summary"]["train/deterministic"] == 0.0
     assert result["runs"]["deterministic"]["summary"]["train/deterministic"] == 1.0
     assert result["qps_plain"] > 0 and math.isfinite(result["cost"])
+
+
+def test_tracked_run_records_it_was_deterministic(tmp_path, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    from gem_platform.launch import submit
+
+    monkeypatch.chdir(tmp_path)
+    tree = yaml.safe_load(TINY.format(data=tmp_path / "data"))
+    tree["train"].update(steps=2, deterministic=True)
+    tree["parallel"]["workers"] = 1
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tree["tracking"].update(uri=uri)
+    outcome = submit(recipe_from_dict(tree), local=True, echo=lambda _: None)
+    run = MlflowClient(uri).get_run(outcome.run_id)
+    assert run.data.tags["gem.deterministic"] == "true"
+    assert run.data.params["train.deterministic"] == "True"
+    assert run.data.metrics["train/deterministic"] == 1.0
