@@ -163,7 +163,7 @@ def submit(
     workers = 1 if local else r.parallel.workers
     con.print(f"[bold]gemctl submit[/] {render.esc(recipe)}: {workers} worker(s), attention="
               f"{r.model.attention}, precision={r.precision.mode}, {r.train.steps} steps",
-              highlight=False)
+              highlight=False, soft_wrap=True)
     started = time.monotonic()
     with LibraryOutput(r.name, verbose) as lib:
         from gem_platform.launch import submit as submit_run
@@ -187,7 +187,7 @@ def submit(
                                        wall_s):
         out.print(table)
     if lib.path:
-        con.print(f"library output: {render.esc(lib.path)}", highlight=False)
+        con.print(f"library output: {render.esc(lib.path)}", highlight=False, soft_wrap=True)
 
 
 @app.command(epilog=epilog(

@@ -158,14 +158,14 @@ class TrainingProgress:
             key = f"{m['arm']} seed {m['seed']}"
             rest = m["rest"]
             if INPROCESS_DONE.match(rest):
-                self._trial_done(key)
                 self.print(f"[{key}] {rest}")
+                self._trial_done(key)
                 return True
             return self._step(key, rest, prefix=f"[{key}] ")
         done = TRIAL_DONE.search(line)
         if done is not None:
-            self._trial_done(f"{done['arm']} seed {done['seed']}")
             self.print(line[done.start():])
+            self._trial_done(f"{done['arm']} seed {done['seed']}")
             return True
         if self.trials is None:
             return self._step(self.label, line, prefix="")

@@ -191,7 +191,7 @@ def _sweep_in_process(plan, out: Path, new: bool, as_json: bool, verbose: bool,
         _render_comparison(cmp, "", None, False, [str(out)])
     con.print(f"sweep {render.esc(plan.name)}: {len(done)}/{len(plan.trials())} trials in "
               f"{render.esc(out)} (compare: gemctl compare {render.esc(out)}); wall time "
-              f"{render.duration(progress.wall_s)}", highlight=False)
+              f"{render.duration(progress.wall_s)}", highlight=False, soft_wrap=True)
 
 
 def sweep(
@@ -250,7 +250,7 @@ def sweep(
     con.print(f"[bold]gemctl sweep[/] {render.esc(spec)}: {len(plan.arms)} arms "
               f"({render.esc(names)}) x seeds {plan.seeds}, "
               + ("in this process" if in_process else f"{plan.max_concurrent} at a time")
-              + f", baseline '{render.esc(plan.baseline)}'", highlight=False)
+              + f", baseline '{render.esc(plan.baseline)}'", highlight=False, soft_wrap=True)
     if in_process:
         _sweep_in_process(plan, out or Path("gem_runs/sweeps") / f"{plan.name}.json", new,
                           as_json, verbose, allow_code_change)
@@ -292,9 +292,9 @@ def sweep(
         con.print(f"sweep [bold]{render.esc(outcome.sweep_id)}[/] {outcome.status}: "
                   f"{len(outcome.child_run_ids)}/{len(plan.trials())} trials recorded; parent "
                   f"run {render.esc(outcome.parent_run_id)}; wall time "
-                  f"{render.duration(progress.wall_s)}", highlight=False)
+                  f"{render.duration(progress.wall_s)}", highlight=False, soft_wrap=True)
         if lib.path:
-            con.print(f"library output: {render.esc(lib.path)}", highlight=False)
+            con.print(f"library output: {render.esc(lib.path)}", highlight=False, soft_wrap=True)
     if outcome.status == "FAILED":
         for (arm, seed), err in outcome.errors.items():
             render.error(f"trial {arm} seed {seed} failed: {err}")
