@@ -219,16 +219,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--active", type=int, default=10, help="profiled steps")
     p.add_argument("--top", type=int, default=25, help="kernels listed")
     p.add_argument("--out", help="write the profile as JSON here")
+    p.add_argument("--trace", help="write the profiled steps as a Chrome/Perfetto trace here")
     args = p.parse_args(argv)
     try:
         recipe = load_recipe(args.recipe, args.overrides)
-        result = profile_recipe(recipe, args.warmup, args.active, args.top)
+        result = profile_recipe(recipe, args.warmup, args.active, args.top,
+                                trace=args.trace)
     except GemError as err:
         print(err.as_text(), file=sys.stderr)
         return 2
     render_profile(result)
     if args.out:
         print(f"profile: {write_profile(result, args.out)}")
+    if args.trace:
+        print(f"trace: {args.trace}")
     return 0
 
 
