@@ -20,7 +20,7 @@ from mlflow.tracking import MlflowClient
 
 from gem_platform.data.prepare import prepare_dataset
 from gem_platform.recipe import recipe_from_dict
-from gem_platform.train.checkpoint import LocalStore, latest_checkpoint
+from gem_platform.train.checkpoint import LocalStore, Stateful, latest_checkpoint
 from gem_platform.train.loop import train
 from tests.platform.test_cli import TINY
 
@@ -94,6 +94,24 @@ def test_divergence_stops_with_step_and_tensor(tiny_recipe, monkeypatch):
         train(recipe, echo=lambda _: None)
     # no checkpoint store: the message must not promise a checkpoint
     assert "no checkpoint was saved (checkpointing is off)" in str(err.value)
+
+
+def test_checkpoint_of_other_code_is_refused_with_the_reason(tmp_path, monkeypatch):
+    # Extras of a class this code no longer has (a checkpoint of another code version).
+    module = tmp_path / "gone_extras.py"
+    module.write_text("class Extras:\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import gone_extras
+
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    Stateful(model, [opt]).save(tmp_path / "ckpt", 1, 0, gone_extras.Extras())
+    del sys.modules["gone_extras"]
+    module.unlink()
+    with pytest.raises(RuntimeError, match=r"written by another version of the training code "
+                                           r"and can't be read by this one \(No module named "
+                                           r"'gone_extras'\)"):
+        Stateful(model, [opt]).load(tmp_path / "ckpt", 0)
 
 
 def _history_steps(uri: str, run_id: str) -> list[int]:

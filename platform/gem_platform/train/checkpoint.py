@@ -103,7 +103,13 @@ class Stateful:
         if not path.exists():
             raise RuntimeError(f"checkpoint {directory} has no state for rank {rank}: it was "
                                "saved with a different number of workers")
-        saved = torch.load(path, weights_only=False)
+        try:
+            saved = torch.load(path, weights_only=False)
+        except (AttributeError, ModuleNotFoundError) as err:  # a class this code no longer has
+            raise RuntimeError(
+                f"checkpoint {directory} was written by another version of the training code "
+                f"and can't be read by this one ({err}): resume it with the code that wrote "
+                "it, or start a new run") from None
         groups = saved.get("keyed_param_groups", [])
         if len(groups) != len(self._keyed):
             raise RuntimeError(
