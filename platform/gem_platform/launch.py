@@ -165,25 +165,24 @@ def _run_on_ray(recipe: Recipe, tracker: RunTracker, address: str | None,
         start = latest_checkpoint(ray_run_dir(recipe, tracker.run_id))
         if start is None:
             echo(NO_CHECKPOINT)
-    trainer = _build_trainer(recipe, tracker, placement, progress, start)
+    trainer = _build_trainer(recipe, tracker, placement, progress)
     reports = _WorkerReports(echo)
     _fit_while_draining(trainer, progress, reports)
     return _check_and_record(reports, placement, tracker)
 
 
-def _build_trainer(recipe: Recipe, tracker: RunTracker, placement: Placement, progress: Any,
-                   start: str | None) -> Any:
+def _build_trainer(recipe: Recipe, tracker: RunTracker, placement: Placement, progress: Any
+                   ) -> Any:
     """Ray Train's TorchTrainer for the run: one worker per rank pinned by ``placement``'s
-    label selectors, checkpoints under ``ray_run_dir``, resuming from ``start`` if given."""
-    from ray.train import Checkpoint, CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    label selectors, checkpoints under ``ray_run_dir``. A resumed run continues from the
+    latest checkpoint in that folder: Ray Train V2 restores a run whose name and storage
+    already hold one (it refuses ``resume_from_checkpoint``)."""
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    from gem_platform.storage import is_remote, run_dir_name, storage_root
+    from gem_platform.storage import run_dir_name, storage_root
     from gem_platform.topology import label_selectors
 
-    resume_from = None
-    if start:
-        resume_from = Checkpoint(start) if is_remote(start) else Checkpoint.from_directory(start)
     return TorchTrainer(
         train_loop_per_worker=_ray_worker_loop,
         train_loop_config={"recipe": recipe.model_dump(mode="json"), "run_id": tracker.run_id,
@@ -200,7 +199,6 @@ def _build_trainer(recipe: Recipe, tracker: RunTracker, placement: Placement, pr
             failure_config=FailureConfig(max_failures=recipe.train.max_failures),
             checkpoint_config=CheckpointConfig(num_to_keep=recipe.train.keep_checkpoints),
         ),
-        resume_from_checkpoint=resume_from,
     )
 
 
