@@ -133,3 +133,17 @@ def test_empty_and_duplicate(gemctl, tmp_path, content, needle):
     result = gemctl("validate", str(path))
     clean_exit(result, 2)
     assert needle in result.stderr
+
+
+def test_submit_tracking_uri_option_and_its_password(gemctl, tmp_path, monkeypatch):
+    """--tracking-uri reaches the run; an unreachable server is named, its password masked."""
+    from tests.conftest import free_port
+    from tests.sweep.test_spec import BASE
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "base.yaml").write_text(BASE + "loader: {local_batch_size: 64}\n")
+    uri = f"http://bob:pa55word@127.0.0.1:{free_port()}"
+    result = gemctl("submit", "base.yaml", "--local", "--tracking-uri", uri)
+    clean_exit(result, 2)
+    assert "unreachable" in result.stderr and "bob:***@127.0.0.1" in result.stderr
+    assert "pa55word" not in result.output + result.stderr
