@@ -152,11 +152,12 @@ def profile_data(
 
     r = load_recipe(recipe, set_ or [])
     from gem_platform.balance.profile import profile_lengths
-    from gem_platform.data.parquet import SampleTable
+    from gem_platform.data.loader import split_lengths
     from gem_platform.data.prepare import prepare_dataset
 
     prepare_dataset(r.data)
-    lengths = SampleTable.load(r.data.path, "train").seq_lengths
+    lengths = split_lengths(r.data.path, "train",
+                            truncate=r.data.history_overflow == "truncate")
     world = world or r.parallel.workers
     cfg = r.loader_config()
     if local_batch is not None:

@@ -67,6 +67,12 @@ def iterate(table: Table, batcher: Batcher, start_epoch: int
             table.close()
 
 
+def split_lengths(path: str, split: str = "train", *, truncate: bool = False) -> np.ndarray:
+    """Every history length of ``split``, from the seq_len column alone (no other column is
+    read, so this is cheap on a large or remote dataset)."""
+    return StreamingTable(path, split, truncate=truncate).seq_lengths
+
+
 def seq_len_histogram(lengths: np.ndarray) -> list[int]:
     """Count of samples per history length (index = length): what meta.json records so
     every rank knows the dataset's work distribution without reading it."""
