@@ -115,7 +115,8 @@ def parallelize(model: nn.Module, recipe: Recipe) -> Parallelized:
 def _single_process(model: nn.Module, recipe: Recipe, choice: StrategyChoice) -> Parallelized:
     """One process: the whole dense model here; tables through TorchRec's fused path (one-rank
     DistributedModelParallel, table-wise unless a layout is asked for) on CUDA where
-    fbgemm-gpu's CUDA build runs or wherever a layout is asked for, else plain (dense)."""
+    fbgemm-gpu's CUDA build runs, or where a one-worker recipe asks for a layout; else plain
+    (dense). A multi-worker recipe run in one process (--local) keeps the whole model."""
     from gem_platform.parallel.single import (
         ensure_process_group,
         wants_fused_tables,
@@ -123,7 +124,8 @@ def _single_process(model: nn.Module, recipe: Recipe, choice: StrategyChoice) ->
     )
 
     device = next(model.parameters()).device
-    if not wants_fused_tables(device, choice.shard_embeddings):
+    asked = choice.shard_embeddings and recipe.parallel.workers == 1
+    if not wants_fused_tables(device, asked):
         warn_dense_tables(list(model.embedding_parameters()), device)
         return _data_parallel(model, 1)
     from gem_platform.parallel.embeddings import EmbeddingShardingSpec, shard_embeddings
