@@ -141,7 +141,8 @@ def test_submit_tracking_uri_option_and_its_password(gemctl, tmp_path, monkeypat
     from tests.sweep.test_spec import BASE
 
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "base.yaml").write_text(BASE + "loader: {local_batch_size: 64}\n")
+    (tmp_path / "base.yaml").write_text(
+        BASE + "loader: {local_batch_size: 64, base_batch_size: 16}\n")
     uri = f"http://bob:pa55word@127.0.0.1:{free_port()}"
     result = gemctl("submit", "base.yaml", "--local", "--tracking-uri", uri)
     clean_exit(result, 2)
