@@ -14,6 +14,8 @@ from gem_platform.recipe import recipe_from_dict
 from gem_platform.train.checkpoint import LocalStore, latest_checkpoint
 from gem_platform.train.loop import train
 
+pytestmark = pytest.mark.slow  # trains a model end to end
+
 TREE = {
     "name": "stream",
     "model": {"d_model": 16, "num_heads": 2, "pooled_queries": 2, "dhen_layers": 1,
