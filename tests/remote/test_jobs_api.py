@@ -112,6 +112,14 @@ def test_validate_job_succeeds_and_is_followed(ray_head: RayHead,
     assert listing.returncode == 0
     assert ok[:20] in listing.stdout
 
+    as_json = run_gemctl("status", ok, "--address", head.url, "--json", cwd=REPO, env=env)
+    assert as_json.returncode == 0, as_json.stderr
+    view = json.loads(as_json.stdout)
+    assert view["job_id"] == ok and view["status"] == "SUCCEEDED" and view["terminal"]
+    jobs = json.loads(run_gemctl("status", "--address", head.url, "--json", cwd=REPO,
+                                 env=env).stdout)["jobs"]
+    assert ok in {j["job_id"] for j in jobs}
+
 
 def test_stop_a_running_job(ray_head: RayHead) -> None:
     head = ray_head
