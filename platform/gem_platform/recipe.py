@@ -2,7 +2,10 @@
 parallelism, precision, tracking), loaded from YAML with dotted ``--set`` overrides.
 
 Every error names the field path and what is allowed, so a user can fix a recipe without
-reading code.
+reading code. What a recipe may hold: plain YAML (no Python tags), each key once, aliases
+expanding to at most MAX_YAML_NODES values, at most MAX_RECIPE_BYTES; numbers finite and
+within each field's range, booleans only where a field is boolean. Error messages quote at
+most ECHO_CHARS of any value the user gave.
 """
 
 from __future__ import annotations
