@@ -67,8 +67,9 @@ class LoaderConfig(BaseModel):
         description=(
             "Stream the split: each rank holds at most this many samples in memory, reads its "
             "row groups in a seeded order and starts training after one window. None = read "
-            "the rank's whole share into memory first. Works with batching 'sequential' "
-            "(a shuffle buffer) and 'bbs_v2'; give it several local batches."
+            "the rank's whole share into memory first (bbs_v2 then packs from a window of 8 "
+            "local batches). Works with batching 'sequential' (a shuffle buffer) and 'bbs_v2'; "
+            "give it several local batches."
         ),
     )
 

@@ -32,13 +32,12 @@ from gem_platform.balance.bbs import BBSBatcher
 from gem_platform.balance.config import LoaderConfig
 from gem_platform.balance.cost import sample_work
 from gem_platform.balance.partition import balanced_partition, descending_order
-from gem_platform.balance.rolling import PackingBatcher
+from gem_platform.balance.rolling import DEFAULT_WINDOW_BATCHES, PackingBatcher
 from gem_platform.balance.sequential import SequentialBatcher
 from gem_platform.balance.stats import Summary, straggler_overhead, straggler_overheads
 from gem_platform.errors import DataError, RecipeError
 
 METHODS = ("none", "bbs", "bbs_v2", "global")
-DEFAULT_WINDOW_BATCHES = 8  # BBS v2's window when the loader section sets none
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,9 @@ from gem_platform.balance.config import LoaderConfig
 from gem_platform.errors import DataError
 
 MAX_SWAPS = 256  # per batch; far above what a window of a few batches needs
+# The window when the loader section sets none (the share is in memory): packing needs a few
+# batches to choose from, and each step sorts the window, so a whole share would cost more.
+DEFAULT_WINDOW_BATCHES = 8
 SIZE_SLACK = 0.125  # a packed batch holds local_batch_size * (1 +- this) samples at most
 
 
@@ -77,7 +80,8 @@ class RollingBatcher(Batcher):
                                  or self.pieces[-1] >= max(self.num_samples, 1)):
             raise DataError("pieces must be ascending first positions of non-empty pieces, "
                             "starting at 0.", "Pass the reader's piece starts unchanged.")
-        self.window = min(cfg.window_samples or self.num_samples, self.num_samples)
+        window = cfg.window_samples or DEFAULT_WINDOW_BATCHES * cfg.local_batch_size
+        self.window = min(window, self.num_samples)
         self.max_batch = int(cfg.local_batch_size * (1 + SIZE_SLACK))
         self.min_batch = max(1, int(np.ceil(cfg.local_batch_size * (1 - SIZE_SLACK))))
         if self.window < cfg.local_batch_size:
