@@ -148,3 +148,15 @@ def test_submit_tracking_uri_option_and_its_password(gemctl, tmp_path, monkeypat
     clean_exit(result, 2)
     assert "unreachable" in result.stderr and "bob:***@127.0.0.1" in result.stderr
     assert "pa55word" not in result.output + result.stderr
+
+
+def test_sweep_specs_are_read_as_strictly_as_recipes(gemctl, tmp_path):
+    (tmp_path / "base.yaml").write_text("name: b\ntrain: {steps: 2}\ntrain: {steps: 3}\n")
+    (tmp_path / "s.yaml").write_text("name: s\nbase: base.yaml\narms: {a: []}\n")
+    result = gemctl("validate", str(tmp_path / "s.yaml"))
+    clean_exit(result, 2)
+    assert "Base recipe" in result.stderr and "'train' appears twice" in result.stderr
+    (tmp_path / "s2.yaml").write_text("name: s\nname: t\nbase: base.yaml\narms: {a: []}\n")
+    result = gemctl("sweep", str(tmp_path / "s2.yaml"), "--in-process")
+    clean_exit(result, 2)
+    assert "'name' appears twice" in result.stderr

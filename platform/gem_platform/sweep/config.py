@@ -14,11 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gem_platform.errors import GemError, RecipeError
-from gem_platform.recipe import Recipe, apply_overrides, recipe_from_dict
+from gem_platform.recipe import Recipe, apply_overrides, read_yaml_file, recipe_from_dict
 from gem_platform.sweep.gates import Gates
 from gem_platform.tracking import resolve_tracking_uri
 
@@ -222,17 +221,14 @@ def _format(err: ValidationError, source: str) -> str:
     return f"Sweep spec {source} is invalid: " + "; ".join(parts) + "."
 
 
-def _read_yaml(path: Path) -> Any:
-    if not path.is_file():
-        raise SweepError(f"Sweep spec {path} does not exist.",
-                         "Pass a sweep YAML, e.g. recipes/ablations/attention.yaml.")
+def _read_yaml(path: Path, what: str = "Sweep spec",
+               example: str = "recipes/ablations/attention.yaml") -> Any:
+    """The YAML document at ``path``, read as strictly as a recipe (duplicate keys, empty
+    files and alias bombs refused); SweepError naming the file otherwise."""
     try:
-        return yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        raise SweepError(f"Sweep spec {path} is not valid YAML{where}.",
-                         "Fix the YAML syntax (indentation, colons, quotes).") from None
+        return read_yaml_file(path, what, example)
+    except RecipeError as err:
+        raise SweepError(err.problem, err.fix) from None
 
 
 def _absolute_paths(tree: dict[str, Any], cwd: Path) -> dict[str, Any]:
@@ -263,11 +259,7 @@ def load_sweep(path: str | Path, overrides: list[str] | None = None,
     if not base_path.is_file():
         raise SweepError(f"Sweep spec {path}: base recipe {spec.base} ({base_path}) does not "
                          "exist.", "Write 'base' relative to the spec file, e.g. ../demo.yaml.")
-    try:
-        base_tree = yaml.safe_load(base_path.read_text()) or {}
-    except yaml.YAMLError:
-        raise SweepError(f"Base recipe {base_path} is not valid YAML.",
-                         "Check it with `gemctl validate`.") from None
+    base_tree = _read_yaml(base_path, "Base recipe", "recipes/demo.yaml")
     # Trials are deterministic unless the spec says otherwise ('set', --set or an arm may
     # still override it).
     determinism = [f"train.deterministic={str(spec.deterministic).lower()}"]
