@@ -193,7 +193,7 @@ def test_cli_submit_trains_on_the_cluster(ray_head: RayHead, training_job: Train
                         env=head.env, timeout=300)
     no_traceback(follow)
     assert follow.returncode == 0, follow.stdout[-3000:] + follow.stderr
-    assert "step     2/2" in follow.stdout and "SUCCEEDED" in follow.stdout
+    assert "step 2/2" in follow.stdout and "SUCCEEDED" in follow.stdout
 
     # The job recorded its run in the tracking store it was given.
     from mlflow.tracking import MlflowClient
