@@ -42,8 +42,21 @@ def user_errors(fn: F) -> F:
         except KeyboardInterrupt:
             render.error("Interrupted.")
             raise typer.Exit(EXIT_INTERRUPTED) from None
+        except Exception as err:
+            if not _from_the_store(err):
+                raise
+            first = (str(err).strip().splitlines() or [""])[0][:300]
+            render.error(f"The MLflow store failed: {type(err).__name__}: {first}",
+                         "Check --tracking-uri / MLFLOW_TRACKING_URI (a reachable server, or "
+                         "a writable sqlite file made by this MLflow version).")
+            raise typer.Exit(EXIT_BAD_INPUT) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def _from_the_store(err: BaseException) -> bool:
+    """An exception raised inside MLflow or its database layer (a store problem, not ours)."""
+    return type(err).__module__.split(".")[0] in ("mlflow", "sqlalchemy", "alembic")
 
 
 def run_failed(message: str, fix: str) -> typer.Exit:

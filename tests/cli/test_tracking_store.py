@@ -105,3 +105,13 @@ def test_tracker_records_no_credentials(tmp_path):
     for secret in ("secret", "hunter2", "abc"):
         assert secret not in recorded
     assert run.data.params["tracking.uri"] == "http://alice:***@127.0.0.1:5000"
+
+
+def test_store_failures_anywhere_are_clear_errors(tmp_path, gemctl):
+    """A store error raised past the tracker (MLflow refusing the search filter a quote in
+    the sweep id makes) still ends as one paragraph and exit 2."""
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    MlflowClient(uri).create_experiment("e")
+    result = gemctl("runs", "--tracking-uri", uri, "--sweep", "x'y")
+    clean_exit(result, 2)
+    assert "can't be used" in result.stderr and "MlflowException" in result.stderr
