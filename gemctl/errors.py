@@ -46,9 +46,10 @@ def user_errors(fn: F) -> F:
             if not _from_the_store(err):
                 raise
             first = (str(err).strip().splitlines() or [""])[0][:300]
-            render.error(f"The MLflow store failed: {type(err).__name__}: {first}",
-                         "Check --tracking-uri / MLFLOW_TRACKING_URI (a reachable server, or "
-                         "a writable sqlite file made by this MLflow version).")
+            render.error(f"MLflow refused the request: {type(err).__name__}: {first}",
+                         "Check the ids and names you passed (quotes are not allowed in them) "
+                         "and --tracking-uri / MLFLOW_TRACKING_URI (a reachable server, or a "
+                         "writable sqlite file made by this MLflow version).")
             raise typer.Exit(EXIT_BAD_INPUT) from None
 
     return wrapper  # type: ignore[return-value]

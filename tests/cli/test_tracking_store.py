@@ -115,3 +115,11 @@ def test_store_failures_anywhere_are_clear_errors(tmp_path, gemctl):
     result = gemctl("runs", "--tracking-uri", uri, "--sweep", "x'y")
     clean_exit(result, 2)
     assert "can't be used" in result.stderr and "MlflowException" in result.stderr
+
+
+def test_mlflow_errors_past_every_wrapper_are_clear(tmp_path, gemctl):
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    MlflowClient(uri).create_experiment("e")
+    result = gemctl("compare", "x'y", "--tracking-uri", uri)
+    clean_exit(result, 2)
+    assert "MLflow refused the request" in result.stderr and "x'y" in result.stderr
