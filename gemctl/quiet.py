@@ -27,9 +27,8 @@ LOG_DIR = Path("gem_runs/logs")
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 # Before Ray, MLflow or torch are imported: no colour codes in forwarded lines, no "repeated
 # Nx" folding of the per-step lines a sweep's trials print, no MLflow progress bars.
-QUIET_ENV = {"RAY_COLOR_PREFIX": "0", "RAY_DEDUP_LOGS": "0", "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS":
-             "1", "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false", "RAY_AIR_NEW_OUTPUT": "0",
-             "TQDM_DISABLE": "1"}
+QUIET_ENV = {"RAY_COLOR_PREFIX": "0", "RAY_DEDUP_LOGS": "0",
+             "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false", "TQDM_DISABLE": "1"}
 
 
 def log_path(label: str) -> Path:
