@@ -122,9 +122,10 @@ def batcher_cost(cfg: LoaderConfig, steps: int, reps: int, seed: int) -> dict[st
         window = 8 * cfg.local_batch_size if batching == "bbs_v2" else None
         c = cfg.model_copy(update={"batching": batching, "window_samples": window})
         times = []
-        for epoch in range(reps):
+        for rep in range(reps):  # a fresh plan per rep: another seed, epoch 0 (a rolling
+            # batcher asked for a later epoch first would replay the ones before it)
             t0 = time.process_time()
-            for _ in make_batcher(c, lengths).epoch(epoch):
+            for _ in make_batcher(c.model_copy(update={"seed": seed + rep}), lengths).epoch(0):
                 pass
             times.append(time.process_time() - t0)
         out[f"{batching}_ms_per_full_batch"] = 1e3 * float(np.median(times)) / steps
