@@ -55,7 +55,7 @@ class ArmResult:
     peak_memory_gb: float | None
     step_ms: float
     train_tflops_per_step: float
-    warmup_s: float  # the warm-up steps' wall time (compilation, autotuning)
+    warmup_s: float  # start of the arm to the end of its warm-up: data, build, compile, autotune
     busy_fraction: float
     by_kind_ms: dict[str, float] = field(default_factory=dict)
     by_kind_of_step: dict[str, float] = field(default_factory=dict)
