@@ -63,3 +63,22 @@ def test_cli_writes_json(tiny):
     assert "samples/s" in proc.stdout and "off_the_shelf" in proc.stdout
     data = json.loads((tmp_path / "res" / "e2e_tiny_full.json").read_text())
     assert data["warmup_steps"] == 3 and data["speedup"] > 0
+
+
+def test_a_failed_arm_is_recorded_not_lost(tmp_path):
+    from rich.console import Console
+
+    from gem_platform.train.bench_e2e import E2EResult, failed_arm, render
+
+    err = RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore detail")
+    arm = failed_arm("off_the_shelf", ARMS["off_the_shelf"], err)
+    assert arm.error == "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    result = E2EResult(recipe="r", attention="full", precision="bf16", device="cuda:0",
+                       environment={}, warmup_steps=1, timed_steps=1, profiled_steps=1,
+                       local_batch=8, fused_tables=False, arms=[arm], speedup=None,
+                       resolved_recipe={})
+    console = Console(record=True, width=200)
+    render(result, console)
+    assert "out of memory" in console.export_text()
+    data = json.loads(write(result, tmp_path).read_text())
+    assert data["arms"][0]["error"].startswith("RuntimeError")

@@ -60,6 +60,16 @@ class ArmResult:
     by_kind_ms: dict[str, float] = field(default_factory=dict)
     by_kind_of_step: dict[str, float] = field(default_factory=dict)
     final_loss: float = float("nan")
+    error: str | None = None  # why the arm did not finish (e.g. out of memory); then NaNs
+
+
+def failed_arm(name: str, overrides: list[str], err: BaseException) -> ArmResult:
+    """An arm that raised: recorded with its error, so the other arm's result is kept."""
+    nan = float("nan")
+    return ArmResult(name=name, overrides=overrides, samples_per_s=nan, mfu_e2e=nan,
+                     peak_memory_gb=None, step_ms=nan, train_tflops_per_step=nan,
+                     warmup_s=nan, busy_fraction=nan,
+                     error=f"{type(err).__name__}: {str(err).splitlines()[0][:300]}")
 
 
 @dataclass
@@ -155,8 +165,17 @@ def bench(recipe: Recipe, warmup: int = 10, steps: int = 20, profiled: int = 3,
     if unknown:
         raise GemError(f"Unknown arm(s) {unknown}.", f"Choose from {list(ARMS)}.")
     device = pick_device(recipe)
-    results = [run_arm(recipe, a, ARMS[a], warmup, steps, profiled, echo) for a in names]
-    by = {a.name: a for a in results}
+    results = []
+    for a in names:
+        try:
+            results.append(run_arm(recipe, a, ARMS[a], warmup, steps, profiled, echo))
+        except (RuntimeError, MemoryError) as err:  # torch.OutOfMemoryError is a RuntimeError
+            echo(f"[{a}] failed: {err}")
+            results.append(failed_arm(a, ARMS[a], err))
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+    by = {a.name: a for a in results if a.error is None}
     speedup = (by["ours"].samples_per_s / by["off_the_shelf"].samples_per_s
                if {"ours", "off_the_shelf"} <= by.keys() else None)
     p = recipe.precision
@@ -182,6 +201,9 @@ def render(result: E2EResult, console=None) -> None:  # noqa: ANN001 (rich Conso
                          f"{result.device}, batch {result.local_batch}){ratio}"))
     arms = Table("arm", "samples/s", "E2E MFU", "peak GB", "ms / step", "busy", "warm-up s")
     for a in result.arms:
+        if a.error:
+            arms.add_row(a.name, escape(a.error[:60]), "", "", "", "", "")
+            continue
         mem = "-" if a.peak_memory_gb is None else f"{a.peak_memory_gb:.1f}"
         arms.add_row(a.name, f"{a.samples_per_s:,.0f}", f"{a.mfu_e2e:.1%}", mem,
                      f"{a.step_ms:.1f}", f"{a.busy_fraction:.0%}", f"{a.warmup_s:.0f}")
