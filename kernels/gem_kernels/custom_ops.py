@@ -7,10 +7,10 @@ node instead of tracing into its host-side scheduling (graph breaks) and Triton 
 
 Each op has a fake (meta) function, so a compiled region traces it with symbolic token counts
 (no recompilation when the number of tokens changes), and autograd registered through
-``register_autograd``: the backward is a custom op too, which recomputes the forward with the
-public op's own autograd (its Triton backward on CUDA, the reference's elsewhere) and returns
-its input gradients. The forward's activations are therefore not kept between forward and
-backward: the op costs one extra forward in the backward and no saved state.
+``register_autograd``: the backward is a custom op too. Jagged attention on its Triton path
+keeps the kernel's log-sum-exp from the forward and runs the Triton backward on it; the other
+ops (and every op on its PyTorch reference) rerun the public op under autograd in the
+backward and return its input gradients: one extra forward, no saved state.
 
 The wrappers below take the same arguments as the public ops; q, k and v are cast to one dtype
 first (autocast's inside an autocast region, as the public ops do), outside the op, so the fake
@@ -25,9 +25,11 @@ import torch
 
 from gem_kernels.block_attention import RopeConfig
 from gem_kernels.block_attention import block_attention as _block_attention
-from gem_kernels.dispatch import same_dtype
+from gem_kernels.dispatch import Kernel, resolve_kernel, same_dtype
 from gem_kernels.gdpa import gdpa as _gdpa
 from gem_kernels.jagged_attention import jagged_attention as _jagged_attention
+from gem_kernels.jagged_attention import op as _jfa_impl
+from gem_kernels.jagged_attention.schedule import ScheduleCache
 
 Grads = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
@@ -57,47 +59,77 @@ def _window(left: int, right: int) -> tuple[int, int] | None:
 
 
 # --- jagged (flash) attention -----------------------------------------------------------------
+# On the Triton path the forward returns the kernel's log-sum-exp beside the output and the
+# backward runs the Triton backward on them (no recomputed forward); on the reference path the
+# log-sum-exp is empty and the backward reruns the reference under autograd.
+
+def _jfa_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel: str) -> bool:
+    """Whether the public op would take its Triton kernels for these inputs (fake ones too)."""
+    return resolve_kernel(kernel, q, k, v, unsupported=_jfa_impl.triton_unsupported(q),
+                          op="jagged_attention") is Kernel.TRITON
+
+
+def _jfa_triton_args(q, k, v, offsets):
+    q, k, v = _jfa_impl._rows_ok(q), _jfa_impl._rows_ok(k), _jfa_impl._rows_ok(v)
+    offsets = offsets.to(device=q.device, dtype=torch.int64).contiguous()
+    return q, k, v, offsets, ScheduleCache(offsets, q.shape[0])
+
 
 @torch.library.custom_op("gem::jagged_attention", mutates_args=())
 def _jfa_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets: torch.Tensor,
             max_len: int, causal: bool, window_left: int, window_right: int, scale: float,
-            kernel: str) -> torch.Tensor:
+            kernel: str) -> tuple[torch.Tensor, torch.Tensor]:
+    window = _window(window_left, window_right)
     with torch.no_grad():
-        return _jagged_attention(q, k, v, offsets, max_len, causal=causal,
-                                 window=_window(window_left, window_right), scale=scale,
-                                 kernel=kernel)
+        if _jfa_triton(q, k, v, kernel):
+            q, k, v, offsets, sched = _jfa_triton_args(q, k, v, offsets)
+            return _jfa_impl.jfa_forward(q, k, v, offsets, causal=causal, window=window,
+                                         scale=scale, sched=sched)
+        out = _jagged_attention(q, k, v, offsets, max_len, causal=causal, window=window,
+                                scale=scale, kernel=kernel)
+        return out, q.new_empty((0,), dtype=torch.float32)
 
 
 @_jfa_op.register_fake
 def _(q, k, v, offsets, max_len, causal, window_left, window_right, scale, kernel):
-    return torch.empty_like(q)
+    if _jfa_triton(q, k, v, kernel):
+        lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+    else:
+        lse = q.new_empty((0,), dtype=torch.float32)
+    return torch.empty_like(q), lse
 
 
 @torch.library.custom_op("gem::jagged_attention_backward", mutates_args=())
 def _jfa_bwd_op(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                offsets: torch.Tensor, max_len: int, causal: bool, window_left: int,
-                window_right: int, scale: float, kernel: str
+                out: torch.Tensor, lse: torch.Tensor, offsets: torch.Tensor, max_len: int,
+                causal: bool, window_left: int, window_right: int, scale: float, kernel: str
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     window = _window(window_left, window_right)
+    if _jfa_triton(q, k, v, kernel):
+        q, k, v, offsets, sched = _jfa_triton_args(q, k, v, offsets)
+        return _jfa_impl.jfa_backward(grad_out, q, k, v, out, lse, offsets, causal=causal,
+                                      window=window, scale=scale, sched=sched)
     return _regrad(lambda a, b, c: _jagged_attention(a, b, c, offsets, max_len, causal=causal,
                                                      window=window, scale=scale, kernel=kernel),
                    q, k, v, grad_out)
 
 
 @_jfa_bwd_op.register_fake
-def _(grad_out, q, k, v, offsets, max_len, causal, window_left, window_right, scale, kernel):
+def _(grad_out, q, k, v, out, lse, offsets, max_len, causal, window_left, window_right, scale,
+      kernel):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 def _jfa_setup(ctx, inputs, output) -> None:
     q, k, v, offsets, max_len, causal, wl, wr, scale, kernel = inputs
-    ctx.save_for_backward(q, k, v, offsets)
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, offsets)
     ctx.args = (max_len, causal, wl, wr, scale, kernel)
 
 
-def _jfa_backward(ctx, grad_out):
-    q, k, v, offsets = ctx.saved_tensors
-    dq, dk, dv = _jfa_bwd_op(grad_out.contiguous(), q, k, v, offsets, *ctx.args)
+def _jfa_backward(ctx, grad_out, _grad_lse):
+    q, k, v, out, lse, offsets = ctx.saved_tensors
+    dq, dk, dv = _jfa_bwd_op(grad_out.contiguous(), q, k, v, out, lse, offsets, *ctx.args)
     return dq, dk, dv, None, None, None, None, None, None, None
 
 
@@ -111,9 +143,10 @@ def jagged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets:
     """``gem_kernels.jagged_attention`` as the custom op ``gem::jagged_attention``."""
     q, k, v = same_dtype(q, k, v)
     wl, wr = (NO_WINDOW, NO_WINDOW) if window is None else (int(window[0]), int(window[1]))
-    return _jfa_op(q, k, v, offsets, max_len, bool(causal), wl, wr,
-                   float(scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])),
-                   str(kernel or "auto"))
+    out, _ = _jfa_op(q, k, v, offsets, max_len, bool(causal), wl, wr,
+                     float(scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])),
+                     str(kernel or "auto"))
+    return out
 
 
 # --- 64-token block attention -----------------------------------------------------------------
