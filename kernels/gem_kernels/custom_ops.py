@@ -37,6 +37,23 @@ NO_WINDOW = -1  # window_left / window_right value meaning "no window"
 NO_ROPE = 0.0  # rope_base value meaning "no RoPE"
 
 
+def _unaliased(grads: Grads, *inputs: torch.Tensor) -> Grads:
+    """``grads`` with every tensor that shares storage with an input or an earlier gradient
+    copied: a custom op's outputs may alias neither its inputs nor each other (backward
+    implementations may hand back views of one buffer, or ``grad_out`` itself)."""
+    seen = {t.untyped_storage().data_ptr() for t in inputs if t.numel()}
+    out = []
+    for g in grads:
+        ptr = g.untyped_storage().data_ptr() if g.numel() else None
+        if ptr is not None and ptr in seen:
+            g = g.clone()
+            ptr = g.untyped_storage().data_ptr()
+        if ptr is not None:
+            seen.add(ptr)
+        out.append(g)
+    return tuple(out)  # type: ignore[return-value]
+
+
 def _regrad(fn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             grad_out: torch.Tensor) -> Grads:
     """Input gradients of ``fn(q, k, v)`` for ``grad_out``, by rerunning it under autograd.
@@ -50,8 +67,9 @@ def _regrad(fn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
         out = fn(*leaves)
         dq, dk, dv = torch.autograd.grad(out, leaves, grad_out, allow_unused=True)
-    return tuple(torch.zeros_like(x) if g is None else g.to(x.dtype)
-                 for g, x in zip((dq, dk, dv), (q, k, v), strict=True))  # type: ignore[return-value]
+    grads = tuple(torch.zeros_like(x) if g is None else g.to(x.dtype)
+                  for g, x in zip((dq, dk, dv), (q, k, v), strict=True))
+    return _unaliased(grads, q, k, v, grad_out)  # type: ignore[arg-type]
 
 
 def _window(left: int, right: int) -> tuple[int, int] | None:
@@ -107,8 +125,9 @@ def _jfa_bwd_op(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: tor
     window = _window(window_left, window_right)
     if _jfa_triton(q, k, v, kernel):
         q, k, v, offsets, sched = _jfa_triton_args(q, k, v, offsets)
-        return _jfa_impl.jfa_backward(grad_out, q, k, v, out, lse, offsets, causal=causal,
-                                      window=window, scale=scale, sched=sched)
+        grads = _jfa_impl.jfa_backward(grad_out, q, k, v, out, lse, offsets, causal=causal,
+                                       window=window, scale=scale, sched=sched)
+        return _unaliased(tuple(grads), grad_out, q, k, v, out, lse)  # type: ignore[arg-type]
     return _regrad(lambda a, b, c: _jagged_attention(a, b, c, offsets, max_len, causal=causal,
                                                      window=window, scale=scale, kernel=kernel),
                    q, k, v, grad_out)

@@ -140,3 +140,19 @@ def test_custom_op_equals_public_op_on_cuda_compiled(case):
     torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
     for a, b in zip(got_g, want_g, strict=True):
         torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2)
+
+
+def test_backward_outputs_never_alias_inputs_or_each_other() -> None:
+    """A custom op may not return an input or two views of one buffer (torch raises on CUDA
+    when a backward hands back such gradients); _unaliased copies exactly those."""
+    from gem_kernels.custom_ops import _unaliased
+
+    grad_out = torch.randn(6, 2, 4)
+    packed = torch.randn(3, 6, 2, 4)
+    own = torch.randn(6, 2, 4)
+    dq, dk, dv = _unaliased((packed[0], packed[1], grad_out), grad_out)
+    assert dq.data_ptr() == packed[0].data_ptr()  # the first view is kept as it is
+    assert dk.untyped_storage().data_ptr() != dq.untyped_storage().data_ptr()
+    assert dv.untyped_storage().data_ptr() != grad_out.untyped_storage().data_ptr()
+    assert torch.equal(dk, packed[1]) and torch.equal(dv, grad_out)
+    assert _unaliased((own, own + 1, own + 2))[0] is own
