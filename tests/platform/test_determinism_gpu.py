@@ -1,7 +1,7 @@
 """train.deterministic on CUDA: a small recipe through the Triton attention kernels (head dim
-64), bf16 autocast and compiled regions, trained twice in one process, gives bitwise-identical
-step losses and final metrics. Needs only torch, triton, TorchRec and pydantic (no Ray, no
-MLflow)."""
+64) and bf16 autocast, trained twice in one process, gives bitwise-identical step losses and
+final metrics (deterministic runs on CUDA train eager: compiled regions were not repeatable).
+Needs only torch, triton, TorchRec and pydantic (no Ray, no MLflow)."""
 
 from __future__ import annotations
 

@@ -10,6 +10,7 @@ import torch
 import yaml
 from torch._dynamo.utils import counters
 
+from gem_platform.errors import RecipeError
 from gem_platform.model import GemModel
 from gem_platform.model.flops import FlopMeter
 from gem_platform.recipe import ModelConfig, recipe_from_dict
@@ -75,6 +76,15 @@ def test_regions_keep_parameter_names(tiny_meta):
     assert compile_enabled(None, torch.device("cpu"), "bf16") is False
     assert compile_enabled(None, torch.device("cuda"), "bf16") is True
     assert compile_enabled(None, torch.device("cuda"), "fp8_block") is False
+
+
+def test_deterministic_runs_on_cuda_train_eager_and_refuse_an_explicit_compile() -> None:
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert compile_enabled(None, cuda, "bf16", deterministic=True) is False
+    assert compile_enabled(False, cuda, "bf16", deterministic=True) is False
+    assert compile_enabled(True, cpu, "bf16", deterministic=True) is True
+    with pytest.raises(RecipeError, match="train.compile=true with train.deterministic=true"):
+        compile_enabled(True, cuda, "bf16", deterministic=True)
 
 
 @pytest.fixture
