@@ -42,11 +42,14 @@ def _git(*args: str, root: Path) -> str | None:
 
 
 def code_version(root: Path = SOURCE_ROOT) -> dict[str, Any]:
-    """{"commit": sha or None, "dirty": bool or None}: None where it can't be known."""
-    commit = _git("rev-parse", "HEAD", root=root)
+    """{"commit": sha or None, "dirty": bool or None}: None where it can't be known.
+
+    ``GEM_GIT_COMMIT`` (and ``GEM_GIT_DIRTY``), when set, win over git: they name the code of
+    an export or image that may sit inside some other checkout whose HEAD is not its code."""
+    env_commit, env_dirty = os.environ.get("GEM_GIT_COMMIT"), os.environ.get("GEM_GIT_DIRTY")
+    commit = None if env_commit else _git("rev-parse", "HEAD", root=root)
     if commit is None:
-        env_dirty = os.environ.get("GEM_GIT_DIRTY")
-        return {"commit": os.environ.get("GEM_GIT_COMMIT") or None,
+        return {"commit": env_commit or None,
                 "dirty": None if env_dirty is None else env_dirty.lower() in ("1", "true")}
     status = _git("status", "--porcelain", "--untracked-files=no", root=root)
     return {"commit": commit.strip(), "dirty": None if status is None else bool(status.strip())}

@@ -165,3 +165,16 @@ def test_parent_run_carries_the_comparison(sweep_dir):
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["arms"][1]["per_seed"]["eval/ne_ctr"] == \
         pytest.approx([0.91, 0.911, 0.912])
+
+
+def test_an_exported_tree_names_its_own_commit_over_the_enclosing_checkout(monkeypatch) -> None:
+    """Code exported into a folder of another checkout records the commit it was exported from,
+    not that checkout's HEAD, when GEM_GIT_COMMIT says so."""
+    from gem_platform.provenance import code_version
+
+    monkeypatch.setenv("GEM_GIT_COMMIT", "b" * 40)
+    monkeypatch.setenv("GEM_GIT_DIRTY", "0")
+    assert code_version() == {"commit": "b" * 40, "dirty": False}
+    monkeypatch.delenv("GEM_GIT_COMMIT")
+    monkeypatch.delenv("GEM_GIT_DIRTY")
+    assert len(code_version()["commit"] or "") == 40
