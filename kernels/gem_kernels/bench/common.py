@@ -42,7 +42,7 @@ def time_ms(fn: Callable[[], object], warmup_ms: float = 50, rep_ms: float = 300
 
 
 def graph_replay_ms(fn: Callable[[], object], stream: torch.cuda.Stream | None = None,
-                    warmup_calls: int = 3, rep_ms: float = 300) -> float:
+                    warmup_calls: int = 3, rep_ms: float = 300, warmup_ms: float = 50) -> float:
     """Median ms of fn replayed from one CUDA graph: its GPU time without the host's launch
     cost. fn is warmed up on the capture stream first (lazy initialization, allocator pools
     and autotuning happen outside the capture); pass ``stream`` when fn must run where an
@@ -57,7 +57,7 @@ def graph_replay_ms(fn: Callable[[], object], stream: torch.cuda.Stream | None =
     with torch.cuda.graph(graph, stream=stream):
         fn()
     torch.cuda.synchronize()
-    return time_ms(graph.replay, rep_ms=rep_ms)
+    return time_ms(graph.replay, warmup_ms=warmup_ms, rep_ms=rep_ms)
 
 
 def host_us_per_call(fn: Callable[[], object], n: int = 50) -> float:

@@ -19,13 +19,12 @@ from __future__ import annotations
 import argparse
 import itertools
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from gem_kernels.bench.common import BenchRow, write_json
+from gem_kernels.bench.common import BenchRow, graph_replay_ms, write_json
 from gem_kernels.testing import lognormal_lengths, offsets_from_lengths
 
 PLANS = ("short_q", "short_q_stream", "two_kernel")
@@ -79,26 +78,6 @@ def summary(rows: list[BenchRow]) -> list[dict]:
     return out
 
 
-def _graph_ms(fn: Callable[[], object], stream: torch.cuda.Stream, warmup_ms: float,
-              rep_ms: float) -> float:
-    """Median ms of fn replayed from one CUDA graph captured on ``stream`` (where the autograd
-    graph fn differentiates was recorded)."""
-    import triton.testing
-
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            fn()
-    stream.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        fn()
-    torch.cuda.synchronize()
-    ms = triton.testing.do_bench(graph.replay, warmup=warmup_ms, rep=rep_ms,
-                                 return_mode="median")
-    del graph
-    return float(ms)
-
-
 def measure_shape(shape: Shape, k: torch.Tensor, v: torch.Tensor, kv_offsets: torch.Tensor,
                   max_kv: int, warmup_ms: float, rep_ms: float) -> list[BenchRow]:
     """One row per plan on the same bf16 inputs (k, v: the batch's K/V for these heads/dim)."""
@@ -141,10 +120,10 @@ def measure_shape(shape: Shape, k: torch.Tensor, v: torch.Tensor, kv_offsets: to
             out_g = forward()
         extra: dict = {}
         try:
-            extra["ms_gpu"] = _graph_ms(
+            extra["ms_gpu"] = graph_replay_ms(
                 lambda out_g=out_g, leaves=leaves: torch.autograd.grad(out_g, leaves, do,
                                                                        retain_graph=True),
-                stream, warmup_ms, rep_ms)
+                stream, warmup_calls=2, rep_ms=rep_ms, warmup_ms=warmup_ms)
         except Exception as e:  # reported in the row instead of a time
             extra["ms_gpu"] = None
             extra["gpu_note"] = f"not captured: {type(e).__name__}: {e}"[:300]
