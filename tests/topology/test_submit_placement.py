@@ -31,7 +31,7 @@ def test_submit_places_ranks_as_planned(two_zone_cluster, mlflow_server, tmp_pat
             "--set", "train.steps=2",
             "--set", "tracking.experiment=placement"]
     plan = run_gemctl("plan", "tiny.yaml", "--world", "2", "--gpus-per-host", "1",
-                      "--hosts-per-zone", "1", "--json", "plan.json", *sets, cwd=tmp_path)
+                      "--hosts-per-zone", "1", "--out", "plan.json", *sets, cwd=tmp_path)
     assert plan.returncode == 0, plan.stderr[-2000:]
     planned = json.loads((tmp_path / "plan.json").read_text())["placement"]
 
