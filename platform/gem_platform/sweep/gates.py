@@ -16,13 +16,29 @@ A pipeline reads the verdicts by exit code (``EXIT_CODES``) or from ``gemctl com
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal, Protocol
 
 from gem_platform.sweep.stats import Delta, seeds_to_settle
 
-if TYPE_CHECKING:  # compare imports this module
-    from gem_platform.sweep.compare import Comparison
+
+class GatedArm(Protocol):
+    """What a gate reads of one arm of a comparison (compare.ArmResult)."""
+
+    arm: str
+    deltas: Mapping[str, Delta]
+
+
+class GatedComparison(Protocol):
+    """What the gates read of a comparison (compare.Comparison), so this module needs nothing
+    from compare, which applies the gates."""
+
+    baseline: str
+    tasks: Sequence[str]
+
+    @property
+    def arms(self) -> Sequence[GatedArm]: ...
 
 PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
 VerdictWord = Literal["pass", "fail", "inconclusive"]
@@ -100,7 +116,7 @@ def judge(arm: str, metric: str, delta: Delta, limit: float, worse_if: Literal[1
                    f"arm '{arm}': {shown}: {word.upper()}, {why}")
 
 
-def check_gates(cmp: Comparison, gates: Gates) -> list[Verdict]:
+def check_gates(cmp: GatedComparison, gates: Gates) -> list[Verdict]:
     """A verdict per gated (arm, metric), arms in the comparison's order."""
     out: list[Verdict] = []
     for res in cmp.arms:
