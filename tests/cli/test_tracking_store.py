@@ -91,7 +91,7 @@ def test_redact_leaves_plain_text_alone():
 def test_tracker_records_no_credentials(tmp_path):
     uri = f"sqlite:///{tmp_path / 'm.db'}"
     tracker = RunTracker.start(uri, "creds", "run", {
-        "tracking.uri": "http://alice:secret@127.0.0.1:5000", "data.path": "s3://k?token=abc"},
+        "tracking.uri": "http://alice:secret@127.0.0.1:5000", "data.path": "s3://k?token=q7xtok"},
         tags={"note": "ray://bob:hunter2@head:10001"})
     tracker.log_text("tracking:\n  uri: http://alice:secret@127.0.0.1:5000\n", "recipe.yaml")
     tracker.log_json({"address": "ray://bob:hunter2@head:10001"}, "summary.json")
@@ -102,7 +102,7 @@ def test_tracker_records_no_credentials(tmp_path):
     for name in ("recipe.yaml", "summary.json"):
         recorded += Path(client.download_artifacts(tracker.run_id, name, str(tmp_path))
                          ).read_text()
-    for secret in ("secret", "hunter2", "abc"):
+    for secret in ("secret", "hunter2", "q7xtok"):
         assert secret not in recorded
     assert run.data.params["tracking.uri"] == "http://alice:***@127.0.0.1:5000"
 
