@@ -81,3 +81,15 @@ def run_gemctl(*args: str, cwd: Path, env: dict[str, str] | None = None,
     full_env = {**base, "PYTHONUNBUFFERED": "1", **(env or {})}
     return subprocess.run([sys.executable, "-m", "gemctl.main", *args], cwd=cwd, env=full_env,
                           capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _ray_shut_down_after_each_module() -> Iterator[None]:
+    """A module that started Ray in this process (a local run, a Tune sweep) does not leave it
+    to the next: under pytest-xdist a worker's next module may need its own ray.init."""
+    yield
+    if "ray" in sys.modules:
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()
