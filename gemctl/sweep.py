@@ -236,10 +236,7 @@ def sweep(
             + [a for arm in arms or [] for a in ("--arms", arm)] \
             + [a for seed in seeds or [] for a in ("--seeds", str(seed))] + (
             ["--tracking-uri", tracking_uri] if tracking_uri else [])
-        job_id = submit_remote(spec, set_ or [], jobs_address, command="sweep",
-                               extra_args=extra or None, quiet=as_json)
-        if as_json:
-            render.print_json({"job_id": job_id, "address": jobs_address})
+        _sweep_as_ray_job(spec, set_ or [], jobs_address, extra, as_json)
         return
 
     from gem_platform.sweep.config import load_sweep
@@ -255,6 +252,25 @@ def sweep(
         _sweep_in_process(plan, out or Path("gem_runs/sweeps") / f"{plan.name}.json", new,
                           as_json, verbose, allow_code_change)
         return
+    outcome, cmp, wall_s, log_path = _sweep_on_ray(plan, con, new=new, address=address,
+                                                    allow_code_change=allow_code_change,
+                                                    verbose=verbose)
+    _report_sweep(plan, outcome, cmp, wall_s, log_path, con, as_json)
+
+
+def _sweep_as_ray_job(spec: Path, overrides: list[str], jobs_address: str, extra: list[str],
+                      as_json: bool) -> None:
+    """Submit the whole sweep as one Ray job at ``jobs_address`` (the Jobs API)."""
+    job_id = submit_remote(spec, overrides, jobs_address, command="sweep",
+                           extra_args=extra or None, quiet=as_json)
+    if as_json:
+        render.print_json({"job_id": job_id, "address": jobs_address})
+
+
+def _sweep_on_ray(plan, con, *, new: bool, address: str | None, allow_code_change: bool,
+                  verbose: bool):
+    """Run the sweep on Ray Tune under the progress display, library output routed to a log;
+    returns (outcome, comparison or None, wall seconds, log path or None)."""
     with LibraryOutput(f"sweep-{plan.name}", verbose) as lib:
         # Ray, torch and MLflow load only once the spec and every arm's recipe are valid, so a
         # bad spec is reported in a second.
@@ -277,11 +293,17 @@ def sweep(
                                  f"it is fixed.{where}") from None
             cmp = (compare_runs(outcome.tracking_uri, [outcome.sweep_id], plan.baseline,
                                 plan.gates) if outcome.child_run_ids else None)
+    return outcome, cmp, progress.wall_s, lib.path
+
+
+def _report_sweep(plan, outcome, cmp, wall_s: float, log_path, con, as_json: bool) -> None:
+    """The finished sweep as JSON on stdout or as tables; a failed or killed one exits
+    non-zero after saying how to resume it."""
     if as_json:
         render.print_json({
             "sweep_id": outcome.sweep_id, "status": outcome.status,
             "parent_run_id": outcome.parent_run_id, "tracking_uri": outcome.tracking_uri,
-            "wall_s": progress.wall_s, "log": str(lib.path) if lib.path else None,
+            "wall_s": wall_s, "log": str(log_path) if log_path else None,
             "trials": [{"arm": a, "seed": s, "run_id": outcome.child_run_ids.get((a, s)),
                         "error": outcome.errors.get((a, s))} for a, s in plan.trials()],
             "comparison": cmp.to_dict() if cmp else None})
@@ -292,9 +314,9 @@ def sweep(
         con.print(f"sweep [bold]{render.esc(outcome.sweep_id)}[/] {outcome.status}: "
                   f"{len(outcome.child_run_ids)}/{len(plan.trials())} trials recorded; parent "
                   f"run {render.esc(outcome.parent_run_id)}; wall time "
-                  f"{render.duration(progress.wall_s)}", highlight=False, soft_wrap=True)
-        if lib.path:
-            con.print(f"library output: {render.esc(lib.path)}", highlight=False, soft_wrap=True)
+                  f"{render.duration(wall_s)}", highlight=False, soft_wrap=True)
+        if log_path:
+            con.print(f"library output: {render.esc(log_path)}", highlight=False, soft_wrap=True)
     if outcome.status == "FAILED":
         for (arm, seed), err in outcome.errors.items():
             render.error(f"trial {arm} seed {seed} failed: {err}")

@@ -195,22 +195,39 @@ def profile_lengths(
                 for s, idx in enumerate(batches):
                     step_samples[s].append(rank_lengths[idx])
 
-    for s, parts in enumerate(step_samples if include_global else []):
+    if include_global:
+        seconds["global"] = _partition_globally(step_samples, base, world, work["global"],
+                                                waste["global"])
+    rows = _rows(methods, work, waste, seconds, steps * world)
+    return ProfileReport(world=world, local_batch=local_batch, steps=steps, cfg=base,
+                         rows=rows, work=work)
+
+
+def _partition_globally(step_samples: list[list[np.ndarray]], cfg: LoaderConfig, world: int,
+                        work: np.ndarray, waste: np.ndarray) -> float:
+    """The upper bound: each step's samples of every rank partitioned over the ranks by work.
+    Fills ``work`` and ``waste`` (steps x world); returns the CPU seconds it took."""
+    seconds = 0.0
+    for s, parts in enumerate(step_samples):
         step_lengths = np.concatenate(parts)
         t0 = time.process_time()
-        w = sample_work(step_lengths, base.cost, base.model_dim)
-        order = descending_order(step_lengths)
-        assign = balanced_partition(w, world, order=order)
-        seconds["global"] += time.process_time() - t0
-        work["global"][s] = np.bincount(assign, weights=w, minlength=world)
-        waste["global"][s] = _group_waste(step_lengths, assign, world)
+        w = sample_work(step_lengths, cfg.cost, cfg.model_dim)
+        assign = balanced_partition(w, world, order=descending_order(step_lengths))
+        seconds += time.process_time() - t0
+        work[s] = np.bincount(assign, weights=w, minlength=world)
+        waste[s] = _group_waste(step_lengths, assign, world)
+    return seconds
 
+
+def _rows(methods: Sequence[str], work: dict[str, np.ndarray], waste: dict[str, np.ndarray],
+          seconds: dict[str, float], batches: int) -> list[ProfileRow]:
+    """One row per method; shares of the gain are taken against "global" when it ran."""
     straggler = {m: straggler_overheads(work[m]) for m in methods}
-    gap = float(straggler["none"].mean() - straggler["global"].mean()) if include_global else 0
+    none_mean = float(straggler["none"].mean())
+    gap = none_mean - float(straggler["global"].mean()) if "global" in straggler else 0.0
     rows = []
     for m in methods:
         s = Summary.of(straggler[m])
-        share = (float(straggler["none"].mean() - s.mean) / gap) if gap > 0 else None
         rows.append(ProfileRow(
             method=m,
             padding_waste=float(waste[m].mean()),
@@ -219,11 +236,10 @@ def profile_lengths(
             straggler_max=s.max,
             rank_work_mean=float(work[m].mean()),
             rank_work_max=float(work[m].max()),
-            share_of_global_gain=share,
-            ms_per_full_batch=1e3 * seconds[m] / (steps * world),
+            share_of_global_gain=(none_mean - s.mean) / gap if gap > 0 else None,
+            ms_per_full_batch=1e3 * seconds[m] / batches,
         ))
-    return ProfileReport(world=world, local_batch=local_batch, steps=steps, cfg=base,
-                         rows=rows, work=work)
+    return rows
 
 
 def _per_rank(lengths: np.ndarray | Sequence[np.ndarray], world: int,
