@@ -11,8 +11,8 @@ import pytest
 from gem_platform.data.prepare import prepare_dataset
 from gem_platform.errors import DataError
 from gem_platform.recipe import recipe_from_dict
-from gem_platform.train.checkpoint import LocalStore, latest_checkpoint
 from gem_platform.train.loop import train
+from tests.resume import crash_and_resume, losses_of
 
 pytestmark = pytest.mark.slow  # trains a model end to end
 
@@ -32,10 +32,6 @@ TREE = {
 }
 
 
-class Crash(Exception):
-    pass
-
-
 def _tree(tmp_path, **train) -> dict:
     return {**TREE, "data": {**TREE["data"], "path": str(tmp_path / "data")},
             "train": {**TREE["train"], **train}}
@@ -44,25 +40,10 @@ def _tree(tmp_path, **train) -> dict:
 def test_streaming_resume_mid_epoch_equals_uninterrupted(tmp_path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     recipe = recipe_from_dict(_tree(tmp_path))
-    full: list[tuple[int, float]] = []
-    train(recipe, sink=lambda m, s: full.append((s, m["train/loss"]))
-          if "train/loss" in m else None, echo=lambda _: None)
-
-    logged: list[tuple[int, float]] = []
-
-    def crashing_sink(metrics, step):
-        if "train/loss" in metrics:
-            logged.append((step, metrics["train/loss"]))
-            if step == 15:  # after the step-14 checkpoint: epoch 1, mid-epoch
-                raise Crash
-
-    store = LocalStore(tmp_path / "ckpts", every=7, keep=2)
-    with pytest.raises(Crash):
-        train(recipe, sink=crashing_sink, echo=lambda _: None, checkpoints=store)
-    assert latest_checkpoint(tmp_path / "ckpts").name == "step_00000014"
-    summary = train(recipe, sink=lambda m, s: logged.append((s, m["train/loss"]))
-                    if "train/loss" in m else None, echo=lambda _: None, checkpoints=store,
-                    published_through=max(s for s, _ in logged))
+    full, _ = losses_of(recipe)
+    # crash after step 15: past the step-14 checkpoint, in epoch 1, mid-epoch
+    logged, summary = crash_and_resume(recipe, tmp_path / "ckpts", every=7, keep=2,
+                                       crash_after=15, expect_checkpoint=14)
     assert [s for s, _ in logged] == [s for s, _ in full] == list(range(1, 17))
     for (_, a), (_, b) in zip(logged, full, strict=True):
         assert a == pytest.approx(b, rel=1e-5, abs=1e-6)

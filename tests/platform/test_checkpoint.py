@@ -23,6 +23,7 @@ from gem_platform.recipe import recipe_from_dict
 from gem_platform.train.checkpoint import LocalStore, Stateful, latest_checkpoint
 from gem_platform.train.loop import train
 from tests.platform.test_cli import TINY
+from tests.resume import crash_and_resume, losses_of
 
 
 @pytest.fixture(scope="module")
@@ -34,39 +35,19 @@ def tiny_recipe(tmp_path_factory):
     return d, tree
 
 
-class Crash(Exception):
-    pass
-
-
 def test_resumed_run_equals_uninterrupted(tiny_recipe, monkeypatch):
     d, tree = tiny_recipe
     monkeypatch.chdir(d)
     recipe = recipe_from_dict({**tree, "train": {**tree["train"], "perf_warmup_steps": 2}})
 
-    full: list[tuple[int, float]] = []
-    straight = train(recipe, sink=lambda m, s: full.append((s, m["train/loss"]))
-                     if "train/loss" in m else None, echo=lambda _: None)
+    full, straight = losses_of(recipe)
     # QPS and MFU leave out each process's first 2 steps (compilation, autotuning)
     assert straight["perf/steps_measured"] == 4
     assert straight["perf/qps"] > 0 and straight["perf/qps_all_steps"] > 0
 
-    logged: list[tuple[int, float]] = []
-
-    def crashing_sink(metrics, step):
-        if "train/loss" in metrics:
-            logged.append((step, metrics["train/loss"]))
-            if step == 5:  # after the step-4 checkpoint, before the next one
-                raise Crash
-
-    store = LocalStore(d / "ckpts", every=2, keep=2)
-    with pytest.raises(Crash):
-        train(recipe, sink=crashing_sink, echo=lambda _: None, checkpoints=store)
-    assert latest_checkpoint(d / "ckpts").name == "step_00000004"
-    # The resumed run replays step 5 from the step-4 checkpoint; what the record already
-    # holds (through step 5) is not published again.
-    summary = train(recipe, sink=lambda m, s: logged.append((s, m["train/loss"]))
-                    if "train/loss" in m else None, echo=lambda _: None, checkpoints=store,
-                    published_through=max(s for s, _ in logged))
+    # crash after step 5: past the step-4 checkpoint, before the next one
+    logged, summary = crash_and_resume(recipe, d / "ckpts", every=2, keep=2, crash_after=5,
+                                       expect_checkpoint=4)
     assert [s for s, _ in logged] == [1, 2, 3, 4, 5, 6]
     assert [s for s, _ in full] == [1, 2, 3, 4, 5, 6]
     for (_, a), (_, b) in zip(logged, full, strict=True):
