@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 import yaml
+from torch import nn
 from torch._dynamo.utils import counters
 
 from gem_platform.errors import RecipeError
@@ -76,6 +77,19 @@ def test_regions_keep_parameter_names(tiny_meta):
     assert compile_enabled(None, torch.device("cpu"), "bf16") is False
     assert compile_enabled(None, torch.device("cuda"), "bf16") is True
     assert compile_enabled(None, torch.device("cuda"), "fp8_block") is False
+
+
+def test_compiled_region_compiles_once_for_every_batch_size_and_never_for_eval() -> None:
+    torch._dynamo.reset()
+    counters.clear()
+    head = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
+    apply_regions([Region("head", head, "sample")], compile=True, backend="aot_eager")
+    for rows in (512, 515, 514, 7):  # a BBS batch's sample count moves from step to step
+        head(torch.randn(rows, 16)).sum().backward()
+    assert counters["stats"]["unique_graphs"] == 1
+    with torch.no_grad():
+        head(torch.randn(33, 16))
+    assert counters["stats"]["unique_graphs"] == 1
 
 
 def test_deterministic_runs_on_cuda_train_eager_and_refuse_an_explicit_compile() -> None:

@@ -39,7 +39,7 @@ import triton.language as tl
 LOG2E = 1.4426950408889634
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["B"])
 def plan_kernel(OFF, PLAN, NBLK, B, BLOCK: tl.constexpr, BB: tl.constexpr):
     """One program: per block (start token, length, position of its first token, 0); four
     int32 per row so that a row is one aligned 16-byte load (see _plan_entry)."""

@@ -34,7 +34,7 @@ _CONFIGS = [
 ]
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])
 def _gemm_body(a_ptr, b_ptr, sa_ptr, sb_ptr, c_ptr, bias_ptr, M, N, K,
                stride_am, stride_ak, stride_bk, stride_bn,
                stride_sam, stride_sak, stride_sbk, stride_sbn, stride_cm, stride_cn,

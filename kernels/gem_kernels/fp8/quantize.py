@@ -115,7 +115,7 @@ def _quantize_store(xf, rows, cols, pid_r, pid_c, q_ptr, s_ptr, R, C, stride_sr,
     tl.store(s_ptr + srows[:, None] * stride_sr + scols[None, :] * stride_sc, scale, mask=smask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["R", "RS"])
 def _quantize_kernel(x_ptr, q_ptr, s_ptr, h_ptr, R, RS, C, stride_xr, stride_xc, stride_sr,
                      stride_sc, seed, inv_sqrt_n, R_BUCKET, BR: tl.constexpr, BC: tl.constexpr,
                      TR: tl.constexpr, TC: tl.constexpr, HB: tl.constexpr,
@@ -141,7 +141,7 @@ def _quantize_kernel(x_ptr, q_ptr, s_ptr, h_ptr, R, RS, C, stride_xr, stride_xc,
                     seed, BR, BC, TR, TC, STOCHASTIC, HW_CAST)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["R", "RS"])
 def _rmsnorm_quantize_kernel(x_ptr, w_ptr, q_ptr, s_ptr, rstd_ptr, h_ptr, R, RS, C, stride_xr,
                              stride_sr, stride_sc, eps, inv_sqrt_n, BR: tl.constexpr,
                              BC: tl.constexpr, TR: tl.constexpr, TC: tl.constexpr,
@@ -175,7 +175,7 @@ def _rmsnorm_quantize_kernel(x_ptr, w_ptr, q_ptr, s_ptr, rstd_ptr, h_ptr, R, RS,
                         stride_sc, 0, BR, BC, TR, TC, False, HW_CAST)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["R"])
 def _quantize_dual_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, R, C, stride_xr, stride_xc,
                           stride_sr, stride_sc, stride_str, stride_stc, seed,
                           STOCHASTIC: tl.constexpr, HW_CAST: tl.constexpr):

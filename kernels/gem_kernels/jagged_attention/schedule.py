@@ -23,7 +23,7 @@ def schedule_bound(total_tokens: int, batch: int, block: int) -> int:
     return total_tokens // block + batch
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["batch", "bound"])
 def _schedule_kernel(offsets, out, batch, bound, BLOCK: tl.constexpr, BLOCK_B: tl.constexpr,
                      CHUNK: tl.constexpr):
     """One program: sort sequences by length (descending, stable), then write each one's

@@ -29,7 +29,7 @@ from gem_kernels.jagged_attention.triton_common import (
 )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["total_tokens"])
 def _jfa_bwd_delta_kernel(Out, DO, DELTA, total_tokens, stride_o, stride_do, H,
                           HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr):
     pid = tl.program_id(0)
@@ -77,7 +77,7 @@ def _dkdv_tiles(dk, dv, k, v, q_src, do_src, q_base, do_base, seq_start, lse_ptr
     return dk, dv
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_sched", "total_tokens"])
 def _jfa_bwd_dkdv_kernel(Q, K, V, DO, DK, DV, Qd, Kd, Vd, DOd, DKd, DVd, LSE, DELTA, offsets,
                          sched, n_sched, total_tokens,
                          sm_scale, qk_scale, stride_q, stride_k, stride_v, stride_do, stride_dk,
@@ -179,7 +179,7 @@ def _dq_tiles(dq, q, do, lse, delta, k_src, v_src, k_base, v_base, seq_start, lo
     return dq
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_sched", "total_tokens"])
 def _jfa_bwd_dq_kernel(Q, K, V, DO, DQ, Qd, Kd, Vd, DOd, DQd, LSE, DELTA, offsets, sched,
                        n_sched, total_tokens,
                        sm_scale, qk_scale, stride_q, stride_k, stride_v, stride_do, stride_dq,

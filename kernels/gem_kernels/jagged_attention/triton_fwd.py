@@ -107,7 +107,7 @@ def _fwd_tiles(acc, l_i, m_i, q, k_src, v_src, k_base, v_base, seq_start, lo, hi
     return acc, l_i, m_i
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_sched", "total_tokens"])
 def _jfa_fwd_kernel(Q, K, V, Out, Qd, Kd, Vd, Od, LSE, offsets, sched, n_sched, total_tokens,
                     qk_scale,
                     stride_q, stride_k, stride_v, stride_o, H, WL, WR,

@@ -4,9 +4,9 @@ A region is a module whose forward is one unit of work between the model's eager
 sequence layer (its cost and activations grow with the batch's history tokens), each DHEN
 layer and the head (they grow with samples). Two things are done per region:
 
-- ``train.compile``: its forward becomes ``torch.compile(forward)``; sequence layers compile
-  with ``dynamic=True`` (the token count changes every batch, the graph does not), the attention
-  ops inside as custom ops (gem_kernels.custom_ops), so nothing breaks the graph.
+- ``train.compile``: its training forward becomes ``torch.compile(forward, dynamic=True)``
+  (token and sample counts change every batch, the graph does not), the attention ops inside as
+  custom ops (gem_kernels.custom_ops), so nothing breaks the graph; evaluation runs eager.
 - ``train.activation_memory_gb``: the activations each region keeps for the backward are
   measured on a small input (bytes per token or per sample, saved-tensor hooks), scaled to the
   recipe's batch, and regions recompute their forward in the backward (non-reentrant
@@ -199,10 +199,6 @@ def apply_regions(regions: list[Region], *, compile: bool, backend: str = "induc
     if unknown:
         raise ValueError(f"no region named {sorted(unknown)}; regions: "
                          f"{[r.name for r in regions]}")
-    if compile:
-        # one cache entry per region per grad mode at most (training and evaluation)
-        limit = torch._dynamo.config.cache_size_limit
-        torch._dynamo.config.cache_size_limit = max(limit, 4 * len(regions))
     for r in regions:
         if r.unit == "sample":
             count_by_rows(r.module)
@@ -210,10 +206,22 @@ def apply_regions(regions: list[Region], *, compile: bool, backend: str = "induc
         if r.name in recompute:
             forward = _recomputed(forward)
         if compile:
-            forward = torch.compile(forward, backend=backend,
-                                    dynamic=True if r.unit == "token" else None)
+            forward = _compiled_for_training(forward, r.module.forward, backend)
         if forward is not r.module.forward:
             r.module.forward = forward
+
+
+def _compiled_for_training(forward: Callable, eager: Callable, backend: str) -> Callable:
+    """``forward`` compiled once with dynamic shapes (token and sample counts change every
+    batch; compiling static first would recompile at the second batch), used while gradients
+    are on. Evaluation (no_grad) calls ``eager``, so it compiles nothing."""
+    compiled = torch.compile(forward, backend=backend, dynamic=True)
+
+    @functools.wraps(eager)
+    def run(*args, **kwargs):
+        return (compiled if torch.is_grad_enabled() else eager)(*args, **kwargs)
+
+    return run
 
 
 def batch_units(seq_lengths: torch.Tensor | list[int], local_batch: int) -> dict[Unit, float]:
