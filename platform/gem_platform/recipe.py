@@ -134,6 +134,14 @@ class TrainConfig(_Strict):
         description="budget for the activations the sequence layers, DHEN layers and head keep "
         "for the backward at the recipe's batch; regions recompute in the backward, cheapest "
         "first, until the estimate fits; null = none recompute")
+    saved_activations: Literal["bf16", "fp8"] = Field(
+        "bf16",
+        description="how the training forward keeps activations for the backward: bf16 = as "
+        "computed; fp8 = bf16/fp16 saved tensors of at least 4096 elements are stored as "
+        "float8_e4m3fn with one fp32 scale per 128 elements and widened back in the backward "
+        "(fp32 tensors such as attention and norm statistics, integer tensors and tensors "
+        "shaped like a weight stay exact; needs precision.mode bf16 or fp8_block; recomputed "
+        "regions keep nothing to compress)")
     prefetch_batches: int = Field(
         2, ge=0, le=64,
         description="batches collated ahead on a background thread (pinned and copied on a "

@@ -60,6 +60,7 @@ from gem_platform.train.regions import (
     compile_enabled,
     setup_regions,
 )
+from gem_platform.train.saved_activations import saved_activations
 from gem_platform.train.state import CheckpointExtras, LoopState, Totals
 
 MetricSink = Callable[[dict[str, float], int], None]
@@ -402,7 +403,8 @@ def timed_step(run: Run, batch: JaggedBatch, step: int, meter: FlopMeter,
         opt.zero_grad(set_to_none=True)
     sync()
     t0 = time.perf_counter()
-    with meter, _autocast(run.recipe, run.device):
+    # train.saved_activations: what the forward keeps for the backward (fp8: compressed)
+    with saved_activations(run.recipe, run.model), meter, _autocast(run.recipe, run.device):
         logits = run.model(batch)
     loss, task_losses = compute_loss(logits, batch)
     loss.backward()
