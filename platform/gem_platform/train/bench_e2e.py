@@ -87,6 +87,7 @@ class E2EResult:
     arms: list[ArmResult]
     speedup: float | None  # ours / off_the_shelf samples/s
     resolved_recipe: dict
+    code: dict = field(default_factory=dict)  # {"commit", "dirty"} of the code that ran
 
 
 def arm_recipe(recipe: Recipe, overrides: list[str], total_steps: int, warmup: int) -> Recipe:
@@ -155,6 +156,7 @@ def bench(recipe: Recipe, warmup: int = 10, steps: int = 20, profiled: int = 3,
     """Every arm of ``arms`` (default both) on ``recipe``, one after the other."""
     from gem_kernels.bench.common import device_info
     from gem_platform.parallel.single import fused_tbe_available
+    from gem_platform.provenance import code_version
     from gem_platform.train.loop import pick_device
 
     if warmup < 1 or steps < 1 or profiled < 1:
@@ -186,7 +188,7 @@ def bench(recipe: Recipe, warmup: int = 10, steps: int = 20, profiled: int = 3,
         timed_steps=steps, profiled_steps=profiled,
         local_batch=recipe.loader.local_batch_size,
         fused_tables=fused_tbe_available(device) and device.type == "cuda", arms=results,
-        speedup=speedup, resolved_recipe=recipe.model_dump(mode="json"))
+        speedup=speedup, resolved_recipe=recipe.model_dump(mode="json"), code=code_version())
 
 
 def render(result: E2EResult, console=None) -> None:  # noqa: ANN001 (rich Console)
