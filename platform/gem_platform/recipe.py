@@ -212,6 +212,12 @@ class Recipe(_Strict):
             raise ValueError("model.rope applies to model.attention=block64 only")
         if self.train.device == "cpu" and self.parallel.use_gpu:
             raise ValueError("train.device=cpu contradicts parallel.use_gpu=true")
+        if self.train.saved_activations == "fp8" and self.precision.mode == "fp32":
+            raise ValueError(
+                "train.saved_activations=fp8 stores the bf16/fp16 activations kept for the "
+                "backward in 8 bits, but precision.mode=fp32 keeps every activation in fp32, so "
+                "nothing would be compressed: set precision.mode=bf16 (or fp8_block), or "
+                "train.saved_activations=bf16")
         # Raises RecipeError itself (naming the fields and the valid sizes).
         self.parallel.validate_against_world()
         return self

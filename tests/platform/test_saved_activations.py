@@ -17,13 +17,15 @@ from gem_platform.errors import RecipeError
 from gem_platform.model import GemModel
 from gem_platform.recipe import ModelConfig, recipe_from_dict
 from gem_platform.train.loop import train
-from gem_platform.train.regions import apply_regions, model_regions
+from gem_platform.train.regions import apply_regions, measure_cost, model_regions
 from gem_platform.train.saved_activations import (
     BLOCK,
     MIN_ELEMENTS,
     Fp8SavedTensors,
     Fp8Tensor,
     compressible,
+    stored_bytes,
+    weight_shapes,
 )
 from tests.platform.test_cli import TINY
 
@@ -207,4 +209,19 @@ def test_tiny_recipe_trains_with_fp8_saved_activations(tiny_tree):
     assert recipe_from_dict(tiny_tree).train.saved_activations == "bf16"
     fp32 = {**_with(tiny_tree, saved_activations="fp8"), "precision": {"mode": "fp32"}}
     with pytest.raises(RecipeError, match="precision.mode=fp32"):
-        train(recipe_from_dict(fp32), echo=lambda _: None)
+        recipe_from_dict(fp32)  # refused when the recipe is read, before any data or model
+
+
+def test_the_activation_budget_counts_fp8_saved_tensors_at_their_stored_size(tiny_meta):
+    model = GemModel(ModelConfig(d_model=64, num_heads=2, seq_layers=1, dhen_layers=1,
+                                 attention="full"), tiny_meta)
+    weights = weight_shapes(model.parameters())
+    for region in model_regions(model):
+        def cost(stored, region=region):
+            return measure_cost(model, region, torch.device("cpu"),
+                                lambda: torch.autocast("cpu", dtype=torch.bfloat16),
+                                units=512, stored=stored).saved_bytes
+
+        plain, fp8 = cost(None), cost(lambda t: stored_bytes(t, weights))
+        assert fp8 < plain, region.name  # bf16 activations at one byte and a scale per 128
+        assert plain / fp8 <= 2.0, region.name

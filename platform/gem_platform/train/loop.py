@@ -60,7 +60,7 @@ from gem_platform.train.regions import (
     compile_enabled,
     setup_regions,
 )
-from gem_platform.train.saved_activations import saved_activations
+from gem_platform.train.saved_activations import saved_activations, stored_bytes, weight_shapes
 from gem_platform.train.state import CheckpointExtras, LoopState, Totals
 
 MetricSink = Callable[[dict[str, float], int], None]
@@ -293,6 +293,15 @@ class Run:
         return self.par.model
 
 
+def _stored_bytes(recipe: Recipe, model: nn.Module) -> Callable[[torch.Tensor], int] | None:
+    """How the activation budget counts a saved tensor: at its 8-bit size where
+    train.saved_activations=fp8 stores it so, else (None) at its storage's bytes."""
+    if recipe.train.saved_activations != "fp8":
+        return None
+    weights = weight_shapes(model.parameters())
+    return lambda t: stored_bytes(t, weights)
+
+
 def setup(recipe: Recipe, info: RankInfo) -> Run:
     """Load this rank's data, build and parallelize the model, its optimizers, LR schedules
     and batcher (the same on every rank apart from its data)."""
@@ -329,7 +338,8 @@ def setup(recipe: Recipe, info: RankInfo) -> Run:
                                            recipe.train.deterministic),
         backend=recipe.train.compile_backend, budget_gb=recipe.train.activation_memory_gb,
         units=batch_units(train_table.seq_lengths, recipe.loader.local_batch_size),
-        device=device, autocast=lambda: _autocast(recipe, device))
+        device=device, autocast=lambda: _autocast(recipe, device),
+        stored=_stored_bytes(recipe, par.model))
     return Run(recipe, info, device, meta, train_table, eval_table, par, optimizers, schedules,
                loader, batcher, peak, regions)
 

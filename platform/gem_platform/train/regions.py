@@ -94,16 +94,19 @@ def example_input(model: nn.Module, region: Region, units: int,
 
 
 def _saved_bytes(model: nn.Module, region: Region, device: torch.device,
-                 autocast: Callable[[], object], units: int) -> tuple[int, int]:
+                 autocast: Callable[[], object], units: int,
+                 stored: Callable[[torch.Tensor], int] | None = None) -> tuple[int, int]:
     """Bytes autograd saves for the region's backward on ``units`` units of a random input
-    (parameters and repeats of one storage left out), and the input's bytes."""
+    (parameters and repeats of one storage left out), and the input's bytes. ``stored``: what
+    keeping one saved tensor costs, when not its storage's bytes (train.saved_activations)."""
     params = {p.data_ptr() for p in region.module.parameters()}
     seen: dict[int, int] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         ptr = t.untyped_storage().data_ptr()
         if ptr not in params:
-            seen[ptr] = max(seen.get(ptr, 0), t.untyped_storage().nbytes())
+            size = stored(t) if stored else t.untyped_storage().nbytes()
+            seen[ptr] = max(seen.get(ptr, 0), size)
         return t
 
     inputs = example_input(model, region, units, device)
@@ -115,13 +118,14 @@ def _saved_bytes(model: nn.Module, region: Region, device: torch.device,
 
 
 def measure_cost(model: nn.Module, region: Region, device: torch.device,
-                 autocast: Callable[[], object], units: int = 256) -> RegionCost:
+                 autocast: Callable[[], object], units: int = 256,
+                 stored: Callable[[torch.Tensor], int] | None = None) -> RegionCost:
     """Bytes the region saves for backward per unit and its forward FLOPs per unit, under
     ``autocast`` (the run's precision). Measured at ``units`` and twice as many units: the
     difference leaves out what does not grow with the batch (autocast's low-precision copies
-    of the weights)."""
-    one, input_bytes = _saved_bytes(model, region, device, autocast, units)
-    two, _ = _saved_bytes(model, region, device, autocast, 2 * units)
+    of the weights). ``stored`` as in ``_saved_bytes``."""
+    one, input_bytes = _saved_bytes(model, region, device, autocast, units, stored)
+    two, _ = _saved_bytes(model, region, device, autocast, 2 * units, stored)
     flops = linear_flops_per_row(region.module)
     if region.unit == "token":
         # attention: each token against about as many keys as the example's 64-token sequences
@@ -256,12 +260,15 @@ def compile_enabled(setting: bool | None, device: torch.device, precision: str,
 
 def setup_regions(model: nn.Module, *, compile: bool, backend: str,
                   budget_gb: float | None, units: dict[Unit, float], device: torch.device,
-                  autocast: Callable[[], object]) -> CheckpointPlan:
-    """Measure (when a budget is set), plan and apply: the one call the training loop makes."""
+                  autocast: Callable[[], object],
+                  stored: Callable[[torch.Tensor], int] | None = None) -> CheckpointPlan:
+    """Measure (when a budget is set), plan and apply: the one call the training loop makes.
+    ``stored``: the bytes a saved tensor is kept in (gem_platform.train.saved_activations)."""
     regions = model_regions(model)
     costs = {}
     if budget_gb is not None:
-        costs = {r.name: measure_cost(model, r, device, autocast) for r in regions}
+        costs = {r.name: measure_cost(model, r, device, autocast, stored=stored)
+                 for r in regions}
         plan = plan_checkpointing(regions, costs, units, budget_gb)
     else:
         plan = CheckpointPlan()

@@ -45,7 +45,6 @@ from collections.abc import Iterable, Iterator
 import torch
 from torch import nn
 
-from gem_platform.errors import RecipeError
 from gem_platform.recipe import Recipe
 
 MIN_ELEMENTS = 4096  # smaller saved tensors stay as computed (scales and hooks would cost more)
@@ -177,22 +176,19 @@ class Fp8SavedTensors(contextlib.AbstractContextManager):
         self._hooks.__exit__(*exc)
 
 
-def check(recipe: Recipe) -> None:
-    """Refuse ``train.saved_activations: fp8`` where it would compress nothing."""
-    if recipe.train.saved_activations == "fp8" and recipe.precision.mode == "fp32":
-        raise RecipeError(
-            "train.saved_activations=fp8 stores the bf16/fp16 activations kept for the "
-            "backward in 8 bits, but under precision.mode=fp32 every activation is fp32 (kept "
-            "exact), so nothing would be compressed.",
-            "set precision.mode=bf16 (or fp8_block), or train.saved_activations=bf16.")
+def stored_bytes(t: torch.Tensor, weights: frozenset[Shape] = frozenset()) -> int:
+    """What keeping ``t`` for the backward costs under ``fp8``: its 8-bit blocks and their
+    scales where ``compressible``, else its storage (the activation-budget planner's count)."""
+    if compressible(t, weights):
+        return t.numel() + 4 * -(-t.numel() // BLOCK)
+    return t.untyped_storage().nbytes()
 
 
 @contextlib.contextmanager
 def saved_activations(recipe: Recipe, model: nn.Module) -> Iterator[Fp8SavedTensors | None]:
     """The training forward's context for ``train.saved_activations``: fp8's hooks (weights
-    told by ``model``'s parameter shapes), or nothing for bf16. Raises RecipeError where fp8
-    would compress nothing (``check``)."""
-    check(recipe)
+    told by ``model``'s parameter shapes), or nothing for bf16. (The recipe refuses fp8 under
+    precision.mode=fp32, where nothing would be compressed.)"""
     if recipe.train.saved_activations == "bf16":
         yield None
         return
@@ -200,5 +196,6 @@ def saved_activations(recipe: Recipe, model: nn.Module) -> Iterator[Fp8SavedTens
         yield hooks
 
 
-__all__ = ["BLOCK", "MAX_SPAN", "MIN_ELEMENTS", "Fp8SavedTensors", "Fp8Tensor", "check",
-           "compressible", "quantize", "saved_activations", "weight_shapes"]
+__all__ = ["BLOCK", "MAX_SPAN", "MIN_ELEMENTS", "Fp8SavedTensors", "Fp8Tensor",
+           "compressible", "quantize", "saved_activations", "stored_bytes",
+           "weight_shapes"]
