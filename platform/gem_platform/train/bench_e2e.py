@@ -10,9 +10,10 @@ Arms (each trains ``warmup + steps + 1 + profile`` steps in this process, one af
   the training thread (train.prefetch_batches=0), plain tables with a dense optimizer step.
 
 Per arm: samples/s and E2E MFU over the ``steps`` timed steps (after ``warmup`` steps that pay
-compilation and autotuning), peak device memory, and the step's time by kind of kernel from
-torch.profiler over the last ``profile`` steps (not timed). The ratio is ours / off-the-shelf
-samples/s. Prints a table and writes JSON.
+compilation and autotuning), the graphs and kernels still compiled during the timed steps
+(late compiles: their time is in the figures), peak device memory, and the step's time by
+kind of kernel from torch.profiler over the last ``profile`` steps (not timed). The ratio is
+ours / off-the-shelf samples/s. Prints a table and writes JSON.
 
     gemctl bench e2e recipes/h200_gem.yaml --set model.attention=block64 --out docs/bench
     python -m gem_platform.train.bench_e2e recipes/h200_gem.yaml --out docs/bench
@@ -60,6 +61,7 @@ class ArmResult:
     by_kind_ms: dict[str, float] = field(default_factory=dict)
     by_kind_of_step: dict[str, float] = field(default_factory=dict)
     final_loss: float = float("nan")
+    compiles_after_warmup: int = 0  # graphs and Triton kernels compiled during timed steps
     error: str | None = None  # why the arm did not finish (e.g. out of memory); then NaNs
 
 
@@ -144,7 +146,8 @@ def run_arm(recipe: Recipe, name: str, overrides: list[str], warmup: int, steps:
         step_ms=timed_s * 1e3 / steps, train_tflops_per_step=flops / 1e12,
         warmup_s=marks[warmup] - start, busy_fraction=step_profile.busy_fraction,
         by_kind_ms=step_profile.by_kind, by_kind_of_step=step_profile.by_kind_of_step,
-        final_loss=float(summary["train/final_loss"]))
+        final_loss=float(summary["train/final_loss"]),
+        compiles_after_warmup=int(summary.get("perf/compiles_after_warmup", 0)))
     gc.collect()
     if cuda:
         torch.cuda.empty_cache()
@@ -201,14 +204,16 @@ def render(result: E2EResult, console=None) -> None:  # noqa: ANN001 (rich Conso
     ratio = f", ours / off-the-shelf {result.speedup:.2f}x" if result.speedup else ""
     console.print(escape(f"{result.recipe} ({result.attention}, {result.precision}, "
                          f"{result.device}, batch {result.local_batch}){ratio}"))
-    arms = Table("arm", "samples/s", "E2E MFU", "peak GB", "ms / step", "busy", "warm-up s")
+    arms = Table("arm", "samples/s", "E2E MFU", "peak GB", "ms / step", "busy", "warm-up s",
+                 "late compiles")
     for a in result.arms:
         if a.error:
-            arms.add_row(a.name, escape(a.error[:60]), "", "", "", "", "")
+            arms.add_row(a.name, escape(a.error[:60]), "", "", "", "", "", "")
             continue
         mem = "-" if a.peak_memory_gb is None else f"{a.peak_memory_gb:.1f}"
         arms.add_row(a.name, f"{a.samples_per_s:,.0f}", f"{a.mfu_e2e:.1%}", mem,
-                     f"{a.step_ms:.1f}", f"{a.busy_fraction:.0%}", f"{a.warmup_s:.0f}")
+                     f"{a.step_ms:.1f}", f"{a.busy_fraction:.0%}", f"{a.warmup_s:.0f}",
+                     str(a.compiles_after_warmup))
     console.print(arms)
     kinds = sorted({k for a in result.arms for k in a.by_kind_ms},
                    key=lambda k: -max(a.by_kind_ms.get(k, 0.0) for a in result.arms))

@@ -49,6 +49,7 @@ from gem_platform.model.flops import FlopMeter
 from gem_platform.parallel import Parallelized, parallelize
 from gem_platform.recipe import Recipe
 from gem_platform.train.checkpoint import Stateful
+from gem_platform.train.compile_watch import CompileWatch
 from gem_platform.train.determinism import deterministic_mode
 from gem_platform.train.metrics import TaskEvaluator
 from gem_platform.train.mfu import Peak, mfu, resolve_peak
@@ -527,6 +528,7 @@ def summarize(run: Run, state: LoopState) -> dict[str, float]:
         "perf/qps": steady.samples / steady.step_s if steady.step_s else float("nan"),
         "perf/qps_all_steps": totals.samples / totals.step_s if totals.step_s else float("nan"),
         "perf/steps_measured": float(steady.steps),
+        "perf/compiles_after_warmup": float(state.compiles_after_warmup),
         "perf/mfu_e2e": e2e,
         "perf/mfu_local": local,
         "perf/scaling_ratio": e2e / local if local > 0 else float("nan"),
@@ -582,22 +584,28 @@ def _train(recipe: Recipe, report: Reporter, checkpoints: CheckpointStore | None
     warm_until = state.step + min(cfg.perf_warmup_steps, cfg.steps - state.step - 1)
     meter = FlopMeter(run.model)
     steps = range(state.step + 1, cfg.steps + 1)
-    for step, (batch, indices) in zip(steps, batch_stream(run, start_epoch), strict=False):
-        # host lengths for the FLOP count (self-attention pairs), so it never waits on the GPU
-        meter.seq_lengths = torch.as_tensor(run.train_table.seq_lengths[indices])
-        result = timed_step(run, batch, step, meter,
-                            checkpointing=bool(checkpoints and checkpoints.every))
-        step_balance = account(run, state, step, result, batch, indices,
-                               measured=step > warm_until)
-        if step % cfg.log_every == 0 or step == cfg.steps:
-            log_step(run, state, result, step_balance, report)
-        if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps:
-            report.publish(evaluate(run.model, run.eval_table, recipe, run.device, info), step)
-        if checkpoints and checkpoints.every and step % checkpoints.every == 0 \
-                and step < cfg.steps:
-            save_checkpoint(run, state, checkpoints)
-        if on_step:
-            on_step(step)
+    with CompileWatch() as watch:
+        for step, (batch, indices) in zip(steps, batch_stream(run, start_epoch), strict=False):
+            # host lengths for the FLOP count (self-attention pairs), so it never waits on the GPU
+            meter.seq_lengths = torch.as_tensor(run.train_table.seq_lengths[indices])
+            result = timed_step(run, batch, step, meter,
+                                checkpointing=bool(checkpoints and checkpoints.every))
+            step_balance = account(run, state, step, result, batch, indices,
+                                   measured=step > warm_until)
+            compiled = watch.take()
+            if compiled and step > warm_until:
+                state.compiles_after_warmup += compiled.count
+                report.line(f"step {step}: {compiled.describe()} after the warm-up (in this "
+                            "step's time, so in QPS and MFU)")
+            if step % cfg.log_every == 0 or step == cfg.steps:
+                log_step(run, state, result, step_balance, report)
+            if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps:
+                report.publish(evaluate(run.model, run.eval_table, recipe, run.device, info), step)
+            if checkpoints and checkpoints.every and step % checkpoints.every == 0 \
+                    and step < cfg.steps:
+                save_checkpoint(run, state, checkpoints)
+            if on_step:
+                on_step(step)
 
     metrics = summarize(run, state)
     report.publish(metrics, cfg.steps)

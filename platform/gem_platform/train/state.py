@@ -72,6 +72,7 @@ class LoopState:
     steady: Totals = field(default_factory=Totals)
     balance: BalanceTracker = field(default_factory=BalanceTracker)
     running: RunningNE = field(default_factory=RunningNE)
+    compiles_after_warmup: int = 0  # graphs and kernels compiled past the warm-up steps
 
 
 @dataclass

@@ -1,0 +1,67 @@
+"""CompileWatch: what a training process compiles, and the loop's report of compiles past the
+warm-up steps (a stall inside the measured run)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+import triton
+import yaml
+
+from gem_platform.recipe import recipe_from_dict
+from gem_platform.train.compile_watch import CompileEvents, CompileWatch
+from gem_platform.train.loop import train
+from tests.platform.test_cli import TINY
+
+
+def test_counts_dynamo_graphs_and_triton_kernels_and_chains_the_previous_hook():
+    torch._dynamo.reset()
+    seen_before: list[str] = []
+    previous = triton.knobs.runtime.jit_post_compile_hook
+    triton.knobs.runtime.jit_post_compile_hook = lambda **kw: seen_before.append(kw["fn"].name)
+    try:
+        f = torch.compile(lambda x: x * 2 + 1, backend="aot_eager", dynamic=False)
+        with CompileWatch() as watch:
+            f(torch.ones(3))
+            f(torch.ones(3))  # cached: nothing new
+            assert watch.take().dynamo_graphs == 1
+            f(torch.ones(4, dtype=torch.float64))  # a new dtype: a recompile
+            # what Triton calls after JIT-compiling a kernel
+            triton.knobs.runtime.jit_post_compile_hook(fn=SimpleNamespace(name="_jfa_fwd_kernel"))
+            events = watch.take()
+            assert events.dynamo_graphs == 1 and events.triton_kernels == ["_jfa_fwd_kernel"]
+            assert "1 torch.compile graph(s) and 1 Triton kernel(s) (_jfa_fwd_kernel)" in \
+                events.describe()
+            assert not watch.take()
+        assert seen_before == ["_jfa_fwd_kernel"]  # the hook found installed still ran
+        assert triton.knobs.runtime.jit_post_compile_hook is not None
+        triton.knobs.runtime.jit_post_compile_hook(fn=SimpleNamespace(name="k"))
+        assert seen_before[-1] == "k"  # restored on exit
+    finally:
+        triton.knobs.runtime.jit_post_compile_hook = previous
+
+
+def test_events_describe_many_kernels_briefly():
+    e = CompileEvents(0, [f"k{i}" for i in range(6)])
+    assert e.count == 6 and e.describe() == "6 Triton kernel(s) (k0, k1, k2, k3, ...) compiled"
+
+
+@pytest.mark.parametrize("warmup", [0, 1])
+def test_training_reports_compiles_past_the_warm_up(tmp_path, monkeypatch, warmup):
+    monkeypatch.chdir(tmp_path)
+    torch._dynamo.reset()
+    tree = yaml.safe_load(TINY.format(data=tmp_path / "data"))
+    tree["model"].update(seq_layers=1, attention="full")
+    tree["train"].update(steps=3, log_every=3, perf_warmup_steps=warmup, eval_max_samples=64,
+                         compile=True, compile_backend="aot_eager")
+    tree["parallel"]["workers"] = 1
+    lines: list[str] = []
+    summary = train(recipe_from_dict(tree), echo=lines.append)
+    late = [line for line in lines if "after the warm-up" in line]
+    if warmup == 0:  # the first step's compiles count: no step was left to warm up
+        assert summary["perf/compiles_after_warmup"] >= 3
+        assert late and late[0].startswith("step 1: 3 torch.compile graph(s)"), late
+    else:
+        assert summary["perf/compiles_after_warmup"] == 0 and not late, late
