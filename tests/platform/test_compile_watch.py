@@ -8,12 +8,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 import triton
-import yaml
 
-from gem_platform.recipe import recipe_from_dict
 from gem_platform.train.compile_watch import CompileEvents, CompileWatch
-from gem_platform.train.loop import train
-from tests.platform.test_cli import TINY
+from tests.platform.tiny_training import tiny_tree, train_losses
 
 
 def test_counts_dynamo_graphs_and_triton_kernels_and_chains_the_previous_hook():
@@ -52,13 +49,10 @@ def test_events_describe_many_kernels_briefly():
 def test_training_reports_compiles_past_the_warm_up(tmp_path, monkeypatch, warmup):
     monkeypatch.chdir(tmp_path)
     torch._dynamo.reset()
-    tree = yaml.safe_load(TINY.format(data=tmp_path / "data"))
-    tree["model"].update(seq_layers=1, attention="full")
-    tree["train"].update(steps=3, log_every=3, perf_warmup_steps=warmup, eval_max_samples=64,
-                         compile=True, compile_backend="aot_eager")
-    tree["parallel"]["workers"] = 1
+    tree = tiny_tree(tmp_path / "data", seq_layers=1, steps=3, log_every=3, eval_max_samples=64,
+                     perf_warmup_steps=warmup, compile=True, compile_backend="aot_eager")
     lines: list[str] = []
-    summary = train(recipe_from_dict(tree), echo=lines.append)
+    _, summary = train_losses(tree, echo=lines.append)
     late = [line for line in lines if "after the warm-up" in line]
     if warmup == 0:  # the first step's compiles count: no step was left to warm up
         assert summary["perf/compiles_after_warmup"] >= 3

@@ -7,7 +7,6 @@ import math
 
 import pytest
 import torch
-import yaml
 from torch import nn
 from torch._dynamo.utils import counters
 
@@ -26,7 +25,8 @@ from gem_platform.train.regions import (
     model_regions,
     plan_checkpointing,
 )
-from tests.platform.test_cli import TINY
+from tests.platform.tiny_training import tiny_tree as tiny_tree_at
+from tests.platform.tiny_training import train_losses
 
 
 def _regions() -> list[Region]:
@@ -104,30 +104,19 @@ def test_deterministic_runs_on_cuda_train_eager_and_refuse_an_explicit_compile()
 @pytest.fixture
 def tiny_tree(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    tree = yaml.safe_load(TINY.format(data=tmp_path / "data"))
-    tree["model"].update(seq_layers=2, attention="full")
-    tree["train"].update(steps=3, log_every=1, perf_warmup_steps=0, eval_max_samples=128)
-    tree["parallel"]["workers"] = 1
-    return tree
-
-
-def _losses(tree: dict) -> tuple[list[float], dict]:
-    losses: list[float] = []
-    summary = train(recipe_from_dict(tree), sink=lambda m, s: losses.append(m["train/loss"])
-                    if "train/loss" in m else None, echo=lambda _: None)
-    return losses, summary
+    return tiny_tree_at(tmp_path / "data", steps=3)
 
 
 def test_compiled_training_traces_each_region_kind_once(tiny_tree):
     """Three steps whose batches hold different token counts: the sequence layers' graph is
     traced once (dynamic token count), the DHEN and head graphs once each; no graph break.
     Training matches the eager run."""
-    eager, eager_summary = _losses(tiny_tree)
+    eager, eager_summary = train_losses(tiny_tree)
     torch._dynamo.reset()
     counters.clear()
     tree = {**tiny_tree, "train": {**tiny_tree["train"], "compile": True, "perf_warmup_steps": 1,
                                    "compile_backend": "aot_eager", "eval_max_samples": 1}}
-    compiled, summary = _losses(tree)
+    compiled, summary = train_losses(tree)
     assert compiled == pytest.approx(eager, rel=1e-4, abs=1e-5)
     assert summary["perf/train_flops_per_step"] == pytest.approx(
         eager_summary["perf/train_flops_per_step"])
@@ -140,7 +129,7 @@ def test_compiled_training_traces_each_region_kind_once(tiny_tree):
 
 
 def test_recompute_budget_trains_the_same_and_counts_no_extra_flops(tiny_tree):
-    plain, plain_summary = _losses(tiny_tree)
+    plain, plain_summary = train_losses(tiny_tree)
     tree = {**tiny_tree, "train": {**tiny_tree["train"], "activation_memory_gb": 1e-9}}
     lines: list[str] = []
     recomputed: list[float] = []

@@ -10,13 +10,11 @@ import shutil
 import pytest
 import torch
 import torch.nn.functional as F
-import yaml
 from torch import nn
 
 from gem_platform.errors import RecipeError
 from gem_platform.model import GemModel
 from gem_platform.recipe import ModelConfig, recipe_from_dict
-from gem_platform.train.loop import train
 from gem_platform.train.regions import apply_regions, measure_cost, model_regions
 from gem_platform.train.saved_activations import (
     BLOCK,
@@ -27,7 +25,8 @@ from gem_platform.train.saved_activations import (
     stored_bytes,
     weight_shapes,
 )
-from tests.platform.test_cli import TINY
+from tests.platform.tiny_training import tiny_tree as tiny_tree_at
+from tests.platform.tiny_training import train_losses
 
 
 def _block_amax(x: torch.Tensor) -> torch.Tensor:
@@ -176,10 +175,7 @@ def test_gem_model_trains_under_fp8_in_every_kind_of_region(regions, tiny_meta, 
 @pytest.fixture
 def tiny_tree(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    tree = yaml.safe_load(TINY.format(data=tmp_path / "data"))
-    tree["model"].update(seq_layers=2, attention="full")
-    tree["train"].update(steps=8, log_every=1, perf_warmup_steps=0, eval_max_samples=128)
-    tree["parallel"]["workers"] = 1
+    tree = tiny_tree_at(tmp_path / "data", steps=8)
     tree["precision"] = {"mode": "bf16"}
     return tree
 
@@ -188,16 +184,9 @@ def _with(tree: dict, **train) -> dict:
     return {**tree, "train": {**tree["train"], **train}}
 
 
-def _losses(tree: dict) -> tuple[list[float], dict]:
-    losses: list[float] = []
-    summary = train(recipe_from_dict(tree), sink=lambda m, s: losses.append(m["train/loss"])
-                    if "train/loss" in m else None, echo=lambda _: None)
-    return losses, summary
-
-
 def test_tiny_recipe_trains_with_fp8_saved_activations(tiny_tree):
-    plain, _ = _losses(tiny_tree)
-    fp8, summary = _losses(_with(tiny_tree, saved_activations="fp8"))
+    plain, _ = train_losses(tiny_tree)
+    fp8, summary = train_losses(_with(tiny_tree, saved_activations="fp8"))
     assert len(fp8) == 8 and all(math.isfinite(v) for v in fp8)
     assert fp8[0] == pytest.approx(plain[0], rel=1e-6)  # the forward is untouched
     assert fp8 != plain  # the backward read 8-bit activations
