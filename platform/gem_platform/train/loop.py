@@ -61,7 +61,11 @@ from gem_platform.train.regions import (
     compile_enabled,
     setup_regions,
 )
-from gem_platform.train.saved_activations import saved_activations, stored_bytes, weight_shapes
+from gem_platform.train.saved_activations import (
+    model_weight_shapes,
+    saved_activations,
+    stored_bytes,
+)
 from gem_platform.train.state import CheckpointExtras, LoopState, Totals
 
 MetricSink = Callable[[dict[str, float], int], None]
@@ -299,7 +303,7 @@ def _stored_bytes(recipe: Recipe, model: nn.Module) -> Callable[[torch.Tensor], 
     train.saved_activations=fp8 stores it so, else (None) at its storage's bytes."""
     if recipe.train.saved_activations != "fp8":
         return None
-    weights = weight_shapes(model.parameters())
+    weights = model_weight_shapes(model)
     return lambda t: stored_bytes(t, weights)
 
 

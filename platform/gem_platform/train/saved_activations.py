@@ -124,6 +124,19 @@ def weight_shapes(params: Iterable[torch.Tensor]) -> frozenset[Shape]:
     return frozenset(shapes)
 
 
+_WEIGHT_SHAPES: weakref.WeakKeyDictionary[nn.Module, frozenset[Shape]] = \
+    weakref.WeakKeyDictionary()
+
+
+def model_weight_shapes(model: nn.Module) -> frozenset[Shape]:
+    """``weight_shapes`` of ``model``'s parameters, worked out once per model (the training
+    step enters the hooks every step)."""
+    shapes = _WEIGHT_SHAPES.get(model)
+    if shapes is None:
+        shapes = _WEIGHT_SHAPES[model] = weight_shapes(model.parameters())
+    return shapes
+
+
 def compressible(t: torch.Tensor, weights: frozenset[Shape] = frozenset()) -> bool:
     """The rule of the module docstring: whether ``fp8`` stores ``t`` in 8 bits (``weights``:
     the model's ``weight_shapes``)."""
@@ -142,7 +155,7 @@ class Fp8SavedTensors(contextlib.AbstractContextManager):
     ``stored_bytes``."""
 
     def __init__(self, model: nn.Module | None = None) -> None:
-        self.weights = weight_shapes(model.parameters()) if model is not None else frozenset()
+        self.weights = model_weight_shapes(model) if model is not None else frozenset()
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
         # id(tensor) -> (tensor, its version, its copy), all weak: no lifetime is extended
         self._copies: dict[int, tuple[weakref.ref, int, weakref.ref]] = {}
@@ -197,5 +210,5 @@ def saved_activations(recipe: Recipe, model: nn.Module) -> Iterator[Fp8SavedTens
 
 
 __all__ = ["BLOCK", "MAX_SPAN", "MIN_ELEMENTS", "Fp8SavedTensors", "Fp8Tensor",
-           "compressible", "quantize", "saved_activations", "stored_bytes",
-           "weight_shapes"]
+           "compressible", "model_weight_shapes", "quantize", "saved_activations",
+           "stored_bytes", "weight_shapes"]
