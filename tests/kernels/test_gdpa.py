@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import math
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -628,13 +630,20 @@ def test_few_items_per_sm_are_dealt_greedily() -> None:
     assert imbalance(work, deal(work, p, True, sms), p, sms) < 1.05
 
 
+def _compiled_report(code: str) -> str:
+    """Stdout of ``code`` run in a fresh Python without the Triton interpreter, so that it can
+    compile kernels for sm_90 and read their resources (no GPU needed)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    return res.stdout
+
+
 def test_hopper_resources_dq_transposed_runs_every_product_as_warpgroup_mma() -> None:
     """Compiled for sm_90 without a GPU (gem_kernels.gdpa.resources, in a process without the
     interpreter): the default one-pass kernel runs its five products as warpgroup MMAs and
     spills nothing in the atomic / middle phase; dQ as dS K (32 rows) was a mma.sync product."""
-    import subprocess
-    import sys
-
     code = ("from dataclasses import replace\n"
             "from gem_kernels.gdpa.resources import dkdv_resources\n"
             "from gem_kernels.gdpa.triton_bwd import DqMode, one_pass_config\n"
@@ -642,11 +651,7 @@ def test_hopper_resources_dq_transposed_runs_every_product_as_warpgroup_mma() ->
             "a = dkdv_resources(c, DqMode.ATOMIC)\n"
             "b = dkdv_resources(replace(c, dq_transposed=False), DqMode.ATOMIC)\n"
             "print(a.wgmma, a.mma_sync, a.spill_store_bytes, a.registers, b.mma_sync)\n")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                         text=True, timeout=600)
-    assert res.returncode == 0, res.stderr[-2000:]
-    wgmma, mma_sync, spilled, regs, old_mma_sync = map(int, res.stdout.split())
+    wgmma, mma_sync, spilled, regs, old_mma_sync = map(int, _compiled_report(code).split())
     assert wgmma > 0 and mma_sync == 0 and spilled == 0 and regs <= 255
     assert old_mma_sync > 0
 
@@ -655,18 +660,11 @@ def test_hopper_resources_short_q_stream_spills_nothing_up_to_its_default_tile()
     """The short_q_stream backward compiled for sm_90 (no GPU needed): no spills at head dim
     128 for the query tiles the fast default uses (up to STREAM_MAX_Q rows), with registers
     to spare below the 255 cap (which the 64-row tile reached: gdpa/DESIGN.md)."""
-    import subprocess
-    import sys
-
     code = ("from gem_kernels.gdpa.resources import short_q_stream_resources\n"
             "for q in (16, 32, 64):\n"
             "    r = short_q_stream_resources(q, 128)\n"
             "    print(q, r.registers, r.spill_store_bytes)\n")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                         text=True, timeout=600)
-    assert res.returncode == 0, res.stderr[-2000:]
-    for line in res.stdout.split("\n"):
+    for line in _compiled_report(code).split("\n"):
         if line:
             q, regs, spilled = map(int, line.split())
             if q <= STREAM_MAX_Q:
