@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,8 @@ import pytest
 from gem_platform.errors import GemError
 from gem_platform.sweep.config import load_sweep
 from gem_platform.sweep.inprocess import run_in_process
-from gem_platform.sweep.results import load_results
+from gem_platform.sweep.merge import merge_results
+from gem_platform.sweep.results import load_results, write_results
 from tests.conftest import run_gemctl
 from tests.sweep.test_provenance import in_history
 from tests.sweep.test_spec import BASE
@@ -155,3 +157,32 @@ def test_resume_across_commits_needs_allow_code_change(swept, tmp_path, monkeypa
     kept = run_in_process(plan, path, echo=lines.append, allow_code_change=True)
     assert len(kept) == 4 and any("with a code change" in ln for ln in lines)
     assert [t.commit for t in kept] == [t["commit"] for t in body["trials"]]  # kept as were
+
+
+def test_results_of_parallel_processes_merge_into_one_file(swept, tmp_path):
+    """One file per process (an arm and seed each) merges back into the sweep's file: the same
+    trials and verdicts; a disagreeing duplicate or another sweep is refused, nothing written."""
+    trials, header = load_results(swept / "results.json")
+    header.pop("format")
+    parts = []
+    for i, t in enumerate(trials):
+        part = tmp_path / f"part{i}.json"
+        write_results(part, header, [t])
+        parts.append(str(part))
+    merged = tmp_path / "merged.json"
+    proc = subprocess.run([sys.executable, "-c", NO_RAY_NO_MLFLOW, "--merge", *parts, parts[0],
+                           "--out", str(merged)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    again, merged_header = load_results(merged)
+    assert sorted(again, key=lambda t: (t.arm, t.seed)) == \
+        sorted(trials, key=lambda t: (t.arm, t.seed))  # the repeated part is kept once
+    assert merged_header["seeds"] == [0, 1] and merged_header["recipes"] == header["recipes"]
+
+    bent = replace(trials[0], metrics={**trials[0].metrics, "eval/ne_ctr": 0.5})
+    write_results(tmp_path / "bent.json", header, [bent])
+    with pytest.raises(GemError, match=f"trial {bent.arm} seed {bent.seed} differs"):
+        merge_results([parts[0], tmp_path / "bent.json"], tmp_path / "never.json")
+    write_results(tmp_path / "other.json", {**header, "sweep": "other"}, [trials[0]])
+    with pytest.raises(GemError, match="holds sweep 'other'"):
+        merge_results([parts[0], tmp_path / "other.json"], tmp_path / "never.json")
+    assert not (tmp_path / "never.json").exists()

@@ -15,6 +15,10 @@ resolved recipe and whether it trained deterministically), and per trial its com
 
     python -m gem_platform.sweep.inprocess recipes/ablations/precision_h200.yaml \\
         --out gem_runs/precision_h200.json
+
+Trials trained in parallel processes (``--arms A --seeds S --out part.json`` each) become one
+file with ``python -m gem_platform.sweep.inprocess --merge part*.json --out all.json``
+(gem_platform.sweep.merge).
 """
 
 from __future__ import annotations
@@ -146,8 +150,12 @@ def _arm_fingerprints(plan: SweepPlan) -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("spec", help="sweep spec YAML, e.g. recipes/ablations/precision_h200.yaml")
+    p.add_argument("spec", nargs="?",
+                   help="sweep spec YAML, e.g. recipes/ablations/precision_h200.yaml")
     p.add_argument("--out", required=True, help="results JSON (rewritten after each trial)")
+    p.add_argument("--merge", nargs="+", metavar="FILE",
+                   help="instead of training: merge these results files of one sweep (e.g. one "
+                        "process per arm and seed) into --out")
     p.add_argument("--set", "-s", dest="overrides", action="append", default=[],
                    help="override a field of the base recipe for every arm (repeatable)")
     p.add_argument("--seeds", type=int, nargs="+", help="run these seeds instead of the spec's")
@@ -156,6 +164,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--allow-code-change", action="store_true",
                    help="resume --out although its trials came from another git commit")
     args = p.parse_args(argv)
+    if args.merge:
+        return _merge(args.merge, args.out)
+    if not args.spec:
+        p.error("a sweep spec is needed to train (or pass --merge FILE...)")
     try:
         plan = load_sweep(args.spec, args.overrides)
         plan = narrowed(plan, args.seeds, args.arms)
@@ -165,6 +177,19 @@ def main(argv: list[str] | None = None) -> int:
         print(err.as_text(), file=sys.stderr)
         return 2
     print(f"results: {args.out}  (compare: gemctl compare {args.out})")
+    return 0
+
+
+def _merge(paths: list[str], out: str) -> int:
+    from gem_platform.sweep.merge import merge_results
+
+    try:
+        trials = merge_results(paths, out)
+    except GemError as err:
+        print(err.as_text(), file=sys.stderr)
+        return 2
+    print(f"results: {out}  ({len(trials)} trials from {len(paths)} files; compare: "
+          f"gemctl compare {out})")
     return 0
 
 
