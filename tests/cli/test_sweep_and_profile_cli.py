@@ -9,18 +9,11 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_gemctl
+from tests.sweep.test_inprocess import SPEC as PREC_SPEC
 from tests.sweep.test_spec import BASE
 
-SPEC = """
-name: tri
-base: base.yaml
-seeds: [0, 1]
-baseline: fp32
-arms:
-  fp32: [precision.mode=fp32]
-  bf16: [precision.mode=bf16]
-  wide: [model.d_model=64]
-"""
+# the in-process sweep's two precisions, and a third arm
+SPEC = PREC_SPEC.replace("name: prec", "name: tri") + "  wide: [model.d_model=64]\n"
 
 
 @pytest.fixture(scope="module")
