@@ -55,10 +55,14 @@ def _e2e(
     warmup: Annotated[int, typer.Option(help="Untimed steps first (compilation).")] = 10,
     out: Annotated[str, typer.Option(help="Folder for the JSON result.")] = "docs/bench",
     quick: Annotated[bool, typer.Option(help="3 warm-up, 5 timed, 2 profiled steps.")] = False,
+    arms: Annotated[str, typer.Option(
+        help="Comma-separated arms: ours, off_the_shelf (the default pair), ours_dense_tables, "
+             "ours_fp8_saved, ours_eager.")] = "ours,off_the_shelf",
 ) -> None:
     from gem_platform.train.bench_e2e import main
 
-    argv = [recipe, "--steps", str(steps), "--warmup", str(warmup), "--out", out]
+    argv = [recipe, "--steps", str(steps), "--warmup", str(warmup), "--out", out,
+            "--arms", arms]
     argv += [a for s in set_ or [] for a in ("--set", s)] + (["--quick"] if quick else [])
     raise typer.Exit(main(argv))
 
@@ -72,6 +76,7 @@ def register(app: typer.Typer) -> None:
     bench.command("e2e", help="A recipe trained by the platform's own build and by the same "
                   "model from off-the-shelf parts, same run: samples/s, E2E MFU, peak memory, "
                   "time by kind of kernel.", epilog=epilog(
-                      "gemctl bench e2e recipes/h200_gem.yaml --set model.attention=block64"))(
+                      "gemctl bench e2e recipes/h200_gem.yaml --set model.attention=block64",
+                      "gemctl bench e2e --arms ours,ours_dense_tables,ours_fp8_saved"))(
         user_errors(_e2e))
     app.add_typer(bench, name="bench")

@@ -29,7 +29,7 @@ def test_both_arms_in_one_run(tiny):
     result = bench(recipe_from_dict(tree), warmup=1, steps=2, profiled=1, echo=lambda _: None)
     assert [a.name for a in result.arms] == ["ours", "off_the_shelf"]
     ours, off = result.arms
-    assert off.overrides == ARMS["off_the_shelf"]
+    assert off.overrides == list(ARMS["off_the_shelf"].overrides)
     for a in result.arms:
         assert a.samples_per_s > 0 and 0 < a.mfu_e2e < 1 and a.step_ms > 0
         assert a.by_kind_ms and "matmul" in a.by_kind_ms
@@ -45,7 +45,7 @@ def test_both_arms_in_one_run(tiny):
 def test_arm_recipe_and_bad_arguments(tiny):
     _, tree = tiny
     recipe = recipe_from_dict(tree)
-    r = arm_recipe(recipe, ARMS["off_the_shelf"], total_steps=7, warmup=3)
+    r = arm_recipe(recipe, list(ARMS["off_the_shelf"].overrides), total_steps=7, warmup=3)
     assert (r.model.kernel, r.train.compile, r.train.prefetch_batches) == ("baseline", False, 0)
     assert r.train.steps == 7 and r.train.perf_warmup_steps == 3
     assert recipe.model.kernel == "auto"  # the recipe itself is untouched
@@ -58,11 +58,14 @@ def test_arm_recipe_and_bad_arguments(tiny):
 def test_cli_writes_json(tiny):
     tmp_path, tree = tiny
     (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(tree))
-    proc = run_gemctl("bench", "e2e", "tiny.yaml", "--quick", "--out", "res", cwd=tmp_path)
+    proc = run_gemctl("bench", "e2e", "tiny.yaml", "--quick", "--out", "res",
+                      "--arms", "ours,off_the_shelf,ours_eager", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "samples/s" in proc.stdout and "off_the_shelf" in proc.stdout
     data = json.loads((tmp_path / "res" / "e2e_tiny_full.json").read_text())
     assert data["warmup_steps"] == 3 and data["speedup"] > 0
+    assert [a["name"] for a in data["arms"]] == ["ours", "off_the_shelf", "ours_eager"]
+    assert data["arms"][2]["overrides"] == ["train.compile=false"]
 
 
 def test_a_failed_arm_is_recorded_not_lost(tmp_path):
@@ -71,7 +74,7 @@ def test_a_failed_arm_is_recorded_not_lost(tmp_path):
     from gem_platform.train.bench_e2e import E2EResult, failed_arm, render
 
     err = RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore detail")
-    arm = failed_arm("off_the_shelf", ARMS["off_the_shelf"], err)
+    arm = failed_arm("off_the_shelf", list(ARMS["off_the_shelf"].overrides), err)
     assert arm.error == "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB"
     result = E2EResult(recipe="r", attention="full", precision="bf16", device="cuda:0",
                        environment={}, warmup_steps=1, timed_steps=1, profiled_steps=1,

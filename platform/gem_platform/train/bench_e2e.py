@@ -9,6 +9,13 @@ Arms (each trains ``warmup + steps + 1 + profile`` steps in this process, one af
   GDPA for cross and pooled attention), eager glue (train.compile=false), input collated on
   the training thread (train.prefetch_batches=0), plain tables with a dense optimizer step.
 
+Arms on request (``--arms``), each the recipe with one lever changed, to see what it is worth:
+
+- ``ours_dense_tables``: ours with plain tables and a dense optimizer step (what TorchRec's
+  fused path adds where fbgemm-gpu's CUDA build runs);
+- ``ours_fp8_saved``: ours with ``train.saved_activations=fp8`` (memory against speed);
+- ``ours_eager``: ours with ``train.compile=false`` (what compiled regions add).
+
 Per arm: samples/s and E2E MFU over the ``steps`` timed steps (after ``warmup`` steps that pay
 compilation and autotuning), the graphs and kernels still compiled during the timed steps
 (late compiles: their time is in the figures), peak device memory, and the step's time by
@@ -37,11 +44,25 @@ from torch.profiler import ProfilerActivity, profile, schedule
 from gem_platform.errors import GemError
 from gem_platform.recipe import Recipe, apply_overrides, load_recipe, recipe_from_dict
 
-ARMS: dict[str, list[str]] = {
-    "ours": [],
-    "off_the_shelf": ["model.kernel=baseline", "train.compile=false",
-                      "train.prefetch_batches=0"],
+
+@dataclass(frozen=True)
+class Arm:
+    """How an arm differs from the recipe: overrides, and whether its tables stay plain
+    modules with a dense optimizer step (``parallel.single.plain_tables``)."""
+
+    overrides: tuple[str, ...] = ()
+    plain_tables: bool = False
+
+
+ARMS: dict[str, Arm] = {
+    "ours": Arm(),
+    "off_the_shelf": Arm(("model.kernel=baseline", "train.compile=false",
+                          "train.prefetch_batches=0"), plain_tables=True),
+    "ours_dense_tables": Arm(plain_tables=True),
+    "ours_fp8_saved": Arm(("train.saved_activations=fp8",)),
+    "ours_eager": Arm(("train.compile=false",)),
 }
+DEFAULT_ARMS = ("ours", "off_the_shelf")
 DEFAULT_RECIPE = "recipes/h200_gem.yaml"
 
 
@@ -105,7 +126,7 @@ def arm_recipe(recipe: Recipe, overrides: list[str], total_steps: int, warmup: i
     return r
 
 
-def run_arm(recipe: Recipe, name: str, overrides: list[str], warmup: int, steps: int,
+def run_arm(recipe: Recipe, name: str, arm: Arm, warmup: int, steps: int,
             profiled: int, echo: Callable[[str], None] = print) -> ArmResult:
     """Train one arm and measure it (see the module docstring)."""
     from gem_platform.parallel.single import plain_tables
@@ -113,6 +134,7 @@ def run_arm(recipe: Recipe, name: str, overrides: list[str], warmup: int, steps:
     from gem_platform.train.profile import summarize_profile
 
     total = warmup + steps + 1 + profiled
+    overrides = list(arm.overrides)
     r = arm_recipe(recipe, overrides, total, warmup)
     device = pick_device(r)
     cuda = device.type == "cuda"
@@ -121,7 +143,7 @@ def run_arm(recipe: Recipe, name: str, overrides: list[str], warmup: int, steps:
         torch.cuda.reset_peak_memory_stats(device)
     marks: dict[int, float] = {}
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    tables = plain_tables() if name == "off_the_shelf" else contextlib.nullcontext()
+    tables = plain_tables() if arm.plain_tables else contextlib.nullcontext()
     echo(f"[{name}] {total} steps ({warmup} warm-up, {steps} timed, 1 + {profiled} profiled)")
     start = time.perf_counter()
     with profile(activities=activities,
@@ -156,7 +178,8 @@ def run_arm(recipe: Recipe, name: str, overrides: list[str], warmup: int, steps:
 
 def bench(recipe: Recipe, warmup: int = 10, steps: int = 20, profiled: int = 3,
           arms: list[str] | None = None, echo: Callable[[str], None] = print) -> E2EResult:
-    """Every arm of ``arms`` (default both) on ``recipe``, one after the other."""
+    """Every arm of ``arms`` (default ours and off-the-shelf) on ``recipe``, one after the
+    other."""
     from gem_kernels.bench.common import device_info
     from gem_platform.parallel.single import fused_tbe_available
     from gem_platform.provenance import code_version
@@ -165,7 +188,7 @@ def bench(recipe: Recipe, warmup: int = 10, steps: int = 20, profiled: int = 3,
     if warmup < 1 or steps < 1 or profiled < 1:
         raise GemError(f"warmup={warmup}, steps={steps}, profile={profiled}: each must be >= 1.",
                        "Pass --warmup, --steps and --profile-steps of at least 1.")
-    names = arms or list(ARMS)
+    names = arms or list(DEFAULT_ARMS)
     unknown = [a for a in names if a not in ARMS]
     if unknown:
         raise GemError(f"Unknown arm(s) {unknown}.", f"Choose from {list(ARMS)}.")
@@ -176,7 +199,7 @@ def bench(recipe: Recipe, warmup: int = 10, steps: int = 20, profiled: int = 3,
             results.append(run_arm(recipe, a, ARMS[a], warmup, steps, profiled, echo))
         except (RuntimeError, MemoryError) as err:  # torch.OutOfMemoryError is a RuntimeError
             echo(f"[{a}] failed: {err}")
-            results.append(failed_arm(a, ARMS[a], err))
+            results.append(failed_arm(a, list(ARMS[a].overrides), err))
             gc.collect()
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
@@ -241,7 +264,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=10, help="untimed steps first (compilation)")
     p.add_argument("--steps", type=int, default=20, help="timed steps per arm")
     p.add_argument("--profile-steps", type=int, default=3, help="profiled steps per arm")
-    p.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {list(ARMS)}")
+    p.add_argument("--arms", default=",".join(DEFAULT_ARMS),
+                   help=f"comma-separated, of {list(ARMS)}")
     p.add_argument("--quick", action="store_true", help="3 warm-up, 5 timed, 2 profiled steps")
     p.add_argument("--out", default="docs/bench", help="folder for the JSON result")
     args = p.parse_args(argv)
