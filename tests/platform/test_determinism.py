@@ -76,16 +76,20 @@ def test_plain_run_records_it_was_not_deterministic(tmp_path, monkeypatch):
 
 
 def test_mode_restores_switches_and_seeds_every_rng(monkeypatch):
+    import torch._inductor.config as inductor
+
     monkeypatch.delenv(CUBLAS_ENV, raising=False)
+    monkeypatch.setattr(inductor, "deterministic", False)
     torch.use_deterministic_algorithms(False)
     with deterministic_mode(7):
+        assert inductor.deterministic  # compiled regions pick kernels without benchmarking
         assert torch.are_deterministic_algorithms_enabled()
         assert deterministic_backward()
         assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
         draws = (random.random(), float(np.random.rand()), float(torch.rand(1)))
         assert os.environ[CUBLAS_ENV] == ":4096:8"
     assert not torch.are_deterministic_algorithms_enabled()
-    assert not deterministic_backward()
+    assert not deterministic_backward() and not inductor.deterministic
     with deterministic_mode(7):
         assert (random.random(), float(np.random.rand()), float(torch.rand(1))) == draws
 

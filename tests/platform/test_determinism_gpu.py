@@ -1,9 +1,12 @@
 """train.deterministic on CUDA: a small recipe through the Triton attention kernels (head dim
 64) and bf16 autocast, trained twice in one process, gives bitwise-identical step losses and
-final metrics (deterministic runs on CUDA train eager: compiled regions were not repeatable).
+final metrics: with compiled regions (the CUDA default) and eager, with the tables TorchRec's
+fused path trains (where fbgemm-gpu's CUDA build runs) and with plain tables.
 Needs only torch, triton, TorchRec and pydantic (no Ray, no MLflow)."""
 
 from __future__ import annotations
+
+import contextlib
 
 import pytest
 import torch
@@ -33,16 +36,25 @@ def _tree(data: str, attention: str) -> dict:
     }
 
 
-@pytest.mark.parametrize("attention", ["full", "block64"])
-def test_two_deterministic_gpu_runs_are_bitwise_identical(tmp_path, monkeypatch, attention):
+@pytest.mark.parametrize(("attention", "compiled", "tables"), [
+    ("full", True, "default"), ("block64", True, "default"), ("full", False, "default"),
+    ("full", True, "plain")])
+def test_two_deterministic_gpu_runs_are_bitwise_identical(tmp_path, monkeypatch, attention,
+                                                          compiled, tables):
+    from gem_platform.parallel.single import plain_tables
+
     monkeypatch.chdir(tmp_path)
-    recipe = recipe_from_dict(_tree(str(tmp_path / "data"), attention))
+    tree = _tree(str(tmp_path / "data"), attention)
+    tree["train"]["compile"] = compiled
+    recipe = recipe_from_dict(tree)
+    table_mode = plain_tables if tables == "plain" else contextlib.nullcontext
 
     def run() -> tuple[list[tuple[int, float]], dict]:
         losses: list[tuple[int, float]] = []
-        summary = train(recipe, echo=lambda _: None,
-                        sink=lambda m, s: losses.append((s, m["train/loss"]))
-                        if "train/loss" in m else None)
+        with table_mode():
+            summary = train(recipe, echo=lambda _: None,
+                            sink=lambda m, s: losses.append((s, m["train/loss"]))
+                            if "train/loss" in m else None)
         kept = {k: v for k, v in summary.items()
                 if not k.startswith("perf/") and k != "peak_source"}
         return losses, kept

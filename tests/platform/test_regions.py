@@ -10,7 +10,6 @@ import torch
 from torch import nn
 from torch._dynamo.utils import counters
 
-from gem_platform.errors import RecipeError
 from gem_platform.model import GemModel
 from gem_platform.model.flops import FlopMeter
 from gem_platform.recipe import ModelConfig, recipe_from_dict
@@ -90,15 +89,6 @@ def test_compiled_region_compiles_once_for_every_batch_size_and_never_for_eval()
     with torch.no_grad():
         head(torch.randn(33, 16))
     assert counters["stats"]["unique_graphs"] == 1
-
-
-def test_deterministic_runs_on_cuda_train_eager_and_refuse_an_explicit_compile() -> None:
-    cuda, cpu = torch.device("cuda"), torch.device("cpu")
-    assert compile_enabled(None, cuda, "bf16", deterministic=True) is False
-    assert compile_enabled(False, cuda, "bf16", deterministic=True) is False
-    assert compile_enabled(True, cpu, "bf16", deterministic=True) is True
-    with pytest.raises(RecipeError, match="train.compile=true with train.deterministic=true"):
-        compile_enabled(True, cuda, "bf16", deterministic=True)
 
 
 @pytest.fixture

@@ -10,13 +10,18 @@ device give bitwise-identical losses and metrics.
 - cuDNN's deterministic algorithms, without benchmark autotuning;
 - ``gem_kernels.set_deterministic_backward(True)``: every attention op's backward runs
   without floating-point atomics;
+- Inductor's deterministic mode (``torch._inductor.config.deterministic``): compiled
+  regions choose reduction and template configs without benchmarking them on the device, so two
+  compilations of one graph make the same kernels (recent torch turns it on with
+  ``use_deterministic_algorithms``; setting it keeps older builds in step);
 - ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` (the workspace setting cuBLAS needs to be reproducible)
   unless it already holds ``:4096:8`` or ``:16:8``. PyTorch reads it at the process's first
   cuBLAS call, so it must be entered before any CUDA matmul runs in the process;
 - Python's, NumPy's and torch's global RNGs (CPU and every GPU) seeded with ``seed``.
 
-On exit the torch, cuDNN and kernel switches return to what they were (the kernel switch to
-``None``: following torch's setting); the RNGs stay seeded and the environment variable stays.
+On exit the torch, cuDNN, Inductor and kernel switches return to what they were (the kernel
+switch to ``None``: following torch's setting); the RNGs stay seeded and the environment
+variable stays.
 The data order needs nothing here: the batcher's permutation is a function of
 (``loader.seed``, rank, epoch), and synthetic data of ``data.synthetic.seed``.
 """
@@ -65,6 +70,10 @@ def deterministic_mode(seed: int) -> Iterator[None]:
     before = (torch.are_deterministic_algorithms_enabled(),
               torch.is_deterministic_algorithms_warn_only_enabled(),
               torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
+    inductor = _inductor_config()
+    inductor_before = getattr(inductor, "deterministic", None)
+    if inductor_before is not None:
+        inductor.deterministic = True
     torch.use_deterministic_algorithms(True)
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False
@@ -78,3 +87,14 @@ def deterministic_mode(seed: int) -> Iterator[None]:
         torch.backends.cudnn.deterministic = cudnn_deterministic
         torch.backends.cudnn.benchmark = cudnn_benchmark
         set_deterministic_backward(None)
+        if inductor_before is not None:
+            inductor.deterministic = inductor_before
+
+
+def _inductor_config():  # noqa: ANN202 (a module)
+    """torch._inductor.config, or None where this torch build has no Inductor."""
+    try:
+        import torch._inductor.config as config
+    except ImportError:
+        return None
+    return config

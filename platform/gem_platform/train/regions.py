@@ -32,7 +32,6 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from gem_platform.errors import RecipeError
 from gem_platform.model.flops import count_by_rows, linear_flops_per_row
 
 Unit = Literal["token", "sample"]
@@ -237,22 +236,11 @@ def batch_units(seq_lengths: torch.Tensor | list[int], local_batch: int) -> dict
             "sample": float(local_batch)}
 
 
-def compile_enabled(setting: bool | None, device: torch.device, precision: str,
-                    deterministic: bool = False) -> bool:
+def compile_enabled(setting: bool | None, device: torch.device, precision: str) -> bool:
     """``train.compile`` resolved: null means on for CUDA (bf16/fp32; FP8 layers are Triton
-    autograd functions the compiler would trace into), off on CPU, and off for a
-    ``train.deterministic`` run on CUDA: compiled regions with the attention custom ops are
-    not bitwise repeatable under torch's deterministic mode there (tests/platform/
-    test_determinism_gpu.py), so such a run trains eager and an explicit ``train.compile:
-    true`` beside it is refused."""
-    if deterministic and device.type == "cuda":
-        if setting:
-            raise RecipeError(
-                "train.compile=true with train.deterministic=true on CUDA: compiled regions are "
-                "not bitwise repeatable under deterministic mode on the GPU.",
-                "drop train.compile (deterministic runs train eager) or set "
-                "train.deterministic=false.")
-        return False
+    autograd functions the compiler would trace into), off on CPU. Deterministic runs compile
+    too: Inductor's deterministic mode (train.determinism) makes the same kernels at every
+    compilation (tests/platform/test_determinism_gpu.py)."""
     if setting is not None:
         return setting
     return device.type == "cuda" and precision != "fp8_block"
