@@ -204,7 +204,10 @@ def profile(
     out: Annotated[Path | None, typer.Option(help="Write the profile as JSON here.")] = None,
     trace: Annotated[Path | None, typer.Option(
         help="Write the profiled steps as a Chrome/Perfetto trace here (open it in "
-        "ui.perfetto.dev or chrome://tracing).")] = None,
+        "ui.perfetto.dev or chrome://tracing), and report the device's idle gaps from it "
+        "(beside --out as <out stem>.gaps.json).")] = None,
+    min_gap_us: Annotated[float, typer.Option(
+        help="Shortest device idle gap counted (with --trace).", min=0)] = 20.0,
     verbose: VerboseOpt = False,
 ) -> None:
     """Where a step's time goes: train the recipe a few steps here under torch.profiler."""
@@ -229,6 +232,11 @@ def profile(
     if trace:
         render.console.print(f"trace: {render.esc(trace)} (open in ui.perfetto.dev)",
                              highlight=False)
+        from gem_platform.train.profile_gaps import report_trace_gaps
+
+        gaps = report_trace_gaps(trace, out, render.wide(), min_gap_us)
+        if gaps:
+            render.console.print(f"gaps: {render.esc(gaps)}", highlight=False)
 
 
 @data_app.command("movielens", epilog=epilog(

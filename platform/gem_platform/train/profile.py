@@ -8,7 +8,9 @@ kernel (matmul, our attention, element-wise, copy/fill, reduction, optimizer, FP
 GEMM, gather/scatter, other), as time and as a share of the step, and the costliest kernels.
 Only device kernels (and copies) count: the profiler's own spans and user annotations such as
 ``Optimizer.step#AdamW.step`` cover kernels counted on their own and are left out. On a CPU run
-the same tables rank the operators by their own CPU time.
+the same tables rank the operators by their own CPU time. With ``--trace``, the device's idle
+gaps are read back from the trace and charged to the host code that ended them
+(``profile_gaps``); with ``--out`` too, they go beside the profile as ``<out stem>.gaps.json``.
 
     gemctl profile recipes/h200.yaml --set precision.mode=fp8_block --out gem_runs/fp8.json
     python -m gem_platform.train.profile ...   (the same, where gemctl is not installed)
@@ -32,6 +34,7 @@ from torch.profiler import ProfilerActivity, profile, schedule
 from gem_kernels.bench.common import device_info
 from gem_platform.errors import GemError
 from gem_platform.recipe import Recipe, load_recipe
+from gem_platform.train.profile_gaps import report_trace_gaps
 
 # First match wins: our kernels by their Triton names, then the compiler's (inductor names its
 # Triton kernels triton_poi_* pointwise, triton_red_* / triton_per_* reductions, triton_tem_*
@@ -219,7 +222,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--active", type=int, default=10, help="profiled steps")
     p.add_argument("--top", type=int, default=25, help="kernels listed")
     p.add_argument("--out", help="write the profile as JSON here")
-    p.add_argument("--trace", help="write the profiled steps as a Chrome/Perfetto trace here")
+    p.add_argument("--trace", help="write the profiled steps as a Chrome/Perfetto trace here, "
+                   "and report the device's idle gaps from it")
+    p.add_argument("--min-gap-us", type=float, default=20.0,
+                   help="shortest device idle gap counted (with --trace)")
     args = p.parse_args(argv)
     try:
         recipe = load_recipe(args.recipe, args.overrides)
@@ -233,6 +239,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"profile: {write_profile(result, args.out)}")
     if args.trace:
         print(f"trace: {args.trace}")
+        gaps = report_trace_gaps(args.trace, args.out, min_gap_us=args.min_gap_us)
+        if gaps:
+            print(f"gaps: {gaps}")
     return 0
 
 
