@@ -35,7 +35,7 @@ from gem_kernels.gdpa.triton_bwd import (
 )
 from gem_kernels.gdpa.triton_common import TileConfig
 from gem_kernels.gdpa.triton_fwd import fwd_config, launch_fwd
-from gem_kernels.gdpa.tuning import Tuner, length_bucket
+from gem_kernels.gdpa.tuning import Tuner, length_bucket, tuning_enabled
 
 _NORM_CODE = {"none": 0, "kv_len": 1, "max_len": 2}
 
@@ -191,6 +191,47 @@ def one_pass_candidates(max_q: int, max_kv: int, d: int
             (phased, mma_sync))
 
 
+def backward_plan(mode: BackwardMode, cfg: TileConfig | None, cfg_q: TileConfig | None,
+                  q_offsets: torch.Tensor, kv_offsets: torch.Tensor, max_q: int, max_kv: int,
+                  d: int, heads: int, device: torch.device
+                  ) -> tuple[TileConfig, TileConfig | None, list[Schedule]]:
+    """(config, dQ config, schedules) one backward plan launches with: run_backward's, and
+    GDPAFunction.forward's, which builds them early (cached) so the backward builds none."""
+    def sched(rows, cols, c, cover=False, blocks="all"):
+        return schedule_for(rows, cols, heads, c, device, cover_empty_rows=cover, blocks=blocks)
+
+    def need(ok: bool, what: str) -> None:
+        if not ok:
+            raise ValueError(f"{mode.value} backward needs {what}")
+
+    if mode is BackwardMode.SHORT_KV:
+        cfg = cfg or _short_kv_stream_config(max_kv, d)
+        need(max_kv <= cfg.block_rows, f"max_kv <= {cfg.block_rows}")
+        return cfg, None, [sched(kv_offsets, q_offsets, cfg, cover=True)]
+    if mode is BackwardMode.SHORT_KV_ATOMIC:
+        cfg = cfg_q or _short_kv_config(max_kv, d)
+        need(max_kv <= cfg.block_cols, f"max_kv <= {cfg.block_cols}")
+        return cfg, None, [sched(q_offsets, kv_offsets, cfg)]
+    if mode is BackwardMode.SHORT_Q:
+        cfg = cfg or _short_q_config(max_q, d)
+        need(max_q <= cfg.block_cols, f"max_q <= {cfg.block_cols}")
+        return cfg, None, [sched(kv_offsets, q_offsets, cfg)]
+    if mode is BackwardMode.SHORT_Q_STREAM:
+        cfg = cfg or _short_q_stream_config(max_q, d)
+        need(max_q <= cfg.block_rows, f"max_q <= {cfg.block_rows}")
+        return cfg, None, [sched(q_offsets, kv_offsets, cfg, cover=True)]
+    if mode is BackwardMode.ONE_PASS:
+        cfg = cfg or _one_pass_config(max_q, max_kv, d)
+        return cfg, None, [sched(kv_offsets, q_offsets, cfg)]
+    if mode in (BackwardMode.ONE_PASS_PHASED, BackwardMode.ONE_PASS_PHASED_HOISTED):
+        cfg = cfg or _one_pass_config(max_q, max_kv, d)
+        return cfg, None, [sched(kv_offsets, q_offsets, cfg, cover=(b == "first"), blocks=b)
+                           for b in ("first", "middle", "last")]
+    cfg = cfg or _dkdv_config(max_q, max_kv, d)
+    cfg_q = cfg_q or _dq_config(max_q, max_kv, d)
+    return cfg, cfg_q, [sched(kv_offsets, q_offsets, cfg), sched(q_offsets, kv_offsets, cfg_q)]
+
+
 def run_backward(mode: BackwardMode | str, cfg: TileConfig | None, cfg_q: TileConfig | None,
                  q, k, v, do, q_offsets, kv_offsets, max_q, max_kv, act, norm_code, scale):
     """(dq, dk, dv) by one backward plan; cfg / cfg_q None: the heuristic configs (cfg
@@ -198,53 +239,20 @@ def run_backward(mode: BackwardMode | str, cfg: TileConfig | None, cfg_q: TileCo
     SHORT_Q_STREAM; cfg_q the dQ kernel of TWO_KERNEL and the fused kernel of
     SHORT_KV_ATOMIC)."""
     mode = _backward_mode(mode)
-    d, heads = q.shape[-1], q.shape[1]
-    if mode is BackwardMode.SHORT_KV:
-        cfg = cfg or _short_kv_stream_config(max_kv, d)
-        if max_kv > cfg.block_rows:
-            raise ValueError(f"short_kv backward needs max_kv <= {cfg.block_rows}")
-        sched = schedule_for(kv_offsets, q_offsets, heads, cfg, q.device,
-                             cover_empty_rows=True)
-        return launch_bwd_short_kv_stream(q, k, v, do, sched, cfg, act, norm_code, scale,
-                                          max_kv)
-    if mode is BackwardMode.SHORT_KV_ATOMIC:
-        cfg = cfg_q or _short_kv_config(max_kv, d)
-        if max_kv > cfg.block_cols:
-            raise ValueError(f"short_kv backward needs max_kv <= {cfg.block_cols}")
-        sched = schedule_for(q_offsets, kv_offsets, heads, cfg, q.device)
-        return launch_bwd_short_kv(q, k, v, do, sched, cfg, act, norm_code, scale, max_kv)
-    if mode is BackwardMode.SHORT_Q:
-        cfg = cfg or _short_q_config(max_q, d)
-        if max_q > cfg.block_cols:
-            raise ValueError(f"short_q backward needs max_q <= {cfg.block_cols}")
-        sched = schedule_for(kv_offsets, q_offsets, heads, cfg, q.device)
-        return launch_bwd_short_q(q, k, v, do, sched, cfg, act, norm_code, scale, max_kv)
-    if mode is BackwardMode.SHORT_Q_STREAM:
-        cfg = cfg or _short_q_stream_config(max_q, d)
-        if max_q > cfg.block_rows:
-            raise ValueError(f"short_q_stream backward needs max_q <= {cfg.block_rows}")
-        sched = schedule_for(q_offsets, kv_offsets, heads, cfg, q.device,
-                             cover_empty_rows=True)
-        return launch_bwd_short_q_stream(q, k, v, do, sched, cfg, act, norm_code, scale,
-                                         max_kv)
-    if mode is BackwardMode.ONE_PASS:
-        cfg = cfg or _one_pass_config(max_q, max_kv, d)
-        sched = schedule_for(kv_offsets, q_offsets, heads, cfg, q.device)
-        return launch_bwd_one_pass(q, k, v, do, sched, cfg, act, norm_code, scale, max_kv)
-    if mode in (BackwardMode.ONE_PASS_PHASED, BackwardMode.ONE_PASS_PHASED_HOISTED):
-        cfg = cfg or _one_pass_config(max_q, max_kv, d)
-        scheds = [schedule_for(kv_offsets, q_offsets, heads, cfg, q.device,
-                               cover_empty_rows=(b == "first"), blocks=b)
-                  for b in ("first", "middle", "last")]
-        return launch_bwd_one_pass_phased(
-            q, k, v, do, scheds, cfg, act, norm_code, scale, max_kv,
-            hoisted=mode is BackwardMode.ONE_PASS_PHASED_HOISTED)
-    cfg_kv = cfg or _dkdv_config(max_q, max_kv, d)
-    cfg_q = cfg_q or _dq_config(max_q, max_kv, d)
-    sched_kv = schedule_for(kv_offsets, q_offsets, heads, cfg_kv, q.device)
-    sched_q = schedule_for(q_offsets, kv_offsets, heads, cfg_q, q.device)
-    return launch_bwd(q, k, v, do, sched_kv, cfg_kv, sched_q, cfg_q, act, norm_code, scale,
-                      max_kv)
+    cfg, cfg_q, scheds = backward_plan(mode, cfg, cfg_q, q_offsets, kv_offsets, max_q, max_kv,
+                                       q.shape[-1], q.shape[1], q.device)
+    tail = (act, norm_code, scale, max_kv)
+    launch = {BackwardMode.SHORT_KV: launch_bwd_short_kv_stream,
+              BackwardMode.SHORT_KV_ATOMIC: launch_bwd_short_kv,
+              BackwardMode.SHORT_Q: launch_bwd_short_q,
+              BackwardMode.SHORT_Q_STREAM: launch_bwd_short_q_stream,
+              BackwardMode.ONE_PASS: launch_bwd_one_pass}.get(mode)
+    if launch is not None:
+        return launch(q, k, v, do, scheds[0], cfg, *tail)
+    if mode is BackwardMode.TWO_KERNEL:
+        return launch_bwd(q, k, v, do, scheds[0], cfg, scheds[1], cfg_q, *tail)
+    return launch_bwd_one_pass_phased(q, k, v, do, scheds, cfg, *tail,
+                                      hoisted=mode is BackwardMode.ONE_PASS_PHASED_HOISTED)
 
 
 def _backward_mode(mode: BackwardMode | str) -> BackwardMode:
@@ -253,6 +261,32 @@ def _backward_mode(mode: BackwardMode | str) -> BackwardMode:
     except ValueError:
         raise ValueError(f"unknown GDPA backward mode {mode!r}; one of "
                          f"{[m.value for m in BackwardMode]}") from None
+
+
+def _one_pass_key(q: torch.Tensor, max_q: int, max_kv: int, activation: str) -> tuple:
+    """The tuner's key for the long-KV backward's choice (one per shape class)."""
+    return ("one_pass", length_bucket(max_q), length_bucket(max_kv), q.shape[-1], q.dtype,
+            activation, q.device)
+
+
+def _prebuild_backward(mode: BackwardMode, dkdv_cfg, dq_cfg, tune: bool, q: torch.Tensor,
+                       q_offsets: torch.Tensor, kv_offsets: torch.Tensor, max_q: int,
+                       max_kv: int, activation: str) -> None:
+    """Build (into the schedule cache) the schedules the backward will ask for, while the
+    forward's kernels run: built in the backward, a miss would stall the host between
+    backward kernels. The backward finds them by the saved offsets, which ctx.saved_tensors
+    returns as the same objects. A tuned plan not chosen yet is left to the tuning call."""
+    if tune and mode is BackwardMode.ONE_PASS:
+        candidates = one_pass_candidates(max_q, max_kv, q.shape[-1])
+        rec = TUNER.records.get(_one_pass_key(q, max_q, max_kv, activation))
+        if rec is not None:
+            mode, dkdv_cfg = rec.choice
+        elif tuning_enabled(q.device):
+            return  # the first backward of the shape class times (and builds) every candidate
+        else:
+            mode, dkdv_cfg = candidates[0]  # what TUNER.pick runs untuned
+    backward_plan(mode, dkdv_cfg, dq_cfg, q_offsets, kv_offsets, max_q, max_kv, q.shape[-1],
+                  q.shape[1], q.device)
 
 
 class GDPAFunction(torch.autograd.Function):
@@ -281,9 +315,12 @@ class GDPAFunction(torch.autograd.Function):
                                  "is not deterministic; leave bwd_mode None or pick one of "
                                  f"{[m.value for m in BackwardMode if m.deterministic]}")
         ctx.save_for_backward(q, k, v, q_offsets, kv_offsets)
-        ctx.meta = (max_q, max_kv, activation, scale, norm_code, dkdv_cfg, dq_cfg,
-                    bwd_mode is None and dkdv_cfg is None)
+        tune = bwd_mode is None and dkdv_cfg is None
+        ctx.meta = (max_q, max_kv, activation, scale, norm_code, dkdv_cfg, dq_cfg, tune)
         ctx.mode = mode  # the plan the backward runs (ONE_PASS: or a tuned one-pass variant)
+        if any(ctx.needs_input_grad[:3]):
+            _prebuild_backward(mode, dkdv_cfg, dq_cfg, tune, q, q_offsets, kv_offsets, max_q,
+                               max_kv, activation)
         return out
 
     @staticmethod
@@ -295,10 +332,9 @@ class GDPAFunction(torch.autograd.Function):
         args = (q, k, v, do, q_offsets, kv_offsets, max_q, max_kv, act, norm_code, scale)
         if tune and mode is BackwardMode.ONE_PASS:
             d = q.shape[-1]
-            key = ("one_pass", length_bucket(max_q), length_bucket(max_kv), d, q.dtype,
-                   activation, q.device)
             mode, dkdv_cfg = TUNER.pick(
-                key, one_pass_candidates(max_q, max_kv, d),
+                _one_pass_key(q, max_q, max_kv, activation),
+                one_pass_candidates(max_q, max_kv, d),
                 lambda c: run_backward(c[0], c[1], None, *args), q.device)
         dq, dk, dv = run_backward(mode, dkdv_cfg, dq_cfg, *args)
         return (dq, dk, dv) + (None,) * 12

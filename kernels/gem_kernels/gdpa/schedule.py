@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
+from gem_kernels.host_offsets import host_offsets, host_to_device
+
 
 @dataclass
 class Schedule:
@@ -153,9 +155,11 @@ def build_schedule(row_offsets: torch.Tensor, col_offsets: torch.Tensor, block_r
                    num_sms: int | None = None, cover_empty_rows: bool = False,
                    blocks: str = "all") -> Schedule:
     """snake=False keeps the natural item order dealt round-robin (the unbalanced baseline);
-    num_sms: see ``deal``; cover_empty_rows, blocks: see ``build_items``."""
-    row_offsets = row_offsets.to("cpu", torch.int64)
-    col_offsets = col_offsets.to("cpu", torch.int64)
+    num_sms: see ``deal``; cover_empty_rows, blocks: see ``build_items``. Device offsets are
+    read through gem_kernels.host_offsets and the result is copied back from pinned memory,
+    so neither direction syncs the stream when the offsets' host copy is known."""
+    row_offsets = host_offsets(row_offsets).to(torch.int64)
+    col_offsets = host_offsets(col_offsets).to(torch.int64)
     row_len = row_offsets[1:] - row_offsets[:-1]
     col_len = col_offsets[1:] - col_offsets[:-1]
     items, work = build_items(row_len, col_len, block_rows, block_cols, heads,
@@ -178,17 +182,20 @@ def build_schedule(row_offsets: torch.Tensor, col_offsets: torch.Tensor, block_r
     sample = items[:, 0]
     meta = torch.stack([items[:, 1], items[:, 2], row_offsets[:-1][sample], row_len[sample],
                         col_offsets[:-1][sample], col_len[sample]], 1)[order]
-    return Schedule(items=meta.to(torch.int32).contiguous().to(device),
-                    prog_ptr=prog_ptr.to(torch.int32).to(device), num_programs=p,
+    return Schedule(items=host_to_device(meta.to(torch.int32).contiguous(), device),
+                    prog_ptr=host_to_device(prog_ptr.to(torch.int32), device), num_programs=p,
                     work=per_prog)
 
 
 class ScheduleCache:
     """Reuses schedules while the same offsets tensors (same object, unmodified) come back,
     e.g. across the layers of one batch; a new batch rebuilds. Looked up by the offsets'
-    ids (one dict probe per call), confirmed by weak references and version counters."""
+    ids (one dict probe per call), confirmed by weak references and version counters; least
+    recently used first out. size: a training step holds up to 2 GDPA calls x (1 forward + 3
+    backward schedules), the backward's built during the forward, plus the tuner's 4 on a
+    shape class's first backward; 32 leaves room for an eval step in between."""
 
-    def __init__(self, size: int = 16) -> None:
+    def __init__(self, size: int = 32) -> None:
         self._entries: OrderedDict[tuple, tuple[weakref.ref, weakref.ref, int, int,
                                                 Schedule]] = OrderedDict()
         self._size = size
@@ -199,6 +206,7 @@ class ScheduleCache:
         if hit is not None:
             r, c, rv, cv, sched = hit
             if r() is rows and c() is cols and rows._version == rv and cols._version == cv:
+                self._entries.move_to_end(full)
                 return sched
         sched = build()
         self._entries[full] = (weakref.ref(rows), weakref.ref(cols), rows._version,

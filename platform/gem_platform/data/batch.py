@@ -7,6 +7,8 @@ from dataclasses import dataclass, fields
 import torch
 from torchrec import KeyedJaggedTensor
 
+from gem_kernels import remember_host_copy
+
 TASKS: tuple[str, ...] = ("ctr", "cvr")
 
 
@@ -56,4 +58,14 @@ class JaggedBatch:
         for f in fields(self):
             v = getattr(self, f.name)
             moved[f.name] = None if v is None else v.to(device, non_blocking=non_blocking)
-        return JaggedBatch(**moved)
+        out = JaggedBatch(**moved)
+        remember_seq_offsets(self, out)
+        return out
+
+
+def remember_seq_offsets(host: JaggedBatch, moved: JaggedBatch) -> None:
+    """Record the host copy of a batch's seq_offsets once moved from the CPU to a GPU: GDPA
+    builds its tile schedules on the host and would otherwise read them back (a stream sync per
+    call). Only the offsets: nothing else is read on the host."""
+    if host.seq_offsets.device.type == "cpu" and moved.seq_offsets.device.type == "cuda":
+        remember_host_copy(moved.seq_offsets, host.seq_offsets)

@@ -6,8 +6,17 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from gem_kernels import host_to_device
 from gem_platform.model.attention import generalized_attention
 from gem_platform.model.flops import record_attention
+
+
+def _offsets_on(device: torch.device, b: int, per_sample: int) -> torch.Tensor:
+    """(b+1,) offsets of b samples of per_sample rows each, built on the host and copied
+    without a sync, their host copy remembered: GDPA builds its tile schedules on the host
+    and would otherwise read them back from the device (a stream sync per call)."""
+    return host_to_device(torch.arange(b + 1, dtype=torch.int64) * per_sample, device,
+                          remember=True)
 
 
 class CrossAttention(nn.Module):
@@ -28,7 +37,7 @@ class CrossAttention(nn.Module):
         q = self.q(self.norm(x)).view(-1, self.heads, self.head_dim)
         k, v = self.kv(ctx.reshape(b * n_ctx, d)).view(b * n_ctx, 2, self.heads,
                                                        self.head_dim).unbind(1)
-        kv_offsets = torch.arange(b + 1, device=ctx.device, dtype=torch.int64) * n_ctx
+        kv_offsets = _offsets_on(ctx.device, b, n_ctx)
         # every history token attends to its own sample's n_ctx context tokens
         record_attention(float(x.shape[0] * n_ctx), self.heads, self.head_dim)
         o = generalized_attention(q.to(v.dtype), k, v, x_offsets, kv_offsets, max_len, n_ctx,
@@ -55,7 +64,7 @@ class PooledAttention(nn.Module):
         q = (self.queries[None] + self.ad_to_query(ad)[:, None]).reshape(b * self.nq, d)
         q = q.view(-1, self.heads, self.head_dim)
         k, v = self.kv(x).view(x.shape[0], 2, self.heads, self.head_dim).unbind(1)
-        q_offsets = torch.arange(b + 1, device=ad.device, dtype=torch.int64) * self.nq
+        q_offsets = _offsets_on(ad.device, b, self.nq)
         # each of a sample's nq queries attends to all of that sample's history tokens
         record_attention(float(self.nq * x.shape[0]), self.heads, self.head_dim)
         o = generalized_attention(q.to(v.dtype), k, v, q_offsets, x_offsets, self.nq, max_len,

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from gem_platform.data.batch import JaggedBatch
+from gem_platform.data.batch import JaggedBatch, remember_seq_offsets
 
 HostBatch = tuple[JaggedBatch, Any]  # the batch and what travels with it (indices)
 
@@ -60,6 +60,7 @@ def to_device(batch: JaggedBatch, device: torch.device, max_len: int) -> Prefetc
         moved[f.name] = None if v is None else v.to(device, non_blocking=True)
     out = PrefetchedBatch(**moved)
     out._host_max_seq_len = max_len
+    remember_seq_offsets(batch, out)  # GDPA's schedules read the offsets from the host copy
     return out
 
 
