@@ -72,7 +72,8 @@ def ensure_process_group(device: torch.device) -> dist.ProcessGroup:
     process has none: DistributedModelParallel needs one even on a single device. It lives
     as long as the process, like a Ray worker's."""
     if not dist.is_initialized():
-        backend = "nccl" if device.type == "cuda" else "gloo"
+        # on CUDA, gloo beside NCCL: the loop's few CPU collectives (counters) need a backend
+        backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
         kwargs = {"device_id": device} if device.type == "cuda" else {}
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
                                 timeout=timedelta(minutes=10), **kwargs)
