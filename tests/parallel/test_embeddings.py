@@ -49,3 +49,20 @@ def test_replicated_embedding_groups_need_cuda():
     for message in messages:
         assert "parallel.embedding_group=1" in message
         assert "DMPCollection" in message and "CUDA" in message
+
+
+def test_planner_sees_the_gpus_real_memory(monkeypatch):
+    """TorchRec's Topology assumes 32 GiB of HBM; told nothing else, its planner put a 4.5 GB
+    table of an H200 run behind a UVM cache (an lru_cache kernel at every lookup)."""
+    from types import SimpleNamespace
+
+    from gem_platform.parallel.embeddings import EmbeddingShardingSpec, _topology
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda index: SimpleNamespace(total_memory=150_000_000_000))
+    topology = _topology(EmbeddingShardingSpec("table_wise", 1, 0.1, "cuda"))
+    assert [d.storage.hbm for d in topology.devices] == [150_000_000_000]
+    cpu = _topology(EmbeddingShardingSpec("table_wise", 2, 0.1, "cpu"))
+    assert len(cpu.devices) == 2 and cpu.compute_device == "cpu"

@@ -77,6 +77,16 @@ def table_names(model: nn.Module) -> list[str]:
     return names
 
 
+def _topology(spec: EmbeddingShardingSpec) -> Topology:
+    """The planner's view of the devices: on CUDA, the GPU's real memory (TorchRec assumes
+    32 GiB, and plans tables that would fit in HBM through a UVM cache instead)."""
+    kwargs = {}
+    if spec.compute_device == "cuda" and torch.cuda.is_available():
+        kwargs["hbm_cap"] = torch.cuda.get_device_properties(
+            torch.cuda.current_device()).total_memory
+    return Topology(world_size=spec.group_size, compute_device=spec.compute_device, **kwargs)
+
+
 def make_plan(model: nn.Module, spec: EmbeddingShardingSpec,
               group: dist.ProcessGroup) -> ShardingPlan:
     """Plan on rank 0 of ``group`` and broadcast it, so every rank shards identically."""
@@ -84,9 +94,8 @@ def make_plan(model: nn.Module, spec: EmbeddingShardingSpec,
     if spec.sharding != "auto":
         constraints = {name: ParameterConstraints(sharding_types=[spec.sharding])
                        for name in table_names(model)}
-    planner = EmbeddingShardingPlanner(
-        topology=Topology(world_size=spec.group_size, compute_device=spec.compute_device),
-        constraints=constraints, debug=False)
+    planner = EmbeddingShardingPlanner(topology=_topology(spec), constraints=constraints,
+                                       debug=False)
     return planner.collective_plan(model, spec.sharders(), group)
 
 
