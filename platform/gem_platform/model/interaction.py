@@ -86,8 +86,12 @@ class DotInteraction(nn.Module):
 
     def __init__(self, num_tokens: int, out_dim: int) -> None:
         super().__init__()
-        self.rows, self.cols = torch.triu_indices(num_tokens, num_tokens, offset=1)
-        self.proj = nn.Linear(self.rows.numel(), out_dim)
+        rows, cols = torch.triu_indices(num_tokens, num_tokens, offset=1)
+        # buffers, so they move with the model: a host index into a device tensor is a copy
+        # and a stream sync at every forward and backward
+        self.register_buffer("rows", rows, persistent=False)
+        self.register_buffer("cols", cols, persistent=False)
+        self.proj = nn.Linear(rows.numel(), out_dim)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         gram = torch.bmm(tokens, tokens.transpose(1, 2)) * tokens.shape[-1] ** -0.5
