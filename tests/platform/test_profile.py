@@ -12,7 +12,7 @@ from gem_platform.errors import GemError
 from gem_platform.recipe import recipe_from_dict
 from gem_platform.train.profile import is_annotation, kernel_kind, main, profile_recipe
 from tests.conftest import run_gemctl
-from tests.platform.test_cli import TINY
+from tests.platform.tiny_training import TINY
 
 
 @pytest.mark.parametrize("name, kind", [
@@ -36,6 +36,11 @@ from tests.platform.test_cli import TINY
      "reduction"),
     ("void (anonymous namespace)::indexing_backward_kernel<float, 4>", "gather / scatter"),
     ("aten::bmm", "matmul"),
+    # FBGEMM's TBE kernels are table lookups and updates, although "fbgemm" holds "gemm"
+    ("void fbgemm_gpu::split_embedding_nobag_codegen_forward_unweighted_small_kernel<float, "
+     "float, float, int64_t, 4, 8>", "gather / scatter"),
+    ("void split_embedding_backward_codegen_rowwise_adagrad_unweighted_kernel_cta_per_row_1",
+     "gather / scatter"),
     ("something_new", "other"),
 ])
 def test_kernel_kinds(name, kind):

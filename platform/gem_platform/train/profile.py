@@ -46,6 +46,8 @@ KINDS: tuple[tuple[str, str], ...] = (
     ("reduction", r"^triton_(red|per)_"),
     ("element-wise", r"^triton_poi_"),
     ("attention (ours)", r"gdpa|jfa|block_attn|_block_|rope|^(fwd|bwd)_kernel"),
+    # FBGEMM's table kernels before the matmul row: their names carry "fbgemm" ("gemm")
+    ("gather / scatter", r"split_embedding|fbgemm_gpu|lru_cache|embedding_(forward|backward)"),
     ("matmul", r"gemm|xmma|cutlass|nvjet|cublas|matmul|addmm|\bb?mm\b|linear"),
     ("optimizer", r"multi_tensor|adam|foreach|optimizer"),
     ("gather / scatter", r"embedding|fbgemm|index|scatter|gather"),
