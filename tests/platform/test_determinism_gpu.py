@@ -38,13 +38,15 @@ def _tree(data: str, attention: str) -> dict:
 
 @pytest.mark.parametrize(("attention", "compiled", "tables"), [
     ("full", True, "default"), ("block64", True, "default"), ("full", False, "default"),
-    ("full", True, "plain")])
+    ("full", True, "plain"),
+    ("block64_rope", None, "default")])  # RoPE: deterministic runs train eager (regions.py)
 def test_two_deterministic_gpu_runs_are_bitwise_identical(tmp_path, monkeypatch, attention,
                                                           compiled, tables):
     from gem_platform.parallel.single import plain_tables
 
     monkeypatch.chdir(tmp_path)
-    tree = _tree(str(tmp_path / "data"), attention)
+    tree = _tree(str(tmp_path / "data"), attention.removesuffix("_rope"))
+    tree["model"]["rope"] = attention.endswith("_rope")
     tree["train"]["compile"] = compiled
     recipe = recipe_from_dict(tree)
     table_mode = plain_tables if tables == "plain" else contextlib.nullcontext

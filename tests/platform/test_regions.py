@@ -10,6 +10,7 @@ import torch
 from torch import nn
 from torch._dynamo.utils import counters
 
+from gem_platform.errors import RecipeError
 from gem_platform.model import GemModel
 from gem_platform.model.flops import FlopMeter
 from gem_platform.recipe import ModelConfig, recipe_from_dict
@@ -89,6 +90,16 @@ def test_compiled_region_compiles_once_for_every_batch_size_and_never_for_eval()
     with torch.no_grad():
         head(torch.randn(33, 16))
     assert counters["stats"]["unique_graphs"] == 1
+
+
+def test_deterministic_runs_compile_except_rope_block_attention_on_cuda() -> None:
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert compile_enabled(None, cuda, "bf16", deterministic=True) is True
+    assert compile_enabled(None, cuda, "bf16", deterministic=True, rope=True) is False
+    assert compile_enabled(False, cuda, "bf16", deterministic=True, rope=True) is False
+    assert compile_enabled(True, cpu, "bf16", deterministic=True, rope=True) is True
+    with pytest.raises(RecipeError, match="model.rope=true on CUDA"):
+        compile_enabled(True, cuda, "bf16", deterministic=True, rope=True)
 
 
 @pytest.fixture

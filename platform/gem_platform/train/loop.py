@@ -339,7 +339,8 @@ def setup(recipe: Recipe, info: RankInfo) -> Run:
     peak = resolve_peak(device, recipe.precision.mode, recipe.train.peak_tflops)
     # Compiled and recomputed regions (train.compile, train.activation_memory_gb).
     regions = setup_regions(
-        par.model, compile=compile_enabled(recipe.train.compile, device, recipe.precision.mode),
+        par.model, compile=compile_enabled(recipe.train.compile, device, recipe.precision.mode,
+                                           recipe.train.deterministic, recipe.model.rope),
         backend=recipe.train.compile_backend, budget_gb=recipe.train.activation_memory_gb,
         units=batch_units(train_table.seq_lengths, recipe.loader.local_batch_size),
         device=device, autocast=lambda: _autocast(recipe, device),

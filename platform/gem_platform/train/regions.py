@@ -32,6 +32,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from gem_platform.errors import RecipeError
 from gem_platform.model.flops import count_by_rows, linear_flops_per_row
 
 Unit = Literal["token", "sample"]
@@ -236,11 +237,23 @@ def batch_units(seq_lengths: torch.Tensor | list[int], local_batch: int) -> dict
             "sample": float(local_batch)}
 
 
-def compile_enabled(setting: bool | None, device: torch.device, precision: str) -> bool:
+def compile_enabled(setting: bool | None, device: torch.device, precision: str,
+                    deterministic: bool = False, rope: bool = False) -> bool:
     """``train.compile`` resolved: null means on for CUDA (bf16/fp32; FP8 layers are Triton
     autograd functions the compiler would trace into), off on CPU. Deterministic runs compile
-    too: Inductor's deterministic mode (train.determinism) makes the same kernels at every
-    compilation (tests/platform/test_determinism_gpu.py)."""
+    too (Inductor's deterministic mode, train.determinism): bitwise repeatable on the H200
+    with full and block64 attention (docs/bench/determinism_h200_compiled.json), except block64
+    with RoPE, whose compiled runs diverged there from the first logged step: such a run
+    trains eager, and an explicit ``train.compile: true`` beside it is refused."""
+    if deterministic and rope and device.type == "cuda":
+        if setting:
+            raise RecipeError(
+                "train.compile=true with train.deterministic=true and model.rope=true on CUDA: "
+                "compiled regions with RoPE block attention are not bitwise repeatable on the "
+                "GPU (docs/bench/determinism_h200_compiled.json).",
+                "drop train.compile (this run then trains eager), or set model.rope=false or "
+                "train.deterministic=false.")
+        return False
     if setting is not None:
         return setting
     return device.type == "cuda" and precision != "fp8_block"
