@@ -12,7 +12,7 @@ from gem_platform.errors import GemError
 from gem_platform.recipe import recipe_from_dict
 from gem_platform.train.bench_e2e import ARMS, arm_recipe, bench, write
 from tests.conftest import run_gemctl
-from tests.platform.test_cli import TINY
+from tests.platform.tiny_training import TINY
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ from gem_platform.data.prepare import prepare_dataset
 from gem_platform.recipe import recipe_from_dict
 from gem_platform.train.checkpoint import LocalStore, Stateful, latest_checkpoint
 from gem_platform.train.loop import train
-from tests.platform.test_cli import TINY
+from tests.platform.tiny_training import TINY
 from tests.resume import crash_and_resume, losses_of
 
 

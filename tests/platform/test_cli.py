@@ -14,21 +14,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tests.conftest import free_port, run_gemctl
-
-TINY = """
-name: tiny
-model: {{d_model: 16, num_heads: 2, pooled_queries: 2, dhen_layers: 1, expert_hidden: 32,
-         head_hidden: 32, attention: block64}}
-data:
-  source: synthetic
-  path: {data}
-  synthetic: {{num_samples: 2400, num_users: 300, num_items: 300,
-              seq_len: {{dist: lognormal, mean: 24, min: 1, max: 96}}}}
-loader: {{batching: bbs, local_batch_size: 128, base_batch_size: 32, buffer_full_batches: 2}}
-train: {{steps: 6, log_every: 2, warmup_steps: 2}}
-parallel: {{workers: 2}}
-tracking: {{experiment: cli-test}}
-"""
+from tests.platform.tiny_training import TINY
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_gemctl
-from tests.platform.test_cli import TINY
+from tests.platform.tiny_training import TINY
 
 REPO = Path(__file__).resolve().parents[2]
 

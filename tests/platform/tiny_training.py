@@ -1,4 +1,4 @@
-"""A tiny recipe trained in-process: the shared set-up of tests of training options
+"""A tiny recipe (TINY) trained in-process: the shared set-up of tests of training options
 (compiled and recomputed regions, saved activations, late compiles)."""
 
 from __future__ import annotations
@@ -9,7 +9,22 @@ import yaml
 
 from gem_platform.recipe import recipe_from_dict
 from gem_platform.train.loop import train
-from tests.platform.test_cli import TINY
+
+# The smallest recipe that trains every part of the model, data under {data} (str.format).
+TINY = """
+name: tiny
+model: {{d_model: 16, num_heads: 2, pooled_queries: 2, dhen_layers: 1, expert_hidden: 32,
+         head_hidden: 32, attention: block64}}
+data:
+  source: synthetic
+  path: {data}
+  synthetic: {{num_samples: 2400, num_users: 300, num_items: 300,
+              seq_len: {{dist: lognormal, mean: 24, min: 1, max: 96}}}}
+loader: {{batching: bbs, local_batch_size: 128, base_batch_size: 32, buffer_full_batches: 2}}
+train: {{steps: 6, log_every: 2, warmup_steps: 2}}
+parallel: {{workers: 2}}
+tracking: {{experiment: cli-test}}
+"""
 
 
 def tiny_tree(data: Path, seq_layers: int = 2, **train_settings) -> dict:
