@@ -1,10 +1,12 @@
 """Block-scaled FP8 training for linear layers: quantization (32x32 or 1x128/128x128 blocks,
 optional random Hadamard and stochastic rounding), the FP8 GEMM, ``Fp8BlockLinear`` and
-``Fp8RMSNormLinear`` (activation quantization fused into the norm).
+``Fp8RMSNormLinear`` (activation quantization fused into the norm); and the flat 1x128
+format of FP8 saved activations (``quantize_blocks`` / ``dequantize_blocks``).
 
 Every op takes ``kernel=`` (Triton on CUDA, the PyTorch reference elsewhere).
 """
 
+from gem_kernels.fp8.blockwise import dequantize_blocks, quantize_blocks
 from gem_kernels.fp8.gemm import gemm
 from gem_kernels.fp8.linear import (
     Fp8BlockLinear,
@@ -29,8 +31,9 @@ from gem_kernels.fp8.tensor import Fp8BlockWeight
 
 __all__ = [
     "FP8_DTYPE", "BlockFp8", "Fp8BlockLinear", "Fp8BlockWeight", "Fp8Config", "Fp8RMSNormLinear",
-    "apply_hadamard", "dequantize_reference", "fp8_block_linear", "gemm", "gemm_reference",
-    "hadamard_for", "hadamard_matrix", "quantize", "quantize_dual", "quantize_reference",
+    "apply_hadamard", "dequantize_blocks", "dequantize_reference", "fp8_block_linear", "gemm",
+    "gemm_reference", "hadamard_for", "hadamard_matrix", "quantize", "quantize_blocks",
+    "quantize_dual", "quantize_reference",
     "quantize_weight",
     "rmsnorm_quantize", "rmsnorm_quantize_reference",
 ]

@@ -45,6 +45,7 @@ from collections.abc import Iterable, Iterator
 import torch
 from torch import nn
 
+from gem_kernels.fp8.blockwise import dequantize_blocks, quantize_blocks
 from gem_platform.recipe import Recipe
 
 MIN_ELEMENTS = 4096  # smaller saved tensors stay as computed (scales and hooks would cost more)
@@ -74,11 +75,17 @@ class Fp8Tensor:
         return self.data.nbytes + self.scale.nbytes
 
     def dequantize(self) -> torch.Tensor:
+        """One pass on CUDA: the kernel writes straight into the result's storage when its
+        memory order is dense (a strided result with gaps takes one 16-bit copy)."""
         out = torch.empty_strided(self.shape, self.stride, dtype=self.dtype,
                                   device=self.data.device)
-        wide = self.data.to(torch.float32).mul_(self.scale).view(-1)[: self.numel]
         in_memory_order = out.permute(self.order)
-        in_memory_order.copy_(wide.view(in_memory_order.shape))
+        if in_memory_order.is_contiguous():
+            dequantize_blocks(self.data, self.scale, self.numel, self.dtype,
+                              out=in_memory_order.view(-1))
+        else:
+            wide = dequantize_blocks(self.data, self.scale, self.numel, self.dtype)
+            in_memory_order.copy_(wide.view(in_memory_order.shape))
         return out
 
 
@@ -104,14 +111,8 @@ def quantize(t: torch.Tensor) -> Fp8Tensor:
     ``BLOCK`` consecutive elements of its memory order."""
     order = _memory_order(t)
     flat = t.detach().permute(order).reshape(-1)  # a view when t is dense
-    pad = -flat.numel() % BLOCK
-    if pad:
-        flat = torch.nn.functional.pad(flat, (0, pad))
-    blocks = flat.view(-1, BLOCK)
-    amax = blocks.abs().amax(dim=1, keepdim=True).to(torch.float32)
-    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
-    scaled = blocks.to(torch.float32).div_(scale).clamp_(-FP8_MAX, FP8_MAX)
-    return Fp8Tensor(scaled.to(FP8), scale, t, order)
+    data, scale = quantize_blocks(flat, BLOCK)  # one Triton pass on CUDA
+    return Fp8Tensor(data, scale, t, order)
 
 
 def weight_shapes(params: Iterable[torch.Tensor]) -> frozenset[Shape]:
