@@ -26,6 +26,9 @@ BENCHES: dict[str, tuple[str, str]] = {
     "fp8-cost": ("gem_kernels.bench.fp8_layer_cost",
                  "One FP8 layer's training call at narrow recipe shapes vs bf16 nn.Linear: "
                  "host time, GPU time, launches."),
+    "fp8-saved": ("gem_kernels.bench.fp8_saved",
+                  "FP8 saved activations: the Triton quantize/dequantize passes vs the eager "
+                  "PyTorch chain, TB/s against HBM."),
     "bbs": ("gem_platform.balance.bench",
             "Straggler overhead without balancing, with BBS, with BBS v2 and with a global "
             "partition (CPU)."),
