@@ -13,9 +13,9 @@ import sys
 from typing import Any, TextIO
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
+from gem_platform.markup import escape_text
 from gem_platform.net import redact
 
 console = Console()
@@ -27,7 +27,7 @@ result_stream: TextIO | None = None
 
 def esc(value: Any) -> str:
     """``value`` as text safe inside rich markup: credentials masked, brackets escaped."""
-    return escape(redact(str(value)))
+    return escape_text(redact(str(value)))
 
 
 def fmt(value: Any) -> str:

@@ -220,8 +220,9 @@ def bench(recipe: Recipe, warmup: int = 10, steps: int = 20, profiled: int = 3,
 def render(result: E2EResult, console=None) -> None:  # noqa: ANN001 (rich Console)
     """The arms side by side, then each kind of kernel's time per step."""
     from rich.console import Console
-    from rich.markup import escape
     from rich.table import Table
+
+    from gem_platform.markup import escape_text as escape
 
     console = console or Console()
     ratio = f", ours / off-the-shelf {result.speedup:.2f}x" if result.speedup else ""

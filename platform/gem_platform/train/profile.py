@@ -182,8 +182,9 @@ def _precision_label(recipe: Recipe) -> str:
 def render_profile(result: StepProfile, console=None) -> None:
     """Print the summary line and the two tables (by kind, costliest kernels)."""
     from rich.console import Console
-    from rich.markup import escape
     from rich.table import Table
+
+    from gem_platform.markup import escape_text as escape
 
     console = console or Console()
     unit = "kernel" if result.device.startswith("cuda") else "operator"

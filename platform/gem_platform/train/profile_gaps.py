@@ -288,8 +288,9 @@ def _sync_overlaps(syncs: list[dict], gaps: list[_Gap], stacks: _HostStacks,
 def render_gaps(report: GapReport, console=None) -> None:  # noqa: ANN001 (a rich Console)
     """Print the gap summary line, the gaps by launching site, and the overlapping syncs."""
     from rich.console import Console
-    from rich.markup import escape
     from rich.table import Table
+
+    from gem_platform.markup import escape_text as escape
 
     console = console or Console()
     if report.reason:
