@@ -264,6 +264,33 @@ def test_cpu_training_in_fp8_tracks_bf16():
     assert abs(fp8 - base) < 0.15 * base + 0.01
 
 
+def test_fp8_layer_is_opaque_inside_a_compiled_module():
+    """torch.compile fuses the glue around an FP8 layer and runs the layer itself as it is (a
+    graph break, not a trace into its Triton kernels): outputs and gradients equal eager's."""
+    from torch._dynamo.utils import counters
+
+    torch.manual_seed(0)
+    cfg = Fp8Config(block=32)
+    block = torch.nn.Sequential(torch.nn.LayerNorm(64), torch.nn.Linear(64, 128),
+                                torch.nn.GELU(), torch.nn.Linear(128, 64))
+    block[1] = Fp8BlockLinear.from_linear(block[1], cfg, kernel="pytorch")
+    x = torch.randn(48, 64)
+
+    def grads(module: torch.nn.Module) -> list[torch.Tensor]:
+        block.zero_grad(set_to_none=True)
+        module(x).square().sum().backward()
+        return [p.grad.clone() for p in block.parameters()]
+
+    eager_out, eager_grads = block(x), grads(block)
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(block, backend="aot_eager")
+    assert torch.equal(compiled(x), eager_out)
+    assert all(torch.equal(a, b) for a, b in zip(grads(compiled), eager_grads, strict=True))
+    # compiled around the layer, which ran as it is (a graph break), not traced into
+    assert any("fp8_block_linear" in reason for reason in counters["graph_break"])
+
+
 def _gpu_case(m, k, n, cfg):
     torch.manual_seed(0)
     x = _outliers(m, k, seed=11, device=DEV).to(torch.bfloat16).requires_grad_()

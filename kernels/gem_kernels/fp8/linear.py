@@ -325,10 +325,13 @@ class _Fp8LinearFn(torch.autograd.Function):
         return dx, dw, db, None, None
 
 
+@torch.compiler.disable
 def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                      cfg: Fp8Config | None = None, *, kernel: Kernel | str | None = None
                      ) -> torch.Tensor:
-    """y = x W^T + b with block-scaled FP8 GEMMs (x: (..., in), weight: (out, in))."""
+    """y = x W^T + b with block-scaled FP8 GEMMs (x: (..., in), weight: (out, in)). Opaque
+    to torch.compile (a graph break): a compiled region fuses the glue around it and runs the
+    layer's own Triton kernels and autograd as they are."""
     cfg = cfg or Fp8Config()
     which = resolve_kernel(kernel, x)
     # As nn.Linear under autocast: the activation enters, and the output and the bf16 weight

@@ -107,6 +107,7 @@ class Fp8RMSNormLinear(nn.Module):
             raise ValueError("the RMSNorm must have an elementwise weight")
         return cls(norm.weight, norm.eps, linear.weight, linear.bias, cfg, kernel)
 
+    @torch.compiler.disable  # opaque to torch.compile, as fp8_block_linear
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         which = resolve_kernel(self.kernel, x)
         eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps  # as nn.RMSNorm

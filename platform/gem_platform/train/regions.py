@@ -239,12 +239,13 @@ def batch_units(seq_lengths: torch.Tensor | list[int], local_batch: int) -> dict
 
 def compile_enabled(setting: bool | None, device: torch.device, precision: str,
                     deterministic: bool = False, rope: bool = False) -> bool:
-    """``train.compile`` resolved: null means on for CUDA (bf16/fp32; FP8 layers are Triton
-    autograd functions the compiler would trace into), off on CPU. Deterministic runs compile
-    too (Inductor's deterministic mode, train.determinism): bitwise repeatable on the H200
-    with full and block64 attention (docs/bench/determinism_h200_compiled.json), except block64
-    with RoPE, whose compiled runs diverged there from the first logged step: such a run
-    trains eager, and an explicit ``train.compile: true`` beside it is refused."""
+    """``train.compile`` resolved: null means on for CUDA with bf16/fp32, off on CPU and for
+    fp8_block (its layers are opaque to the compiler, a graph break each; ``train.compile:
+    true`` compiles the glue between them, not yet measured against eager). Deterministic
+    runs compile too (Inductor's deterministic mode, train.determinism): bitwise repeatable
+    on the H200 with full and block64 attention (docs/bench/determinism_h200_compiled.json),
+    except block64 with RoPE, whose compiled runs diverged there from the first logged step:
+    such a run trains eager, and an explicit ``train.compile: true`` beside it is refused."""
     if deterministic and rope and device.type == "cuda":
         if setting:
             raise RecipeError(
