@@ -81,10 +81,16 @@ def build_items(row_lengths: torch.Tensor, col_lengths: torch.Tensor, block_rows
     return items, work.repeat_interleave(heads)
 
 
+def by_work(work: torch.Tensor) -> torch.Tensor:
+    """Item indices by descending work (ties in item order): the order items are dealt in."""
+    return torch.argsort(-work.double(), stable=True)
+
+
 def deal(work: torch.Tensor, num_programs: int, snake: bool = True,
-         num_sms: int | None = None) -> torch.Tensor:
+         num_sms: int | None = None, order: torch.Tensor | None = None) -> torch.Tensor:
     """Program of each item. snake=True: sorted by work and dealt zig-zag; False: natural
-    order, round-robin (what an unsorted persistent grid does).
+    order, round-robin (what an unsorted persistent grid does). ``order``: ``by_work(work)``
+    when the caller has it already.
 
     With num_sms < num_programs (several programs per SM; program p runs on SM p % num_sms)
     the snake deals over SMs first, then each SM's items over its own programs, so that the
@@ -92,7 +98,7 @@ def deal(work: torch.Tensor, num_programs: int, snake: bool = True,
     n = work.numel()
     if not snake:
         return torch.arange(n) % num_programs
-    order = torch.argsort(-work.double(), stable=True)
+    order = by_work(work) if order is None else order
     lanes = num_sms if num_sms is not None and num_sms < num_programs else num_programs
     sm, rnd = _deal_lanes(work.double()[order], lanes)
     if lanes == num_programs:
@@ -166,14 +172,17 @@ def build_schedule(row_offsets: torch.Tensor, col_offsets: torch.Tensor, block_r
                               cover_empty_rows, blocks)
     n = items.shape[0]
     p = max(1, min(max_programs, n))
-    prog = deal(work, p, snake, num_sms)
+    dealt = by_work(work) if snake else None
+    prog = deal(work, p, snake, num_sms, order=dealt)
     # Drop programs that got no item (a program must own at least one): renumber densely.
     used = torch.bincount(prog, minlength=p) > 0
     prog = (torch.cumsum(used.long(), 0) - 1)[prog]
     p = int(used.sum())
-    # Within a program keep the dealt order (descending work with snake, natural without).
-    rank = torch.argsort(torch.argsort(-work.double(), stable=True)) if snake \
-        else torch.arange(n)
+    # Within a program keep the dealt order (descending work with snake, natural without):
+    # an item's rank is its place in that order (the inverse permutation of ``dealt``).
+    rank = torch.arange(n)
+    if dealt is not None:
+        rank = torch.empty_like(dealt).index_put_((dealt,), rank)
     order = torch.argsort(prog * (n + 1) + rank)
     counts = torch.bincount(prog, minlength=p)
     prog_ptr = torch.zeros(p + 1, dtype=torch.int64)
