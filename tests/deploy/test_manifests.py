@@ -218,7 +218,8 @@ def test_raycronjob_runs_the_nightly_ablations_and_gate() -> None:
     words = shlex.split(command)
     assert words[:3] == ["MAX_NE_REGRESSION=0.1%", "bash", "deploy/scripts/nightly-ablations.sh"]
     specs = words[3:]
-    assert {Path(s).stem for s in specs} == {"attention_gpu", "precision_gpu", "loader_gpu"}
+    assert {Path(s).stem for s in specs} == {"attention_gpu", "precision_gpu", "loader_gpu",
+                                               "activations_gpu"}
     for s in specs:
         check_gpu_sweep(s, template["rayClusterSpec"])
     assert "COPY --chown=ray:users deploy/sweeps" in (DEPLOY / "Dockerfile").read_text()
