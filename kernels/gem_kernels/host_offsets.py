@@ -11,26 +11,22 @@ falls back to the copy (correct, with the sync).
 
 from __future__ import annotations
 
-import threading
-import weakref
-from collections import OrderedDict
-
 import torch
+
+from gem_kernels.identity_cache import IdentityCache
 
 
 class HostCopies:
-    """Bounded LRU of device tensor -> host copy, confirmed by a weak reference to the device
-    tensor and its version counter (the offsets are recognised by identity, as in
-    gdpa.schedule.ScheduleCache). ``ignore_cpu``: a CPU tensor needs no host copy; tests turn
-    it off to exercise the lookup without a GPU."""
+    """Device tensor -> its host copy (gem_kernels.identity_cache: held while the device
+    tensor is the same object, unmodified). ``ignore_cpu``: a CPU tensor needs no host copy;
+    tests turn it off to exercise the lookup without a GPU."""
 
     def __init__(self, size: int = 64, ignore_cpu: bool = True) -> None:
-        self._entries: OrderedDict[int, tuple[weakref.ref, int, torch.Tensor]] = OrderedDict()
-        self._size, self._ignore_cpu = size, ignore_cpu
-        self._lock = threading.RLock()  # the prefetcher and the model may run on two threads
+        self._cache: IdentityCache[torch.Tensor] = IdentityCache(size)
+        self._ignore_cpu = ignore_cpu
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._cache)
 
     def remember(self, device_t: torch.Tensor, host_t: torch.Tensor) -> None:
         if self._ignore_cpu and device_t.device.type == "cpu":
@@ -38,33 +34,13 @@ class HostCopies:
         if host_t.device.type != "cpu" or host_t.shape != device_t.shape:
             raise ValueError(f"need a CPU tensor of shape {tuple(device_t.shape)}; got "
                              f"{host_t.device.type} {tuple(host_t.shape)}")
-        key = id(device_t)
         # A private copy: later in-place writes to the caller's host tensor cannot leak in.
-        entry = (weakref.ref(device_t, lambda ref, key=key: self._drop(key, ref)),
-                 device_t._version, host_t.detach().clone())
-        with self._lock:
-            self._entries[key] = entry
-            self._entries.move_to_end(key)
-            while len(self._entries) > self._size:
-                self._entries.popitem(last=False)
+        self._cache.put("host", (device_t,), host_t.detach().clone())
 
     def get(self, device_t: torch.Tensor) -> torch.Tensor | None:
         """The host copy of ``device_t`` if it is the remembered object, unmodified; else
         None."""
-        key = id(device_t)
-        with self._lock:
-            hit = self._entries.get(key)
-            if hit is None or hit[0]() is not device_t or device_t._version != hit[1]:
-                return None
-            self._entries.move_to_end(key)
-            return hit[2]
-
-    def _drop(self, key: int, ref: weakref.ref) -> None:
-        """The device tensor died: forget its entry (unless the id was reused meanwhile)."""
-        with self._lock:
-            hit = self._entries.get(key)
-            if hit is not None and hit[0] is ref:
-                del self._entries[key]
+        return self._cache.get("host", (device_t,))
 
 
 HOST_COPIES = HostCopies()

@@ -16,13 +16,12 @@ its items in that order.
 from __future__ import annotations
 
 import heapq
-import weakref
-from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
 
 from gem_kernels.host_offsets import host_offsets, host_to_device
+from gem_kernels.identity_cache import IdentityCache
 
 
 @dataclass
@@ -198,29 +197,20 @@ def build_schedule(row_offsets: torch.Tensor, col_offsets: torch.Tensor, block_r
 
 class ScheduleCache:
     """Reuses schedules while the same offsets tensors (same object, unmodified) come back,
-    e.g. across the layers of one batch; a new batch rebuilds. Looked up by the offsets'
-    ids (one dict probe per call), confirmed by weak references and version counters; least
-    recently used first out. size: a training step holds up to 2 GDPA calls x (1 forward + 3
-    backward schedules), the backward's built during the forward, plus the tuner's 4 on a
-    shape class's first backward; 32 leaves room for an eval step in between."""
+    e.g. across the layers of one batch; a new batch rebuilds (gem_kernels.identity_cache).
+    size: a training step holds up to 2 GDPA calls x (1 forward + 3 backward schedules), the
+    backward's built during the forward, plus the tuner's 4 on a shape class's first
+    backward; 32 leaves room for an eval step in between."""
 
     def __init__(self, size: int = 32) -> None:
-        self._entries: OrderedDict[tuple, tuple[weakref.ref, weakref.ref, int, int,
-                                                Schedule]] = OrderedDict()
-        self._size = size
+        self._cache: IdentityCache[Schedule] = IdentityCache(size)
+
+    def __len__(self) -> int:
+        return len(self._cache)
 
     def get(self, key: tuple, rows: torch.Tensor, cols: torch.Tensor, build) -> Schedule:
-        full = (key, id(rows), id(cols))
-        hit = self._entries.get(full)
-        if hit is not None:
-            r, c, rv, cv, sched = hit
-            if r() is rows and c() is cols and rows._version == rv and cols._version == cv:
-                self._entries.move_to_end(full)
-                return sched
-        sched = build()
-        self._entries[full] = (weakref.ref(rows), weakref.ref(cols), rows._version,
-                               cols._version, sched)
-        self._entries.move_to_end(full)
-        while len(self._entries) > self._size:
-            self._entries.popitem(last=False)
+        sched = self._cache.get(key, (rows, cols))
+        if sched is None:
+            sched = build()
+            self._cache.put(key, (rows, cols), sched)
         return sched
