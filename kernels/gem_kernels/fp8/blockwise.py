@@ -26,9 +26,8 @@ import triton.language as tl
 
 from gem_kernels.dispatch import Kernel, resolve_kernel
 from gem_kernels.fp8.quantize import hardware_cast
-from gem_kernels.fp8.reference import FP8_DTYPE
+from gem_kernels.fp8.reference import FP8_DTYPE, FP8_MAX
 
-FP8_MAX = 448.0  # largest finite float8_e4m3fn
 BLOCKS_PER_PROG = 32  # 128-element blocks per program: a (32 x 128) tile, 8 KB of bf16
 NUM_WARPS = 8
 WIDE = (torch.bfloat16, torch.float16, torch.float32)

@@ -50,8 +50,6 @@ from gem_platform.recipe import Recipe
 
 MIN_ELEMENTS = 4096  # smaller saved tensors stay as computed (scales and hooks would cost more)
 BLOCK = 128  # consecutive elements (in memory order) sharing one fp32 scale
-FP8 = torch.float8_e4m3fn
-FP8_MAX = 448.0  # largest finite float8_e4m3fn
 MAX_SPAN = 4  # a strided view spanning more memory than this many times its size stays as is
 COMPRESSED = (torch.bfloat16, torch.float16)
 
