@@ -9,6 +9,7 @@ same number on every rank, so replicas stay equal after clipping.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -17,16 +18,16 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 
-def _squared_norm(params: Sequence[nn.Parameter]) -> torch.Tensor:
+def _squared_norm(params: Sequence[nn.Parameter], device: torch.device) -> torch.Tensor:
     """Squared L2 norm of the full (unsharded) gradients of ``params``, all on one mesh or all
-    plain tensors."""
+    plain tensors, on ``device`` (no host sync)."""
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
-        return torch.zeros((), dtype=torch.float64)
+        return torch.zeros((), dtype=torch.float64, device=device)
     norm = torch.nn.utils.get_total_norm(grads, 2.0)
     if isinstance(norm, DTensor):
         norm = norm.full_tensor()
-    return norm.double().cpu() ** 2
+    return norm.double().to(device) ** 2
 
 
 def _by_mesh(params: Sequence[nn.Parameter]) -> list[list[nn.Parameter]]:
@@ -45,15 +46,27 @@ def clip_grad_norm(dense: Sequence[nn.Parameter], experts: Sequence[nn.Parameter
     group's other ranks hold the rest); they are excluded from ``dense`` if listed there too."""
     expert_ids = {id(p) for p in experts}
     dense = [p for p in dense if id(p) not in expert_ids]
-    total = sum((_squared_norm(g) for g in _by_mesh(dense)), torch.zeros((), dtype=torch.float64))
-    expert_sq = sum((_squared_norm(g) for g in _by_mesh(experts)),
-                    torch.zeros((), dtype=torch.float64))
+    device = _device([*dense, *experts])
+    total = sum((_squared_norm(g, device) for g in _by_mesh(dense)),
+                torch.zeros((), dtype=torch.float64, device=device))
+    expert_sq = sum((_squared_norm(g, device) for g in _by_mesh(experts)),
+                    torch.zeros((), dtype=torch.float64, device=device))
     if expert_group is not None:
         dist.all_reduce(expert_sq, group=expert_group)
     norm = (total + expert_sq).sqrt()
-    coef = min(1.0, max_norm / (float(norm) + 1e-6))
-    if coef < 1.0:
+    if not math.isinf(max_norm):
+        # Scaled on the device whatever the norm (by exactly 1 below the limit): reading the
+        # norm on the host would stall the launch queue every step.
+        coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
         for p in [*dense, *experts]:
             if p.grad is not None:
-                p.grad.mul_(coef)
+                grad = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
+                grad.mul_(coef.to(grad.dtype))
     return norm.float()
+
+
+def _device(params: Sequence[nn.Parameter]) -> torch.device:
+    """Where the gradients live (the local shard's device for a DTensor); CPU with none."""
+    for p in params:
+        return p.to_local().device if isinstance(p, DTensor) else p.device
+    return torch.device("cpu")

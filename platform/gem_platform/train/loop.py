@@ -3,8 +3,14 @@ no Ray) or as a Ray Train worker; the same function serves both.
 
 ``train`` runs named stages: ``setup`` (data, model, parallelism, optimizers, batcher),
 ``resume`` (the latest checkpoint, if any), then for each batch of ``batch_stream``:
-``timed_step``, ``account``, ``log_step``, periodic ``evaluate`` and ``save_checkpoint``;
-last, ``summarize``. Progress lines and metrics leave through one ``Reporter``.
+``launch_step``, ``settle`` and ``account``, ``log_step``, periodic ``evaluate`` and
+``save_checkpoint``; last, ``summarize``. Progress lines and metrics leave through one
+``Reporter``.
+
+The host does not wait for a step's kernels before it launches the next one: a step is read
+back (loss, gradient norm, timings; gem_platform.train.launched) once the next step's forward
+is queued, or at once on a step that logs, evaluates or saves. A NaN therefore stops the run
+when its step is read back, one forward later, with the same report.
 
 How gradients are synchronized depends on the parallel strategy (gem_platform.parallel):
 replicated parameters are averaged after backward (under plain data parallelism, one flat
@@ -12,12 +18,13 @@ all-reduce); HSDP-sharded parameters reduce-scatter their gradients inside backw
 TorchRec-sharded tables exchange lookups by all-to-all in forward and backward and update
 inside backward through their fused optimizer.
 
-A step is timed in two parts: the sync of replicated gradients, and everything else
-(forward, backward, clipping, optimizer step). E2E MFU takes the whole step; Local MFU the
-second part alone. Under plain data parallelism that part is compute alone, as GEM defines
-Local MFU; under HSDP, expert parallelism or TorchRec sharding it also holds the collectives
-that run inside forward and backward (and the grad-norm all-reduce), so Local MFU is then a
-lower bound of compute-alone MFU and the scaling ratio an upper bound.
+A step is timed in two parts, on the device's timeline: the sync of replicated gradients,
+and everything else (forward, backward, clipping, optimizer step). E2E MFU takes the step's
+wall time (from one read-back to the next); Local MFU the second part alone. Under plain
+data parallelism that part is compute alone, as GEM defines Local MFU; under HSDP, expert
+parallelism or TorchRec sharding it also holds the collectives that run inside forward and
+backward (and the grad-norm all-reduce), so Local MFU is then a lower bound of compute-alone
+MFU and the scaling ratio an upper bound.
 """
 
 from __future__ import annotations
@@ -51,6 +58,7 @@ from gem_platform.recipe import Recipe
 from gem_platform.train.checkpoint import Stateful
 from gem_platform.train.compile_watch import CompileWatch
 from gem_platform.train.determinism import deterministic_mode
+from gem_platform.train.launched import LaunchedStep, StepClock, StepResult
 from gem_platform.train.metrics import TaskEvaluator
 from gem_platform.train.mfu import Peak, mfu, resolve_peak
 from gem_platform.train.optim import dense_optimizer
@@ -286,12 +294,14 @@ class Run:
     batcher: Batcher
     peak: Peak
     regions: CheckpointPlan = field(default_factory=CheckpointPlan)
+    clock: StepClock = field(init=False)
     # the batcher's state as of the last batch handed to the loop (batches are collated ahead)
     loader_state: dict | None = None
     state: Stateful = field(init=False)
 
     def __post_init__(self) -> None:
         self.state = Stateful(self.par.model, self.optimizers)
+        self.clock = StepClock(self.device)
 
     @property
     def model(self) -> nn.Module:
@@ -391,69 +401,67 @@ def batch_stream(run: Run, start_epoch: int) -> Iterator[tuple[JaggedBatch, np.n
             yield batch, indices
 
 
-@dataclass(frozen=True)
-class StepResult:
-    """One training step: losses, gradient norm, useful FLOPs and its two timings."""
+def launch_step(run: Run, batch: JaggedBatch, step: int, meter: FlopMeter,
+                before_backward: Callable[[], None] = lambda: None) -> LaunchedStep:
+    """Queue forward, backward, gradient sync, clip and optimizer step on one batch, without
+    waiting for the device (gem_platform.train.launched); read it back with ``settle``.
 
-    loss: float
-    task_losses: torch.Tensor  # (ctr, cvr), detached
-    grad_norm: torch.Tensor
-    flops: float
-    compute_s: float  # the step less the sync of replicated gradients
-    step_s: float
-
-
-def timed_step(run: Run, batch: JaggedBatch, step: int, meter: FlopMeter,
-               checkpointing: bool = False) -> StepResult:
-    """Forward, backward, gradient sync, clip and optimizer step on one batch, timed.
-
-    Raises TrainingDiverged (on every rank at the same step) when the loss or the synced
-    gradient norm is not finite; its message says whether a checkpoint was kept
-    (``checkpointing``: the run saves checkpoints)."""
-    sync = torch.cuda.synchronize if run.device.type == "cuda" else (lambda: None)
-    par = run.par
+    ``before_backward`` runs once the forward is queued: the loop settles the previous step
+    there, while this step's forward keeps the device busy. That is also why the dense
+    gradients are cleared only then: the previous step's gradients stay readable for its
+    divergence report."""
+    clock, par = run.clock, run.par
+    launched_at = time.perf_counter()
     # Before the forward: TorchRec's fused optimizer hands its param groups' lr to the
     # kernel in zero_grad, and the lookup's forward captures it for the fused update.
-    for opt in run.optimizers:
+    for opt in run.optimizers[1:]:
         opt.zero_grad(set_to_none=True)
-    sync()
-    t0 = time.perf_counter()
+    start = clock.mark()
     # train.saved_activations: what the forward keeps for the backward (fp8: compressed)
     with saved_activations(run.recipe, run.model), meter, _autocast(run.recipe, run.device):
         logits = run.model(batch)
     loss, task_losses = compute_loss(logits, batch)
+    before_backward()
+    run.optimizers[0].zero_grad(set_to_none=True)
     loss.backward()
-    sync()
-    compute_s = time.perf_counter() - t0
+    backward = clock.mark()
     par.sync_gradients()
-    sync()
-    t2 = time.perf_counter()
+    synced = clock.mark()
     # The norm is taken after the gradient sync, so every rank sees the same value and a
     # NaN anywhere stops all ranks at the same step.
     grad_norm = par.clip_grad_norm_(run.recipe.train.grad_clip or float("inf"))
-    if not (torch.isfinite(loss) and torch.isfinite(grad_norm)):
-        raise TrainingDiverged(_divergence_report(step, loss, logits, run.model,
-                                                  checkpointing))
+    scalars = torch.cat([loss.detach().reshape(1), task_losses, grad_norm.reshape(1),
+                         batch.labels[:, 0].sum().reshape(1)]).double()
     for opt in run.optimizers:
         opt.step()
     par.after_optimizer_step()
     for s in run.schedules:
         s.step()
-    sync()
-    compute_s += time.perf_counter() - t2
-    step_s = time.perf_counter() - t0
     flops = meter.train_flops
     meter.reset()
-    return StepResult(float(loss.detach()), task_losses, grad_norm, flops, compute_s, step_s)
+    return LaunchedStep.queue(step, clock, (start, backward, synced), scalars, flops,
+                              launched_at, logits, loss)
 
 
-def account(run: Run, state: LoopState, step: int, result: StepResult, batch: JaggedBatch,
+def settle(run: Run, launched: LaunchedStep, since: float,
+           checkpointing: bool = False) -> StepResult:
+    """Read a launched step back. Raises TrainingDiverged (on every rank at the same step)
+    when its loss or synced gradient norm is not finite; the message says whether a
+    checkpoint was kept (``checkpointing``: the run saves checkpoints)."""
+    result = launched.settle(since)
+    if not (math.isfinite(result.loss) and math.isfinite(result.grad_norm)):
+        raise TrainingDiverged(_divergence_report(result.step, launched.loss, launched.logits,
+                                                  run.model, checkpointing))
+    return result
+
+
+def account(run: Run, state: LoopState, result: StepResult, num_samples: int,
             indices: np.ndarray, measured: bool) -> dict[str, float]:
     """Add the step to the loop's totals (to ``steady`` too when ``measured``: past the
     warm-up) and return its balance measures."""
-    state.step = step
+    state.step = result.step
     state.last_loss = result.loss
-    state.running.update(float(result.task_losses[0]), batch.labels)
+    state.running.update(result.task_losses[0], result.positives, num_samples)
     seq = run.train_table.seq_lengths
     work = batch_work(seq, indices, run.loader.cost, run.loader.model_dim)
     step_balance = state.balance.record(measure_step(seq[indices], work))
@@ -461,8 +469,41 @@ def account(run: Run, state: LoopState, step: int, result: StepResult, batch: Ja
                                                                        state.window)
     for acc in spans:
         acc.add(result.flops, result.compute_s, result.step_s,
-                batch.num_samples * run.info.world_size)
+                num_samples * run.info.world_size)
     return step_balance
+
+
+@dataclass
+class InFlight:
+    """The step launched but not yet read back, and what accounting needs of its batch."""
+
+    run: Run
+    state: LoopState
+    warm_until: int  # steps up to this one are warm-up, left out of QPS and MFU
+    checkpointing: bool
+    read_back: float = field(default_factory=time.perf_counter)  # host clock of the last
+    launched: LaunchedStep | None = None
+    samples: int = 0
+    indices: np.ndarray | None = None
+
+    def hold(self, launched: LaunchedStep, samples: int, indices: np.ndarray) -> None:
+        self.launched, self.samples, self.indices = launched, samples, indices
+
+    def settle(self) -> tuple[StepResult, dict[str, float]] | None:
+        """Read back the step in flight, if any, and add it to the totals; returns it with
+        its balance measures."""
+        if self.launched is None:
+            return None
+        result = settle(self.run, self.launched, self.read_back, self.checkpointing)
+        self.read_back = time.perf_counter()
+        self.launched = None
+        balance = account(self.run, self.state, result, self.samples, self.indices,
+                          measured=result.step > self.warm_until)
+        return result, balance
+
+    def restart_clock(self) -> None:
+        """Start the next step's wall time now (what happened since is not training)."""
+        self.read_back = time.perf_counter()
 
 
 def log_step(run: Run, state: LoopState, result: StepResult, step_balance: dict[str, float],
@@ -472,10 +513,10 @@ def log_step(run: Run, state: LoopState, result: StepResult, step_balance: dict[
     window, peak = state.window, run.peak
     metrics = {
         "train/loss": result.loss,
-        "train/loss_ctr": float(result.task_losses[0]),
-        "train/loss_cvr": float(result.task_losses[1]),
+        "train/loss_ctr": result.task_losses[0],
+        "train/loss_cvr": result.task_losses[1],
         "train/ne_ctr": state.running.pop(),
-        "train/grad_norm": float(result.grad_norm),
+        "train/grad_norm": result.grad_norm,
         "perf/samples_per_s": window.samples / window.step_s,
         "perf/mfu_e2e": mfu(window.flops, window.step_s, peak),
         "perf/mfu_local": mfu(window.flops, window.compute_s, peak),
@@ -588,28 +629,35 @@ def _train(recipe: Recipe, report: Reporter, checkpoints: CheckpointStore | None
     warm_until = state.step + min(cfg.perf_warmup_steps, cfg.steps - state.step - 1)
     meter = FlopMeter(run.model)
     steps = range(state.step + 1, cfg.steps + 1)
+    checkpointing = bool(checkpoints and checkpoints.every)
+    flight = InFlight(run, state, warm_until, checkpointing)
     with CompileWatch() as watch:
         for step, (batch, indices) in zip(steps, batch_stream(run, start_epoch), strict=False):
             # host lengths for the FLOP count (self-attention pairs), so it never waits on the GPU
             meter.seq_lengths = torch.as_tensor(run.train_table.seq_lengths[indices])
-            result = timed_step(run, batch, step, meter,
-                                checkpointing=bool(checkpoints and checkpoints.every))
-            step_balance = account(run, state, step, result, batch, indices,
-                                   measured=step > warm_until)
+            flight.hold(launch_step(run, batch, step, meter, before_backward=flight.settle),
+                        batch.num_samples, indices)
             compiled = watch.take()
             if compiled and step > warm_until:
                 state.compiles_after_warmup += compiled.count
                 report.line(f"step {step}: {compiled.describe()} after the warm-up (in this "
                             "step's time, so in QPS and MFU)")
-            if step % cfg.log_every == 0 or step == cfg.steps:
-                log_step(run, state, result, step_balance, report)
-            if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps:
-                report.publish(evaluate(run.model, run.eval_table, recipe, run.device, info), step)
-            if checkpoints and checkpoints.every and step % checkpoints.every == 0 \
-                    and step < cfg.steps:
-                save_checkpoint(run, state, checkpoints)
+            logs = step % cfg.log_every == 0 or step == cfg.steps
+            evals = bool(cfg.eval_every) and step % cfg.eval_every == 0 and step < cfg.steps
+            saves = checkpointing and step % checkpoints.every == 0 and step < cfg.steps
+            if logs or evals or saves:
+                settled = flight.settle()  # the host needs this step's values now
+                if logs and settled:
+                    log_step(run, state, *settled, report)
+                if evals:
+                    report.publish(evaluate(run.model, run.eval_table, recipe, run.device, info),
+                                   step)
+                if saves:
+                    save_checkpoint(run, state, checkpoints)
+                flight.restart_clock()  # evaluation and saving are not the next step's time
             if on_step:
                 on_step(step)
+        flight.settle()
 
     metrics = summarize(run, state)
     report.publish(metrics, cfg.steps)

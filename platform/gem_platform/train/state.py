@@ -12,8 +12,6 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from gem_platform.balance.stats import BalanceTracker
 from gem_platform.train.metrics import normalized_entropy
 
@@ -44,10 +42,11 @@ class RunningNE:
         self.pos = 0.0
         self.count = 0
 
-    def update(self, ctr_loss: float, labels: torch.Tensor) -> None:
-        n = labels.shape[0]
+    def update(self, ctr_loss: float, positives: float, n: int) -> None:
+        """Add a batch of ``n`` samples, ``positives`` of them clicked, at mean CTR loss
+        ``ctr_loss``."""
         self.loss += ctr_loss * n
-        self.pos += float(labels[:, 0].sum())
+        self.pos += positives
         self.count += n
 
     def pop(self) -> float:
