@@ -126,9 +126,10 @@ class TrainConfig(_Strict):
     compile: bool | None = Field(
         None, description="torch.compile each sequence layer, DHEN layer and the head (the "
         "attention ops as custom ops inside); null = on for CUDA, off on CPU")
-    compile_backend: Literal["inductor", "aot_eager"] = Field(
-        "inductor", description="inductor generates the kernels; aot_eager only traces (checks "
-        "graphs and recompiles without code generation)")
+    compile_backend: Literal["inductor", "aot_eager"] | None = Field(
+        None, description="inductor generates fused kernels; aot_eager only traces (the graphs "
+        "run through ATen's kernels, without code generation); null = inductor, or aot_eager "
+        "for deterministic runs on CUDA (Inductor's kernels are not bitwise repeatable there)")
     activation_memory_gb: float | None = Field(
         None, gt=0, le=1e5,
         description="budget for the activations the sequence layers, DHEN layers and head keep "

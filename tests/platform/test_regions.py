@@ -20,6 +20,7 @@ from gem_platform.train.regions import (
     RegionCost,
     apply_regions,
     batch_units,
+    compile_backend,
     compile_enabled,
     measure_cost,
     model_regions,
@@ -74,9 +75,10 @@ def test_regions_keep_parameter_names(tiny_meta):
     assert list(model.state_dict()) == names
     with pytest.raises(ValueError, match="no region named"):
         apply_regions(model_regions(model), compile=False, recompute=["blocks.7"])
-    assert compile_enabled(None, torch.device("cpu"), "bf16") is False
-    assert compile_enabled(None, torch.device("cuda"), "bf16") is True
-    assert compile_enabled(None, torch.device("cuda"), "fp8_block") is False
+    assert compile_enabled(None, torch.device("cpu")) is False
+    assert compile_enabled(None, torch.device("cuda")) is True
+    assert compile_enabled(False, torch.device("cuda")) is False
+    assert compile_enabled(True, torch.device("cpu")) is True
 
 
 def test_compiled_region_compiles_once_for_every_batch_size_and_never_for_eval() -> None:
@@ -92,14 +94,15 @@ def test_compiled_region_compiles_once_for_every_batch_size_and_never_for_eval()
     assert counters["stats"]["unique_graphs"] == 1
 
 
-def test_deterministic_runs_compile_except_rope_block_attention_on_cuda() -> None:
+def test_deterministic_runs_on_cuda_compile_through_aot_eager_not_inductor() -> None:
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
-    assert compile_enabled(None, cuda, "bf16", deterministic=True) is True
-    assert compile_enabled(None, cuda, "bf16", deterministic=True, rope=True) is False
-    assert compile_enabled(False, cuda, "bf16", deterministic=True, rope=True) is False
-    assert compile_enabled(True, cpu, "bf16", deterministic=True, rope=True) is True
-    with pytest.raises(RecipeError, match="model.rope=true on CUDA"):
-        compile_enabled(True, cuda, "bf16", deterministic=True, rope=True)
+    assert compile_backend(None, False, cuda) == "inductor"
+    assert compile_backend(None, True, cuda) == "aot_eager"
+    assert compile_backend("aot_eager", True, cuda) == "aot_eager"
+    assert compile_backend(None, True, cpu) == "inductor"
+    assert compile_backend("inductor", True, cpu) == "inductor"
+    with pytest.raises(RecipeError, match="compile_backend=inductor with train.deterministic"):
+        compile_backend("inductor", True, cuda)
 
 
 @pytest.fixture

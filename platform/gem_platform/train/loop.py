@@ -66,6 +66,7 @@ from gem_platform.train.prefetch import Prefetcher
 from gem_platform.train.regions import (
     CheckpointPlan,
     batch_units,
+    compile_backend,
     compile_enabled,
     setup_regions,
 )
@@ -349,9 +350,10 @@ def setup(recipe: Recipe, info: RankInfo) -> Run:
     peak = resolve_peak(device, recipe.precision.mode, recipe.train.peak_tflops)
     # Compiled and recomputed regions (train.compile, train.activation_memory_gb).
     regions = setup_regions(
-        par.model, compile=compile_enabled(recipe.train.compile, device, recipe.precision.mode,
-                                           recipe.train.deterministic, recipe.model.rope),
-        backend=recipe.train.compile_backend, budget_gb=recipe.train.activation_memory_gb,
+        par.model, compile=compile_enabled(recipe.train.compile, device),
+        backend=compile_backend(recipe.train.compile_backend, recipe.train.deterministic,
+                                device),
+        budget_gb=recipe.train.activation_memory_gb,
         units=batch_units(train_table.seq_lengths, recipe.loader.local_batch_size),
         device=device, autocast=lambda: _autocast(recipe, device),
         stored=_stored_bytes(recipe, par.model))

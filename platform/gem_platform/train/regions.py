@@ -237,27 +237,32 @@ def batch_units(seq_lengths: torch.Tensor | list[int], local_batch: int) -> dict
             "sample": float(local_batch)}
 
 
-def compile_enabled(setting: bool | None, device: torch.device, precision: str,
-                    deterministic: bool = False, rope: bool = False) -> bool:
-    """``train.compile`` resolved: null means on for CUDA with bf16/fp32, off on CPU and for
-    fp8_block (its layers are opaque to the compiler, a graph break each; ``train.compile:
-    true`` compiles the glue between them, not yet measured against eager). Deterministic
-    runs compile too (Inductor's deterministic mode, train.determinism): bitwise repeatable
-    on the H200 with full and block64 attention (docs/bench/determinism_h200_compiled.json),
-    except block64 with RoPE, whose compiled runs diverged there from the first logged step:
-    such a run trains eager, and an explicit ``train.compile: true`` beside it is refused."""
-    if deterministic and rope and device.type == "cuda":
-        if setting:
-            raise RecipeError(
-                "train.compile=true with train.deterministic=true and model.rope=true on CUDA: "
-                "compiled regions with RoPE block attention are not bitwise repeatable on the "
-                "GPU (docs/bench/determinism_h200_compiled.json).",
-                "drop train.compile (this run then trains eager), or set model.rope=false or "
-                "train.deterministic=false.")
-        return False
+def compile_enabled(setting: bool | None, device: torch.device) -> bool:
+    """``train.compile`` resolved: null means on for CUDA, off on CPU. That holds for fp8_block
+    too: its layers are opaque to the compiler (a graph break each) and the glue between them
+    compiles (1.38x eager at GEM width on the H200, docs/bench/e2e_h200_gem_fp8_compiled.json)."""
     if setting is not None:
         return setting
-    return device.type == "cuda" and precision != "fp8_block"
+    return device.type == "cuda"
+
+
+def compile_backend(setting: str | None, deterministic: bool, device: torch.device) -> str:
+    """``train.compile_backend`` resolved: null means inductor, except for deterministic runs on
+    CUDA, which use aot_eager (the regions' graphs run through ATen's deterministic kernels).
+    Inductor's generated kernels were not repeatable from run to run on the H200 at
+    recipes/h200.yaml's shapes, with or without RoPE, full or block64 attention, while
+    aot_eager and eager were bitwise (docs/bench/determinism_h200_inductor.json); an explicit
+    inductor beside train.deterministic on CUDA is refused."""
+    if deterministic and device.type == "cuda":
+        if setting == "inductor":
+            raise RecipeError(
+                "train.compile_backend=inductor with train.deterministic=true on CUDA: "
+                "Inductor's generated kernels are not bitwise repeatable from run to run on "
+                "the GPU (docs/bench/determinism_h200_inductor.json).",
+                "drop train.compile_backend (deterministic runs then use aot_eager), or set "
+                "train.deterministic=false.")
+        return setting or "aot_eager"
+    return setting or "inductor"
 
 
 def setup_regions(model: nn.Module, *, compile: bool, backend: str,
