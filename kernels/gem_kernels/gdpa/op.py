@@ -10,13 +10,20 @@ import functools
 import math
 import os
 from dataclasses import replace
+from typing import NamedTuple
 
 import torch
 
 from gem_kernels.dispatch import Kernel, deterministic_backward, resolve_kernel, same_dtype
 from gem_kernels.gdpa.activations import ACT_CODE
 from gem_kernels.gdpa.reference import check_inputs, gdpa_reference
-from gem_kernels.gdpa.schedule import Schedule, ScheduleCache, build_schedule
+from gem_kernels.gdpa.schedule import (
+    Schedule,
+    ScheduleCache,
+    SchedulePlanner,
+    ScheduleSpec,
+    upload_schedules,
+)
 from gem_kernels.gdpa.triton_bwd import (
     dkdv_config,
     dq_config,
@@ -74,32 +81,82 @@ def _cuda_sms(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
+class ScheduleRequest(NamedTuple):
+    """One schedule a call needs: items over ``rows``' row blocks against ``cols`` (offsets),
+    tiled by ``cfg``; cover and blocks: schedule.build_items' cover_empty_rows and blocks."""
+
+    rows: torch.Tensor
+    cols: torch.Tensor
+    cfg: TileConfig
+    cover: bool = False
+    blocks: str = "all"
+
+
+def _cache_key(req: ScheduleRequest, heads: int, device: torch.device) -> tuple:
+    c = req.cfg
+    return (c.block_rows, c.block_cols, c.ctas_per_sm, heads, device, req.cover, req.blocks)
+
+
+def schedules_for(requests: list[ScheduleRequest], heads: int, device: torch.device
+                  ) -> list[Schedule]:
+    """Persistent schedules of (sample, row block, head) items, cached per offsets pair and
+    config. Those not cached are built together (one schedule.SchedulePlanner per offsets
+    pair: what they share is computed once) and reach the device in one copy."""
+    out: list[Schedule | None] = [None] * len(requests)
+    todo: dict[tuple, list[int]] = {}
+    for i, req in enumerate(requests):
+        key = _cache_key(req, heads, device)
+        out[i] = _CACHE.lookup(key, req.rows, req.cols)
+        if out[i] is None:
+            todo.setdefault((key, id(req.rows), id(req.cols)), []).append(i)
+    if not todo:
+        return out
+    sms = num_sms(device)
+    planners: dict[tuple[int, int], SchedulePlanner] = {}
+    hosts = []
+    for (_, id_rows, id_cols), where in todo.items():
+        req = requests[where[0]]
+        planner = planners.get((id_rows, id_cols))
+        if planner is None:
+            planner = planners[id_rows, id_cols] = SchedulePlanner(req.rows, req.cols)
+        c = req.cfg
+        hosts.append(planner.plan(ScheduleSpec(c.block_rows, c.block_cols, heads,
+                                               sms * c.ctas_per_sm, sms, req.cover,
+                                               req.blocks)))
+    for (key, _, _), where, sched in zip(todo, todo.values(), upload_schedules(hosts, device),
+                                          strict=True):
+        req = requests[where[0]]
+        _CACHE.put(key, req.rows, req.cols, sched)
+        for i in where:
+            out[i] = sched
+    return out
+
+
 def schedule_for(rows_offsets: torch.Tensor, cols_offsets: torch.Tensor, heads: int,
                  cfg: TileConfig, device: torch.device,
                  cover_empty_rows: bool = False, blocks: str = "all") -> Schedule:
-    """Persistent schedule of (sample, row block, head) items, cached per offsets pair;
-    blocks selects a subset of each sample's row blocks (see schedule.build_items)."""
-    key = (cfg.block_rows, cfg.block_cols, cfg.ctas_per_sm, heads, device, cover_empty_rows,
-           blocks)
-
-    def build() -> Schedule:
-        sms = num_sms(device)
-        return build_schedule(rows_offsets, cols_offsets, cfg.block_rows, cfg.block_cols,
-                              heads, sms * cfg.ctas_per_sm, device, num_sms=sms,
-                              cover_empty_rows=cover_empty_rows, blocks=blocks)
-
-    return _CACHE.get(key, rows_offsets, cols_offsets, build)
+    """One schedule of ``schedules_for``; blocks selects a subset of each sample's row blocks
+    (see schedule.build_items)."""
+    req = ScheduleRequest(rows_offsets, cols_offsets, cfg, cover_empty_rows, blocks)
+    return schedules_for([req], heads, device)[0]
 
 
-def forward_schedule(q_offsets: torch.Tensor, kv_offsets: torch.Tensor, heads: int,
-                     cfg: TileConfig, max_kv: int, device: torch.device) -> Schedule:
+def forward_request(q_offsets: torch.Tensor, kv_offsets: torch.Tensor, cfg: TileConfig,
+                    max_kv: int) -> ScheduleRequest:
     """Items over query blocks, or (kv_major) over whole short KV samples."""
     if cfg.kv_major:
         if max_kv > cfg.block_rows:
             raise ValueError(f"a kv_major forward config needs max_kv <= block_rows "
                              f"({cfg.block_rows}); got max_kv={max_kv}")
-        return schedule_for(kv_offsets, q_offsets, heads, cfg, device, cover_empty_rows=True)
-    return schedule_for(q_offsets, kv_offsets, heads, cfg, device)
+        return ScheduleRequest(kv_offsets, q_offsets, cfg, cover=True)
+    return ScheduleRequest(q_offsets, kv_offsets, cfg)
+
+
+def forward_schedule(q_offsets: torch.Tensor, kv_offsets: torch.Tensor, heads: int,
+                     cfg: TileConfig, max_kv: int, device: torch.device) -> Schedule:
+    """The forward's schedule (forward_request)."""
+    return schedules_for([forward_request(q_offsets, kv_offsets, cfg, max_kv)], heads,
+                         device)[0]
 
 
 SHORT_SIDE = 64  # a side this short fits one tile: the backward runs as one fused kernel
@@ -191,14 +248,13 @@ def one_pass_candidates(max_q: int, max_kv: int, d: int
             (phased, mma_sync))
 
 
-def backward_plan(mode: BackwardMode, cfg: TileConfig | None, cfg_q: TileConfig | None,
-                  q_offsets: torch.Tensor, kv_offsets: torch.Tensor, max_q: int, max_kv: int,
-                  d: int, heads: int, device: torch.device
-                  ) -> tuple[TileConfig, TileConfig | None, list[Schedule]]:
-    """(config, dQ config, schedules) one backward plan launches with: run_backward's, and
-    GDPAFunction.forward's, which builds them early (cached) so the backward builds none."""
+def backward_requests(mode: BackwardMode, cfg: TileConfig | None, cfg_q: TileConfig | None,
+                      q_offsets: torch.Tensor, kv_offsets: torch.Tensor, max_q: int,
+                      max_kv: int, d: int
+                      ) -> tuple[TileConfig, TileConfig | None, list[ScheduleRequest]]:
+    """(config, dQ config, schedules asked for) of one backward plan (backward_plan)."""
     def sched(rows, cols, c, cover=False, blocks="all"):
-        return schedule_for(rows, cols, heads, c, device, cover_empty_rows=cover, blocks=blocks)
+        return ScheduleRequest(rows, cols, c, cover, blocks)
 
     def need(ok: bool, what: str) -> None:
         if not ok:
@@ -230,6 +286,17 @@ def backward_plan(mode: BackwardMode, cfg: TileConfig | None, cfg_q: TileConfig 
     cfg = cfg or _dkdv_config(max_q, max_kv, d)
     cfg_q = cfg_q or _dq_config(max_q, max_kv, d)
     return cfg, cfg_q, [sched(kv_offsets, q_offsets, cfg), sched(q_offsets, kv_offsets, cfg_q)]
+
+
+def backward_plan(mode: BackwardMode, cfg: TileConfig | None, cfg_q: TileConfig | None,
+                  q_offsets: torch.Tensor, kv_offsets: torch.Tensor, max_q: int, max_kv: int,
+                  d: int, heads: int, device: torch.device
+                  ) -> tuple[TileConfig, TileConfig | None, list[Schedule]]:
+    """(config, dQ config, schedules) one backward plan launches with: run_backward's; the
+    forward (plan_call) asks for the same schedules early, so that the backward builds none."""
+    cfg, cfg_q, reqs = backward_requests(mode, cfg, cfg_q, q_offsets, kv_offsets, max_q,
+                                         max_kv, d)
+    return cfg, cfg_q, schedules_for(reqs, heads, device)
 
 
 def run_backward(mode: BackwardMode | str, cfg: TileConfig | None, cfg_q: TileConfig | None,
@@ -269,24 +336,58 @@ def _one_pass_key(q: torch.Tensor, max_q: int, max_kv: int, activation: str) -> 
             activation, q.device)
 
 
-def _prebuild_backward(mode: BackwardMode, dkdv_cfg, dq_cfg, tune: bool, q: torch.Tensor,
+def _prebuild_requests(mode: BackwardMode, dkdv_cfg, dq_cfg, tune: bool, q: torch.Tensor,
                        q_offsets: torch.Tensor, kv_offsets: torch.Tensor, max_q: int,
-                       max_kv: int, activation: str) -> None:
-    """Build (into the schedule cache) the schedules the backward will ask for, while the
-    forward's kernels run: built in the backward, a miss would stall the host between
-    backward kernels. The backward finds them by the saved offsets, which ctx.saved_tensors
-    returns as the same objects. A tuned plan not chosen yet is left to the tuning call."""
+                       max_kv: int, activation: str) -> list[ScheduleRequest]:
+    """The schedules the backward will ask for, built by the forward (plan_call, with its
+    own): built in the backward, a miss would stall the host between backward kernels. The
+    backward finds them by the saved offsets, which ctx.saved_tensors returns as the same
+    objects. A tuned plan not chosen yet is left to the tuning call."""
     if tune and mode is BackwardMode.ONE_PASS:
         candidates = one_pass_candidates(max_q, max_kv, q.shape[-1])
         rec = TUNER.records.get(_one_pass_key(q, max_q, max_kv, activation))
         if rec is not None:
             mode, dkdv_cfg = rec.choice
         elif tuning_enabled(q.device):
-            return  # the first backward of the shape class times (and builds) every candidate
+            return []  # the first backward of the shape class times (and builds) every plan
         else:
             mode, dkdv_cfg = candidates[0]  # what TUNER.pick runs untuned
-    backward_plan(mode, dkdv_cfg, dq_cfg, q_offsets, kv_offsets, max_q, max_kv, q.shape[-1],
-                  q.shape[1], q.device)
+    return backward_requests(mode, dkdv_cfg, dq_cfg, q_offsets, kv_offsets, max_q, max_kv,
+                             q.shape[-1])[2]
+
+
+def _call_mode(q: torch.Tensor, k: torch.Tensor, q_offsets: torch.Tensor, max_q: int,
+               max_kv: int, bwd_mode, deterministic: bool) -> BackwardMode:
+    """The backward plan of a call: the heuristic's (backward_mode) or the one asked for."""
+    if bwd_mode is None:
+        return backward_mode(max_q, max_kv, q.dtype, deterministic,
+                             batch=q_offsets.numel() - 1, heads=q.shape[1],
+                             total_kv=k.shape[0], sms=num_sms(q.device))
+    mode = _backward_mode(bwd_mode)
+    if deterministic and not mode.deterministic:
+        raise ValueError(f"GDPA backward mode {mode.value!r} sums with fp32 atomics and "
+                         "is not deterministic; leave bwd_mode None or pick one of "
+                         f"{[m.value for m in BackwardMode if m.deterministic]}")
+    return mode
+
+
+def plan_call(q, k, q_offsets, kv_offsets, max_q, max_kv, activation, fwd_cfg=None,
+              dkdv_cfg=None, dq_cfg=None, bwd_mode=None, deterministic=False,
+              needs_grad=True):
+    """GDPAFunction.forward's host work: (q_offsets, kv_offsets on q's device, forward
+    config, forward schedule, backward plan). The forward's schedule and, when ``needs_grad``,
+    the backward's are built in one go (schedules_for: one upload for all of them)."""
+    q_offsets = _as_offsets(q_offsets, q.device)
+    kv_offsets = _as_offsets(kv_offsets, q.device)
+    fwd_cfg = fwd_cfg or _fwd_config(max_q, max_kv, q.shape[-1])
+    mode = _call_mode(q, k, q_offsets, max_q, max_kv, bwd_mode, deterministic)
+    reqs = [forward_request(q_offsets, kv_offsets, fwd_cfg, max_kv)]
+    if needs_grad:
+        tune = bwd_mode is None and dkdv_cfg is None
+        reqs += _prebuild_requests(mode, dkdv_cfg, dq_cfg, tune, q, q_offsets, kv_offsets,
+                                   max_q, max_kv, activation)
+    sched = schedules_for(reqs, q.shape[1], q.device)[0]
+    return q_offsets, kv_offsets, fwd_cfg, sched, mode
 
 
 class GDPAFunction(torch.autograd.Function):
@@ -300,27 +401,14 @@ class GDPAFunction(torch.autograd.Function):
                 norm_code, fwd_cfg=None, dkdv_cfg=None, dq_cfg=None, bwd_mode=None,
                 deterministic=False):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        q_offsets = _as_offsets(q_offsets, q.device)
-        kv_offsets = _as_offsets(kv_offsets, q.device)
-        out = gdpa_forward(q, k, v, q_offsets, kv_offsets, max_q, max_kv, activation, scale,
-                           norm_code, fwd_cfg)
-        if bwd_mode is None:
-            mode = backward_mode(max_q, max_kv, q.dtype, deterministic,
-                                 batch=q_offsets.numel() - 1, heads=q.shape[1],
-                                 total_kv=k.shape[0], sms=num_sms(q.device))
-        else:
-            mode = _backward_mode(bwd_mode)
-            if deterministic and not mode.deterministic:
-                raise ValueError(f"GDPA backward mode {mode.value!r} sums with fp32 atomics and "
-                                 "is not deterministic; leave bwd_mode None or pick one of "
-                                 f"{[m.value for m in BackwardMode if m.deterministic]}")
+        q_offsets, kv_offsets, cfg, sched, mode = plan_call(
+            q, k, q_offsets, kv_offsets, max_q, max_kv, activation, fwd_cfg, dkdv_cfg, dq_cfg,
+            bwd_mode, deterministic, any(ctx.needs_input_grad[:3]))
+        out = launch_fwd(q, k, v, sched, cfg, ACT_CODE[activation], norm_code, scale, max_kv)
         ctx.save_for_backward(q, k, v, q_offsets, kv_offsets)
         tune = bwd_mode is None and dkdv_cfg is None
         ctx.meta = (max_q, max_kv, activation, scale, norm_code, dkdv_cfg, dq_cfg, tune)
         ctx.mode = mode  # the plan the backward runs (ONE_PASS: or a tuned one-pass variant)
-        if any(ctx.needs_input_grad[:3]):
-            _prebuild_backward(mode, dkdv_cfg, dq_cfg, tune, q, q_offsets, kv_offsets, max_q,
-                               max_kv, activation)
         return out
 
     @staticmethod

@@ -15,9 +15,11 @@ its items in that order.
 
 from __future__ import annotations
 
+import functools
 import heapq
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from gem_kernels.host_offsets import host_offsets, host_to_device
@@ -161,38 +163,209 @@ def build_schedule(row_offsets: torch.Tensor, col_offsets: torch.Tensor, block_r
                    blocks: str = "all") -> Schedule:
     """snake=False keeps the natural item order dealt round-robin (the unbalanced baseline);
     num_sms: see ``deal``; cover_empty_rows, blocks: see ``build_items``. Device offsets are
-    read through gem_kernels.host_offsets and the result is copied back from pinned memory,
-    so neither direction syncs the stream when the offsets' host copy is known."""
-    row_offsets = host_offsets(row_offsets).to(torch.int64)
-    col_offsets = host_offsets(col_offsets).to(torch.int64)
-    row_len = row_offsets[1:] - row_offsets[:-1]
-    col_len = col_offsets[1:] - col_offsets[:-1]
-    items, work = build_items(row_len, col_len, block_rows, block_cols, heads,
-                              cover_empty_rows, blocks)
-    n = items.shape[0]
-    p = max(1, min(max_programs, n))
-    dealt = by_work(work) if snake else None
-    prog = deal(work, p, snake, num_sms, order=dealt)
-    # Drop programs that got no item (a program must own at least one): renumber densely.
-    used = torch.bincount(prog, minlength=p) > 0
-    prog = (torch.cumsum(used.long(), 0) - 1)[prog]
-    p = int(used.sum())
-    # Within a program keep the dealt order (descending work with snake, natural without):
-    # an item's rank is its place in that order (the inverse permutation of ``dealt``).
-    rank = torch.arange(n)
-    if dealt is not None:
-        rank = torch.empty_like(dealt).index_put_((dealt,), rank)
-    order = torch.argsort(prog * (n + 1) + rank)
-    counts = torch.bincount(prog, minlength=p)
-    prog_ptr = torch.zeros(p + 1, dtype=torch.int64)
-    prog_ptr[1:] = torch.cumsum(counts, 0)
-    per_prog = torch.zeros(p, dtype=torch.float64).index_add_(0, prog, work.double())
-    sample = items[:, 0]
-    meta = torch.stack([items[:, 1], items[:, 2], row_offsets[:-1][sample], row_len[sample],
-                        col_offsets[:-1][sample], col_len[sample]], 1)[order]
-    return Schedule(items=host_to_device(meta.to(torch.int32).contiguous(), device),
-                    prog_ptr=host_to_device(prog_ptr.to(torch.int32), device), num_programs=p,
-                    work=per_prog)
+    read through gem_kernels.host_offsets and the result is copied in from pinned memory, so
+    neither direction syncs the stream when the offsets' host copy is known. One schedule of
+    ``plan_schedules`` (which builds several from one offsets pair), uploaded by
+    ``upload_schedules``."""
+    spec = ScheduleSpec(block_rows, block_cols, heads, max_programs, num_sms,
+                        cover_empty_rows, blocks, snake)
+    planner = SchedulePlanner(row_offsets, col_offsets)
+    return upload_schedules([planner.plan(spec)], device)[0]
+
+
+@dataclass(frozen=True)
+class ScheduleSpec:
+    """What build_schedule builds from an offsets pair (its arguments but the offsets)."""
+
+    block_rows: int
+    block_cols: int
+    heads: int
+    max_programs: int
+    num_sms: int | None = None
+    cover_empty_rows: bool = False
+    blocks: str = "all"
+    snake: bool = True
+
+
+@dataclass
+class HostSchedule:
+    """A schedule on the host, before upload: meta (n, 6) int32, prog_ptr (P+1,) int32."""
+
+    meta: np.ndarray
+    prog_ptr: np.ndarray
+    num_programs: int
+    work: np.ndarray  # (P,) float64
+
+
+class SchedulePlanner:
+    """Builds schedules from one (row, column) offsets pair in numpy, the same items, order
+    and programs as ``build_items`` / ``by_work`` / ``deal`` give. What several schedules of
+    one pair have in common (lengths, row blocks, the work order for a column block) is
+    computed once: a GDPA call's forward and backward schedules differ mostly in their
+    program counts."""
+
+    def __init__(self, row_offsets: torch.Tensor, col_offsets: torch.Tensor) -> None:
+        rows = _host_np(row_offsets)
+        cols = _host_np(col_offsets)
+        self.row_start, self.row_len = rows[:-1], np.diff(rows)
+        self.col_start, self.col_len = cols[:-1], np.diff(cols)
+        self._columns = [a.astype(np.int32) for a in (self.row_start, self.row_len,
+                                                      self.col_start, self.col_len)]
+        self._blocks: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+        self._orders: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+
+    def row_blocks(self, block_rows: int, cover: bool, blocks: str
+                   ) -> tuple[np.ndarray, np.ndarray]:
+        """(sample, block) of every (sample, row block), in sample then block order."""
+        key = (block_rows, cover, blocks)
+        hit = self._blocks.get(key)
+        if hit is None:
+            if blocks not in BLOCK_SETS:
+                raise ValueError(f"blocks must be one of {BLOCK_SETS}; got {blocks!r}")
+            nblk = (self.row_len + block_rows - 1) // block_rows
+            if cover:
+                nblk = np.where((nblk == 0) & (self.col_len > 0), 1, nblk)
+            sample = np.repeat(np.arange(nblk.size), nblk)
+            blk = np.arange(sample.size) - (np.cumsum(nblk) - nblk)[sample]
+            if blocks != "all":
+                last = nblk[sample] - 1
+                keep = {"first": blk == 0, "middle": (blk > 0) & (blk < last),
+                        "last": (blk == last) & (blk > 0)}[blocks]
+                sample, blk = sample[keep], blk[keep]
+            hit = self._blocks[key] = (sample, blk)
+        return hit
+
+    def work_order(self, block_rows: int, cover: bool, blocks: str, block_cols: int,
+                   snake: bool) -> tuple[np.ndarray, np.ndarray]:
+        """(order, work in that order) of the (sample, row block)s: by descending work, ties
+        in item order (snake), else the natural order. A head's items share their block's
+        work and follow each other, so the items' order is this one with heads expanded."""
+        key = (block_rows, cover, blocks, block_cols, snake)
+        hit = self._orders.get(key)
+        if hit is None:
+            sample, _ = self.row_blocks(block_rows, cover, blocks)
+            work = (self.col_len[sample] + block_cols - 1) // block_cols + 1
+            order = np.argsort(-work, kind="stable") if snake else np.arange(work.size)
+            hit = self._orders[key] = (order, work[order])
+        return hit
+
+    def plan(self, spec: ScheduleSpec) -> HostSchedule:
+        sample, blk = self.row_blocks(spec.block_rows, spec.cover_empty_rows, spec.blocks)
+        order, work = self.work_order(spec.block_rows, spec.cover_empty_rows, spec.blocks,
+                                      spec.block_cols, spec.snake)
+        heads = spec.heads
+        n = order.size * heads
+        p = max(1, min(spec.max_programs, n))
+        lanes = spec.num_sms if spec.num_sms is not None and spec.num_sms < p else p
+        if spec.snake and n <= EXACT_GREEDY_ITEMS_PER_LANE * lanes:
+            lay = _layout(_greedy_lanes(np.repeat(work, heads), lanes), p, lanes, heads)
+        else:  # zig-zag or round-robin: the layout depends on the counts only
+            lay = _zigzag_layout(n, p, lanes, heads, spec.snake)
+        # the items in program order, each program's in dealt order (descending work with
+        # snake, natural without)
+        base = order[lay.base_pos]
+        s = sample[base]
+        meta = np.empty((n, 6), dtype=np.int32)
+        meta[:, 0] = blk[base]
+        meta[:, 1] = lay.head
+        for col, a in enumerate(self._columns, 2):
+            meta[:, col] = a[s]
+        per_prog = np.bincount(lay.prog, weights=np.repeat(work, heads),
+                               minlength=lay.num_programs).astype(np.float64)
+        return HostSchedule(meta, lay.prog_ptr, lay.num_programs, per_prog)
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Where the dealt items go: prog (n,) the program of the t-th dealt item; base_pos and
+    head (n,) for the k-th item in program order, the dealt position of its (sample, row
+    block) and its head; prog_ptr (P+1,) int32; programs that got no item dropped."""
+
+    prog: np.ndarray
+    base_pos: np.ndarray
+    head: np.ndarray
+    prog_ptr: np.ndarray
+    num_programs: int
+
+
+def _layout(sm: tuple[np.ndarray, np.ndarray] | np.ndarray, num_programs: int, lanes: int,
+            heads: int) -> _Layout:
+    """_Layout of dealt items given (lane, index on its lane) from the snake's deal over
+    lanes, or (round-robin) the program of each item."""
+    if isinstance(sm, tuple):
+        sm, i = sm
+        if lanes == num_programs:
+            prog = sm
+        else:  # each SM's items over its own programs (deal)
+            per_sm = (num_programs - sm + lanes - 1) // lanes
+            j = np.where((i // per_sm) % 2 == 0, i % per_sm, per_sm - 1 - i % per_sm)
+            prog = sm + lanes * j
+    else:
+        prog = sm
+    counts = np.bincount(prog, minlength=num_programs)
+    if not counts.all():  # a program must own at least one item: renumber densely
+        used = counts > 0
+        prog = (np.cumsum(used) - 1)[prog]
+        counts = counts[used]
+    by_prog = np.argsort(prog.astype(np.int32, copy=False), kind="stable")
+    base_pos, head = np.divmod(by_prog, heads)
+    head = head.astype(np.int32)
+    prog_ptr = np.zeros(counts.size + 1, dtype=np.int32)
+    np.cumsum(counts, out=prog_ptr[1:])
+    for arr in (prog, base_pos, head, prog_ptr):
+        arr.flags.writeable = False  # shared through the cache below
+    return _Layout(prog, base_pos, head, prog_ptr, int(counts.size))
+
+
+@functools.lru_cache(maxsize=64)
+def _zigzag_layout(n: int, num_programs: int, lanes: int, heads: int, snake: bool
+                   ) -> _Layout:
+    """The zig-zag deal (and round-robin without snake) places the t-th dealt item by t
+    alone: its layout is cached per count (a short side's schedules keep theirs)."""
+    if not snake:
+        return _layout(np.arange(n) % num_programs, num_programs, lanes, heads)
+    rnd, lane_t = np.divmod(np.arange(n), lanes)
+    return _layout((np.where(rnd % 2 == 0, lane_t, lanes - 1 - lane_t), rnd), num_programs,
+                   lanes, heads)
+
+
+def _greedy_lanes(sorted_work: np.ndarray, lanes: int) -> tuple[np.ndarray, np.ndarray]:
+    """``_deal_lanes``' greedy deal (few items per lane), on numpy."""
+    sm, rnd = _deal_lanes(torch.from_numpy(sorted_work).double(), lanes)
+    return sm.numpy(), rnd.numpy()
+
+
+def _host_np(offsets: torch.Tensor) -> np.ndarray:
+    """int64 numpy offsets from the host copy (gem_kernels.host_offsets: no sync if known)."""
+    return host_offsets(offsets).numpy().astype(np.int64, copy=False)
+
+
+SEGMENT_ALIGN = 32  # int32 elements (128 bytes) between the uploaded arrays' starts
+
+
+def upload_schedules(hosts: list[HostSchedule], device: torch.device | str) -> list[Schedule]:
+    """The schedules on ``device`` through ONE host buffer (pinned on CUDA) and ONE
+    non-blocking copy (gem_kernels.host_offsets.host_to_device); each items / prog_ptr is a
+    view of the device buffer, starting 128-byte aligned."""
+    device = torch.device(device)
+    sizes = [a.size for h in hosts for a in (h.meta, h.prog_ptr)]
+    starts = np.zeros(len(sizes) + 1, dtype=np.int64)
+    np.cumsum([-(-s // SEGMENT_ALIGN) * SEGMENT_ALIGN for s in sizes], out=starts[1:])
+    pin = device.type == "cuda" and not torch.cuda.is_current_stream_capturing()
+    buf = torch.empty(max(int(starts[-1]), 1), dtype=torch.int32, pin_memory=pin)
+    flat = buf.numpy()
+    arrays = [a for h in hosts for a in (h.meta, h.prog_ptr)]
+    for a, s in zip(arrays, starts[:-1].tolist(), strict=True):
+        flat[s:s + a.size] = a.reshape(-1)
+    dev = host_to_device(buf, device)
+    out = []
+    for i, h in enumerate(hosts):
+        m0, p0 = int(starts[2 * i]), int(starts[2 * i + 1])
+        items = dev[m0:m0 + h.meta.size].view(-1, 6)
+        prog_ptr = dev[p0:p0 + h.prog_ptr.size]
+        out.append(Schedule(items=items, prog_ptr=prog_ptr, num_programs=h.num_programs,
+                            work=torch.from_numpy(h.work)))
+    return out
 
 
 class ScheduleCache:
@@ -209,8 +382,14 @@ class ScheduleCache:
         return len(self._cache)
 
     def get(self, key: tuple, rows: torch.Tensor, cols: torch.Tensor, build) -> Schedule:
-        sched = self._cache.get(key, (rows, cols))
+        sched = self.lookup(key, rows, cols)
         if sched is None:
             sched = build()
-            self._cache.put(key, (rows, cols), sched)
+            self.put(key, rows, cols, sched)
         return sched
+
+    def lookup(self, key: tuple, rows: torch.Tensor, cols: torch.Tensor) -> Schedule | None:
+        return self._cache.get(key, (rows, cols))
+
+    def put(self, key: tuple, rows: torch.Tensor, cols: torch.Tensor, sched: Schedule) -> None:
+        self._cache.put(key, (rows, cols), sched)
