@@ -240,7 +240,8 @@ def batch_units(seq_lengths: torch.Tensor | list[int], local_batch: int) -> dict
 def compile_enabled(setting: bool | None, device: torch.device) -> bool:
     """``train.compile`` resolved: null means on for CUDA, off on CPU. That holds for fp8_block
     too: its layers are opaque to the compiler (a graph break each) and the glue between them
-    compiles (1.38x eager at GEM width on the H200, docs/bench/e2e_h200_gem_fp8_compiled.json)."""
+    compiles (faster than eager at GEM width on the H200:
+    docs/bench/e2e_h200_gem_fp8_compiled.json)."""
     if setting is not None:
         return setting
     return device.type == "cuda"
