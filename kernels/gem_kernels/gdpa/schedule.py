@@ -348,22 +348,22 @@ def upload_schedules(hosts: list[HostSchedule], device: torch.device | str) -> l
     non-blocking copy (gem_kernels.host_offsets.host_to_device); each items / prog_ptr is a
     view of the device buffer, starting 128-byte aligned."""
     device = torch.device(device)
-    sizes = [a.size for h in hosts for a in (h.meta, h.prog_ptr)]
-    starts = np.zeros(len(sizes) + 1, dtype=np.int64)
-    np.cumsum([-(-s // SEGMENT_ALIGN) * SEGMENT_ALIGN for s in sizes], out=starts[1:])
-    pin = device.type == "cuda" and not torch.cuda.is_current_stream_capturing()
-    buf = torch.empty(max(int(starts[-1]), 1), dtype=torch.int32, pin_memory=pin)
-    flat = buf.numpy()
     arrays = [a for h in hosts for a in (h.meta, h.prog_ptr)]
-    for a, s in zip(arrays, starts[:-1].tolist(), strict=True):
+    starts, end = [], 0
+    for a in arrays:
+        starts.append(end)
+        end += -(-a.size // SEGMENT_ALIGN) * SEGMENT_ALIGN
+    pin = device.type == "cuda" and not torch.cuda.is_current_stream_capturing()
+    buf = torch.empty(max(end, 1), dtype=torch.int32, pin_memory=pin)
+    flat = buf.numpy()
+    for a, s in zip(arrays, starts, strict=True):
         flat[s:s + a.size] = a.reshape(-1)
     dev = host_to_device(buf, device)
     out = []
     for i, h in enumerate(hosts):
-        m0, p0 = int(starts[2 * i]), int(starts[2 * i + 1])
-        items = dev[m0:m0 + h.meta.size].view(-1, 6)
-        prog_ptr = dev[p0:p0 + h.prog_ptr.size]
-        out.append(Schedule(items=items, prog_ptr=prog_ptr, num_programs=h.num_programs,
+        m0, p0 = starts[2 * i], starts[2 * i + 1]
+        out.append(Schedule(items=dev[m0:m0 + h.meta.size].view(-1, 6),
+                            prog_ptr=dev[p0:p0 + h.prog_ptr.size], num_programs=h.num_programs,
                             work=torch.from_numpy(h.work)))
     return out
 
