@@ -14,9 +14,9 @@ Every call gets fresh offsets tensors (a new batch: the schedule cache misses, a
 training). On a CPU the kernels are not launched and the copies are not made (the CPU
 path's ``to`` is a no-op), but the schedules are the CUDA path's: the device's program count
 is the H200's (``--sms``, 132) unless the device is a GPU. ``copies`` counts the host->device
-transfers the call asks for (gem_kernels.host_offsets.host_to_device and the GDPA packing
-helper); on CUDA the profiler's count of cudaMemcpyAsync per call is added (``memcpy_async``).
-Writes gdpa_host.json.
+transfers the call asks for (calls of gem_kernels.host_offsets.host_to_device, which every
+schedule upload goes through); on CUDA the profiler's count of cudaMemcpyAsync per call is
+added (``memcpy_async``). Writes gdpa_host.json.
 """
 
 from __future__ import annotations
