@@ -40,7 +40,7 @@ def test_two_deterministic_runs_are_bitwise_identical(tmp_path, monkeypatch):
         def sink(metrics: dict[str, float], step: int) -> None:
             logged.extend((step, k, v) for k, v in sorted(metrics.items()) if not _timing(k))
 
-        def on_step(step: int) -> None:
+        def on_step(step: int, _model: object) -> None:
             switches.append((torch.are_deterministic_algorithms_enabled(),
                              deterministic_backward(), torch.backends.cudnn.deterministic))
 
@@ -110,7 +110,7 @@ def test_repro_bench_reports_cost_and_agreement(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "tiny.yaml").write_text(TINY.format(data=tmp_path / "data"))
     rc = repro_bench.main(["tiny.yaml", "--out", "out", "--set", "train.steps=2",
-                           "--set", "parallel.workers=1"])
+                           "--set", "parallel.workers=1", "--grads"])
     report = json.loads((tmp_path / "out" / "repro_bench.json").read_text())
     result = report["recipes"]["tiny.yaml"]
     assert rc == 0 and result["bitwise_identical"] is True and result["differing"] == []
@@ -118,6 +118,19 @@ def test_repro_bench_reports_cost_and_agreement(tmp_path, monkeypatch):
     assert result["runs"]["plain"]["summary"]["train/deterministic"] == 0.0
     assert result["runs"]["deterministic"]["summary"]["train/deterministic"] == 1.0
     assert result["qps_plain"] > 0 and math.isfinite(result["cost"])
+    grads = result["step1_gradients"]
+    assert grads["parameters"] > 10 and grads["differing"] == 0
+    assert grads["nearest_the_loss"] is None
+
+
+def test_first_differing_gradient_is_named_nearest_the_loss_first():
+    from gem_platform.train.repro_bench import first_differing
+
+    a = {"embed.weight": "1", "block.weight": "2", "head.weight": "3", "head.bias": "4"}
+    b = {**a, "embed.weight": "x", "block.weight": "y"}
+    assert first_differing(a, b) == {"parameters": 4, "differing": 2,
+                                     "nearest_the_loss": "block.weight"}
+    assert first_differing(a, dict(a))["nearest_the_loss"] is None
 
 
 def test_tracked_run_records_it_was_deterministic(tmp_path, monkeypatch):

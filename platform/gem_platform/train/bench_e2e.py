@@ -149,7 +149,7 @@ def run_arm(recipe: Recipe, name: str, arm: Arm, warmup: int, steps: int,
     start = time.perf_counter()
     with profile(activities=activities,
                  schedule=schedule(wait=warmup + steps, warmup=1, active=profiled)) as prof:
-        def on_step(step: int) -> None:
+        def on_step(step: int, _model: object) -> None:
             if step in clocked:  # only there: a sync every step would stall the host's lead
                 sync()
                 marks[step] = time.perf_counter()

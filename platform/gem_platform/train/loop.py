@@ -598,15 +598,16 @@ def train(recipe: Recipe, sink: MetricSink | None = None,
           echo: Callable[[str], None] = print,
           checkpoints: CheckpointStore | None = None,
           published_through: int = 0,
-          on_step: Callable[[int], None] | None = None) -> RunSummary:
+          on_step: Callable[[int, nn.Module], None] | None = None) -> RunSummary:
     """Train per the recipe on this rank; returns the run summary (same on every rank).
 
     ``sink`` and ``echo`` receive metrics and progress lines on rank 0 (see Reporter). With
     ``checkpoints``, the run resumes from the latest checkpoint and saves one every
     ``checkpoints.every`` steps. A resumed run replays the steps after its checkpoint;
     ``published_through`` (the last step the run's record already holds) keeps those from
-    being published twice. ``on_step(step)`` runs after each training step (a profiler's
-    clock). With ``train.deterministic`` the run trains inside
+    being published twice. ``on_step(step, model)`` runs after each training step is queued
+    (a profiler's clock; the model's gradients are that step's until the next forward, once
+    the device has finished it). With ``train.deterministic`` the run trains inside
     ``determinism.deterministic_mode(train.seed)``; the summary's ``train/deterministic`` says
     whether it did (1.0) or not (0.0).
     """
@@ -618,7 +619,7 @@ def train(recipe: Recipe, sink: MetricSink | None = None,
 
 
 def _train(recipe: Recipe, report: Reporter, checkpoints: CheckpointStore | None,
-           on_step: Callable[[int], None] | None) -> RunSummary:
+           on_step: Callable[[int, nn.Module], None] | None) -> RunSummary:
     """``train``'s stages, in order."""
     info = RankInfo.current()
     run = setup(recipe, info)
@@ -658,7 +659,7 @@ def _train(recipe: Recipe, report: Reporter, checkpoints: CheckpointStore | None
                     save_checkpoint(run, state, checkpoints)
                 flight.restart_clock()  # evaluation and saving are not the next step's time
             if on_step:
-                on_step(step)
+                on_step(step, run.model)
         flight.settle()
 
     metrics = summarize(run, state)

@@ -121,7 +121,7 @@ def profile_recipe(recipe: Recipe, warmup: int = 20, active: int = 10, top: int 
 
     with profile(activities=activities,
                  schedule=schedule(wait=warmup - 1, warmup=1, active=active)) as prof:
-        def on_step(step: int) -> None:
+        def on_step(step: int, _model: object) -> None:
             if step in (warmup, total):  # only there: a sync every step would stall the host
                 if cuda:
                     torch.cuda.synchronize()

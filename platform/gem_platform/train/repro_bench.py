@@ -4,7 +4,9 @@ setting once per process), in-process training without Ray or MLflow.
 
 Per recipe it reports samples/s (perf/qps, steady steps) plain and deterministic, the cost
 (1 - deterministic / plain), and whether the two deterministic runs agree bitwise on every step
-loss and every final metric that does not measure time. A table on stdout, and
+loss and every final metric that does not measure time. ``--grads`` also trains one unclipped
+deterministic step in two more processes and names the parameters whose gradients differ, the
+one nearest the loss first: where to look when runs are not repeatable. A table on stdout, and
 ``repro_bench.json`` under ``--out`` (rewritten after each run, so a cut-short run keeps what
 it finished).
 
@@ -15,6 +17,7 @@ it finished).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import multiprocessing
@@ -50,6 +53,53 @@ def _one_run(path: str, overrides: list[str], deterministic: bool) -> dict[str, 
             "losses": losses, "summary": summary}
 
 
+def _step1_gradients(path: str, overrides: list[str]) -> dict[str, str]:
+    """Train one deterministic step without clipping in this (fresh) process; a digest of each
+    parameter's gradient, in registration order (clipping would scale every gradient by the
+    global norm, so one differing gradient would make them all differ)."""
+    import torch
+
+    from gem_platform.recipe import load_recipe
+    from gem_platform.train.loop import train
+
+    recipe = load_recipe(path, [*overrides, "train.deterministic=true", "train.steps=1",
+                                "train.grad_clip=null", "train.eval_every=0"])
+    recipe.train.eval_max_samples = recipe.loader.local_batch_size
+    digests: dict[str, str] = {}
+
+    def on_step(step: int, model: torch.nn.Module) -> None:
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        digests.update(gradient_digests(model))
+
+    train(recipe, echo=lambda _: None, on_step=on_step)
+    return digests
+
+
+def gradient_digests(model: Any) -> dict[str, str]:
+    """SHA-1 of each parameter's gradient as stored (the local shard of a DTensor)."""
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    out = {}
+    for name, param in model.named_parameters():
+        grad = param.grad
+        if grad is None:
+            continue
+        grad = grad.to_local() if isinstance(grad, DTensor) else grad
+        raw = grad.detach().reshape(-1).contiguous().cpu().view(torch.uint8).numpy()
+        out[name] = hashlib.sha1(raw.tobytes()).hexdigest()
+    return out
+
+
+def first_differing(a: dict[str, str], b: dict[str, str]) -> dict[str, Any]:
+    """Which gradients differ between two runs; the first in backward order (the module
+    nearest the loss, taken as the last registered) is where to look."""
+    differ = [n for n in a if a[n] != b.get(n)]
+    nearest = next((n for n in reversed(list(a)) if a[n] != b.get(n)), None)
+    return {"parameters": len(a), "differing": len(differ), "nearest_the_loss": nearest}
+
+
 def _agree(a: dict[str, Any], b: dict[str, Any]) -> tuple[bool, list[str]]:
     """Bitwise agreement of two runs: step losses and non-timing summary entries; the
     entries that differ."""
@@ -73,6 +123,15 @@ def _verdict(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def _compare_gradients(path: str, overrides: list[str], spawn: Any) -> dict[str, Any]:
+    """Step-1 gradient digests from two fresh processes, compared."""
+    digests = []
+    for _ in range(2):
+        with ProcessPoolExecutor(max_workers=1, mp_context=spawn) as pool:
+            digests.append(pool.submit(_step1_gradients, path, overrides).result())
+    return first_differing(*digests)
+
+
 def _device() -> dict[str, Any]:
     from gem_kernels.bench.common import device_info
 
@@ -85,6 +144,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="bench_results", help="folder for repro_bench.json")
     p.add_argument("--set", dest="overrides", action="append", default=[],
                    help="override applied to every recipe, e.g. train.steps=100")
+    p.add_argument("--grads", action="store_true",
+                   help="also train one deterministic step, unclipped, in two more processes "
+                   "and name the parameters whose gradients differ")
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -105,6 +167,10 @@ def main(argv: list[str] | None = None) -> int:
                   f"NE ctr {s.get('eval/ne_ctr', math.nan):.6f}  wall {runs[name]['wall_s']:.0f}s",
                   flush=True)
         v = report["recipes"][path]
+        if args.grads:
+            v["step1_gradients"] = _compare_gradients(path, args.overrides, spawn)
+            print(f"{path:32s} step-1 gradients: {v['step1_gradients']}", flush=True)
+            (out / "repro_bench.json").write_text(json.dumps(report, indent=1, default=str))
         print(f"{path:32s} cost {v['cost']:.1%}  bitwise identical: {v['bitwise_identical']}"
               + (f" (differ: {', '.join(v['differing'])})" if v["differing"] else ""), flush=True)
     print(f"-> {out / 'repro_bench.json'}")
