@@ -223,3 +223,18 @@ def test_a_real_cpu_trace_has_no_device_gaps(tmp_path):
     assert json.loads(written.read_text())["reason"] == report.reason
     assert out.getvalue().strip() == f"device gaps: {report.reason}"
     assert report_trace_gaps(path, None, Console(file=io.StringIO())) is None
+
+
+def test_each_site_names_the_span_it_was_called_in():
+    """Every aten::copy_ looks alike: the innermost non-ATen span around the launch (an
+    autograd Function, a backward node) tells them apart."""
+    trace = synthetic_trace()
+    trace["traceEvents"].append(_host("cpu_op", "GDPAFunction", 2011, 2039))
+    sites = {(r.op, r.caller): r for r in device_gaps(trace).top}
+    assert sites[("aten::copy_", "GDPAFunction")].largest_us == pytest.approx(230)
+    assert sites[("aten::copy_", None)].largest_us == pytest.approx(85)
+    assert ("aten::mm", "autograd::engine::evaluate_function: MmBackward0") in sites
+    assert ("aten::addmm", "fwd") in sites  # no span but the region: the region
+    out = io.StringIO()
+    render_gaps(device_gaps(trace), Console(file=out, width=250))
+    assert "GDPAFunction" in out.getvalue() and "called in" in out.getvalue()

@@ -5,7 +5,10 @@ the trace ``prof.export_chrome_trace`` writes (kineto's format), merges the devi
 copies and fills over all streams, and finds the holes inside the profiled steps. A hole ends
 when the host launches again, so each gap is charged to the launch of the first device event
 after it (matched through ``args["correlation"]``) and to the host stack around that launch:
-the innermost ``cpu_op`` and the outermost ``record_function`` region below ``ProfilerStep``.
+the innermost ``cpu_op``, the innermost span around it that is not an ATen op (an autograd
+Function such as GDPAFunction, a compiled graph's call, a backward node: where in the model the
+launch came from, since every ``aten::copy_`` looks alike) and the outermost
+``record_function`` region below ``ProfilerStep``.
 Host synchronizations that overlap the gaps (stream/device/event syncs, blocking copies to
 the host) are listed apart: a sync is the usual cause of a gap, the host waits for the device
 to drain and only then launches again.
@@ -40,6 +43,7 @@ class GapEntry:
 
     op: str  # innermost cpu_op around the launch, e.g. aten::mm
     region: str | None  # outermost user annotation below ProfilerStep, e.g. AdamW.step
+    caller: str | None  # innermost non-ATen span around op, e.g. GDPAFunction
     ms_per_step: float
     gaps_per_step: float
     share: float  # of all gap time
@@ -172,13 +176,17 @@ class _HostStacks:
         return chain[::-1]
 
 
-def _site(stack: list[dict]) -> tuple[str, str | None]:
-    """(innermost cpu_op, outermost user annotation below ProfilerStep) of a host stack."""
-    ops = [e["name"] for e in stack if e.get("cat") == "cpu_op"
-           and not e["name"].startswith(STEP_PREFIX)]
-    regions = [e["name"] for e in stack if e.get("cat") == "user_annotation"
-               and not e["name"].startswith(STEP_PREFIX)]
-    return (ops[-1] if ops else NO_OP), (regions[0] if regions else None)
+def _site(stack: list[dict]) -> tuple[str, str | None, str | None]:
+    """(innermost cpu_op, outermost user annotation below ProfilerStep, innermost non-ATen
+    span around that op) of a host stack."""
+    spans = [e for e in stack if e.get("cat") in ("cpu_op", "user_annotation")
+             and not e["name"].startswith(STEP_PREFIX)]
+    ops = [e["name"] for e in spans if e.get("cat") == "cpu_op"]
+    regions = [e["name"] for e in spans if e.get("cat") == "user_annotation"]
+    op = ops[-1] if ops else NO_OP
+    inner = spans[:-1] if ops and spans[-1]["name"] == op else spans
+    callers = [e["name"] for e in inner if not e["name"].startswith("aten::")]
+    return op, (regions[0] if regions else None), (callers[-1] if callers else None)
 
 
 def _is_sync(e: dict, memcpy_by_corr: dict[object, dict]) -> bool:
@@ -242,19 +250,19 @@ def _attribute(gaps: list[_Gap], runtime: list[dict], stacks: _HostStacks, steps
                total_gap: float) -> list[GapEntry]:
     """Gap time by the host site whose launch ended each gap, largest first."""
     launch_by_corr = {_corr(e): e for e in runtime if _corr(e) is not None}
-    rows: dict[tuple[str, str | None], GapEntry] = {}
+    rows: dict[tuple[str, str | None, str | None], GapEntry] = {}
     for g in sorted(gaps, key=lambda g: g.end - g.start, reverse=True):
         us = g.end - g.start
         launch = launch_by_corr.get(_corr(g.next_event)) if g.next_event else None
         if launch is None:
             why = "(end of window)" if g.next_event is None else "(launch not in trace)"
-            key, stack, call = (why, None), [], "-"
+            key, stack, call = (why, None, None), [], "-"
         else:
             stack = stacks.enclosing(launch.get("pid"), launch.get("tid"), float(launch["ts"]))
             key, call = _site(stack), launch.get("name", "?")
         row = rows.get(key)
         if row is None:  # gaps come largest first: the first one seen is the largest
-            row = rows[key] = GapEntry(key[0], key[1], 0.0, 0.0, 0.0, us, call,
+            row = rows[key] = GapEntry(key[0], key[1], key[2], 0.0, 0.0, 0.0, us, call,
                                        stack=[e["name"] for e in stack])
         row.ms_per_step += us / 1e3 / steps
         row.gaps_per_step += 1 / steps
@@ -278,7 +286,7 @@ def _sync_overlaps(syncs: list[dict], gaps: list[_Gap], stacks: _HostStacks,
             overlap += min(end, g.end) - max(ts, g.start)
         if overlap <= 0:
             continue
-        op, _ = _site(stacks.enclosing(e.get("pid"), e.get("tid"), ts))
+        op, _, _ = _site(stacks.enclosing(e.get("pid"), e.get("tid"), ts))
         row = rows.setdefault((e["name"], op), SyncEntry(e["name"], op, 0.0, 0.0))
         row.overlap_ms_per_step += overlap / 1e3 / steps
         row.calls_per_step += 1 / steps
@@ -300,10 +308,11 @@ def render_gaps(report: GapReport, console=None) -> None:  # noqa: ANN001 (a ric
                   f"{report.gaps_per_step:.1f} gaps >= {report.min_gap_us:g} us "
                   f"({report.gap_fraction:.1%} of {report.window_ms_per_step:.1f} ms; device "
                   f"busy {report.busy_ms_per_step:.1f} ms) over {report.steps} steps")
-    table = Table("launched by (cpu_op)", "region", "gap ms / step", "gaps / step", "share",
-                  "largest us", "launch", "queued / step")
+    table = Table("launched by (cpu_op)", "called in", "region", "gap ms / step", "gaps / step",
+                  "share", "largest us", "launch", "queued / step")
     for r in report.top:
-        table.add_row(escape(_short(r.op)), escape(_short(r.region or "-", 40)),
+        table.add_row(escape(_short(r.op)), escape(_short(r.caller or "-", 40)),
+                      escape(_short(r.region or "-", 40)),
                       f"{r.ms_per_step:.3f}", f"{r.gaps_per_step:.1f}", f"{r.share:.1%}",
                       f"{r.largest_us:.0f}", escape(r.launch), f"{r.queued_per_step:.1f}")
     console.print(table)
