@@ -289,7 +289,7 @@ class Run:
     train_table: Table  # streamed when loader.window_samples is set
     eval_table: SampleTable
     par: Parallelized
-    optimizers: list[torch.optim.Optimizer]
+    optimizers: list[torch.optim.Optimizer]  # [dense (AdamW), sparse (tables)]
     schedules: list[torch.optim.lr_scheduler.LRScheduler]
     loader: LoaderConfig
     batcher: Batcher
@@ -413,18 +413,18 @@ def launch_step(run: Run, batch: JaggedBatch, step: int, meter: FlopMeter,
     gradients are cleared only then: the previous step's gradients stay readable for its
     divergence report."""
     clock, par = run.clock, run.par
+    dense, sparse = run.optimizers
     launched_at = time.perf_counter()
     # Before the forward: TorchRec's fused optimizer hands its param groups' lr to the
     # kernel in zero_grad, and the lookup's forward captures it for the fused update.
-    for opt in run.optimizers[1:]:
-        opt.zero_grad(set_to_none=True)
+    sparse.zero_grad(set_to_none=True)
     start = clock.mark()
     # train.saved_activations: what the forward keeps for the backward (fp8: compressed)
     with saved_activations(run.recipe, run.model), meter, _autocast(run.recipe, run.device):
         logits = run.model(batch)
     loss, task_losses = compute_loss(logits, batch)
     before_backward()
-    run.optimizers[0].zero_grad(set_to_none=True)
+    dense.zero_grad(set_to_none=True)
     loss.backward()
     backward = clock.mark()
     par.sync_gradients()
