@@ -149,3 +149,20 @@ def test_tracked_run_records_it_was_deterministic(tmp_path, monkeypatch):
     assert run.data.tags["gem.deterministic"] == "true"
     assert run.data.params["train.deterministic"] == "True"
     assert run.data.metrics["train/deterministic"] == 1.0
+
+
+def test_repro_bench_grads_only_is_a_predicate(tmp_path, monkeypatch):
+    import json
+
+    from gem_platform.train import repro_bench
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tiny.yaml").write_text(TINY.format(data=tmp_path / "data"))
+    rc = repro_bench.main(["tiny.yaml", "--out", "out", "--set", "parallel.workers=1",
+                           "--grads-only"])
+    result = json.loads((tmp_path / "out" / "repro_bench.json").read_text())["recipes"]
+    assert rc == 0 and set(result["tiny.yaml"]) == {"step1_gradients"}
+    assert not repro_bench._repeatable({"step1_gradients": {"differing": 3}})
+    assert not repro_bench._repeatable({"bitwise_identical": False})
+    assert repro_bench._repeatable({"bitwise_identical": True,
+                                    "step1_gradients": {"differing": 0}})

@@ -6,7 +6,8 @@ Per recipe it reports samples/s (perf/qps, steady steps) plain and deterministic
 (1 - deterministic / plain), and whether the two deterministic runs agree bitwise on every step
 loss and every final metric that does not measure time. ``--grads`` also trains one unclipped
 deterministic step in two more processes and names the parameters whose gradients differ, the
-one nearest the loss first: where to look when runs are not repeatable. A table on stdout, and
+one nearest the loss first: where to look when runs are not repeatable (``--grads-only`` runs
+just that, a quick predicate for bisecting). A table on stdout, and
 ``repro_bench.json`` under ``--out`` (rewritten after each run, so a cut-short run keeps what
 it finished).
 
@@ -147,6 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--grads", action="store_true",
                    help="also train one deterministic step, unclipped, in two more processes "
                    "and name the parameters whose gradients differ")
+    p.add_argument("--grads-only", action="store_true",
+                   help="only that gradient check, not the three timed runs (a quick "
+                   "predicate: exit 0 when the gradients agree)")
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -155,26 +159,41 @@ def main(argv: list[str] | None = None) -> int:
     with ProcessPoolExecutor(max_workers=1, mp_context=spawn) as pool:
         report["device"] = pool.submit(_device).result()
     for path in args.recipes:
-        runs: dict[str, dict[str, Any]] = {}
-        for name, deterministic in RUNS:
-            # A fresh process per run: the cuBLAS workspace and every switch start clean.
-            with ProcessPoolExecutor(max_workers=1, mp_context=spawn) as pool:
-                runs[name] = pool.submit(_one_run, path, args.overrides, deterministic).result()
-            report["recipes"][path] = {"runs": runs, **_verdict(runs)}
-            (out / "repro_bench.json").write_text(json.dumps(report, indent=1, default=str))
-            s = runs[name]["summary"]
-            print(f"{path:32s} {name:20s} qps {s['perf/qps']:10.1f}  "
-                  f"NE ctr {s.get('eval/ne_ctr', math.nan):.6f}  wall {runs[name]['wall_s']:.0f}s",
-                  flush=True)
-        v = report["recipes"][path]
-        if args.grads:
+        if not args.grads_only:
+            _timed_runs(path, args.overrides, spawn, report, out)
+        if args.grads or args.grads_only:
+            v = report["recipes"].setdefault(path, {})
             v["step1_gradients"] = _compare_gradients(path, args.overrides, spawn)
             print(f"{path:32s} step-1 gradients: {v['step1_gradients']}", flush=True)
             (out / "repro_bench.json").write_text(json.dumps(report, indent=1, default=str))
-        print(f"{path:32s} cost {v['cost']:.1%}  bitwise identical: {v['bitwise_identical']}"
-              + (f" (differ: {', '.join(v['differing'])})" if v["differing"] else ""), flush=True)
     print(f"-> {out / 'repro_bench.json'}")
-    return 0 if all(v.get("bitwise_identical") for v in report["recipes"].values()) else 1
+    return 0 if all(_repeatable(v) for v in report["recipes"].values()) else 1
+
+
+def _repeatable(verdict: dict[str, Any]) -> bool:
+    """Every check that ran agreed: the two deterministic runs, the step-1 gradients."""
+    grads = verdict.get("step1_gradients")
+    return verdict.get("bitwise_identical", True) and (grads is None or grads["differing"] == 0)
+
+
+def _timed_runs(path: str, overrides: list[str], spawn: Any, report: dict[str, Any],
+                out: Path) -> None:
+    """The plain run and the two deterministic ones of one recipe, each in a fresh process;
+    the report is rewritten after each."""
+    runs: dict[str, dict[str, Any]] = {}
+    for name, deterministic in RUNS:
+        # A fresh process per run: the cuBLAS workspace and every switch start clean.
+        with ProcessPoolExecutor(max_workers=1, mp_context=spawn) as pool:
+            runs[name] = pool.submit(_one_run, path, overrides, deterministic).result()
+        report["recipes"][path] = {"runs": runs, **_verdict(runs)}
+        (out / "repro_bench.json").write_text(json.dumps(report, indent=1, default=str))
+        s = runs[name]["summary"]
+        print(f"{path:32s} {name:20s} qps {s['perf/qps']:10.1f}  "
+              f"NE ctr {s.get('eval/ne_ctr', math.nan):.6f}  wall {runs[name]['wall_s']:.0f}s",
+              flush=True)
+    v = report["recipes"][path]
+    print(f"{path:32s} cost {v['cost']:.1%}  bitwise identical: {v['bitwise_identical']}"
+          + (f" (differ: {', '.join(v['differing'])})" if v["differing"] else ""), flush=True)
 
 
 if __name__ == "__main__":
