@@ -47,7 +47,31 @@ def item_work(col_lengths: torch.Tensor, block_cols: int) -> torch.Tensor:
     return torch.div(col_lengths + block_cols - 1, block_cols, rounding_mode="floor") + 1
 
 
+def _block_work(col_lengths: np.ndarray, block_cols: int) -> np.ndarray:
+    """``item_work`` on numpy."""
+    return (col_lengths + block_cols - 1) // block_cols + 1
+
+
 BLOCK_SETS = ("all", "first", "middle", "last")
+
+
+def _row_blocks(row_len: np.ndarray, col_len: np.ndarray, block_rows: int, cover: bool,
+                blocks: str) -> tuple[np.ndarray, np.ndarray]:
+    """(sample, block) of every (sample, row block) kept, in sample then block order
+    (``build_items``' items before heads)."""
+    if blocks not in BLOCK_SETS:
+        raise ValueError(f"blocks must be one of {BLOCK_SETS}; got {blocks!r}")
+    nblk = (row_len + block_rows - 1) // block_rows
+    if cover:
+        nblk = np.where((nblk == 0) & (col_len > 0), 1, nblk)
+    sample = np.repeat(np.arange(nblk.size), nblk)
+    blk = np.arange(sample.size) - (np.cumsum(nblk) - nblk)[sample]
+    if blocks != "all":
+        last = nblk[sample] - 1
+        keep = {"first": blk == 0, "middle": (blk > 0) & (blk < last),
+                "last": (blk == last) & (blk > 0)}[blocks]
+        sample, blk = sample[keep], blk[keep]
+    return sample, blk
 
 
 def build_items(row_lengths: torch.Tensor, col_lengths: torch.Tensor, block_rows: int,
@@ -59,27 +83,13 @@ def build_items(row_lengths: torch.Tensor, col_lengths: torch.Tensor, block_rows
     blocks: which of a sample's row blocks: 'all', 'first' (block 0), 'middle' (neither the
     first nor the last) or 'last' (the last of two or more); the phased backward runs the
     three sets as three launches so that their order is the stream's."""
-    if blocks not in BLOCK_SETS:
-        raise ValueError(f"blocks must be one of {BLOCK_SETS}; got {blocks!r}")
-    row_lengths = row_lengths.to("cpu", torch.int64)
-    col_lengths = col_lengths.to("cpu", torch.int64)
-    nblk = torch.div(row_lengths + block_rows - 1, block_rows, rounding_mode="floor")
-    if cover_empty_rows:
-        nblk = torch.where((nblk == 0) & (col_lengths > 0), 1, nblk)
-    total = int(nblk.sum())
-    sample = torch.repeat_interleave(torch.arange(nblk.numel()), nblk, output_size=total)
-    first = torch.cumsum(nblk, 0) - nblk
-    blk = torch.arange(total) - first[sample]
-    if blocks != "all":
-        last = nblk[sample] - 1
-        keep = {"first": blk == 0, "middle": (blk > 0) & (blk < last),
-                "last": (blk == last) & (blk > 0)}[blocks]
-        sample, blk = sample[keep], blk[keep]
-        total = int(sample.numel())
-    work = item_work(col_lengths[sample], block_cols)
-    h = torch.arange(heads).repeat(total)
-    items = torch.stack([sample.repeat_interleave(heads), blk.repeat_interleave(heads), h], 1)
-    return items, work.repeat_interleave(heads)
+    rows = row_lengths.to("cpu", torch.int64).numpy()
+    cols = col_lengths.to("cpu", torch.int64).numpy()
+    sample, blk = _row_blocks(rows, cols, block_rows, cover_empty_rows, blocks)
+    items = np.stack([np.repeat(sample, heads), np.repeat(blk, heads),
+                      np.tile(np.arange(heads), sample.size)], 1).astype(np.int64)
+    work = np.repeat(_block_work(cols[sample], block_cols), heads).astype(np.int64)
+    return torch.from_numpy(items), torch.from_numpy(work)
 
 
 def by_work(work: torch.Tensor) -> torch.Tensor:
@@ -101,16 +111,9 @@ def deal(work: torch.Tensor, num_programs: int, snake: bool = True,
         return torch.arange(n) % num_programs
     order = by_work(work) if order is None else order
     lanes = num_sms if num_sms is not None and num_sms < num_programs else num_programs
-    sm, rnd = _deal_lanes(work.double()[order], lanes)
-    if lanes == num_programs:
-        prog_sorted = sm
-    else:
-        per_sm = torch.div(num_programs - sm + lanes - 1, lanes, rounding_mode="floor")
-        i = rnd  # the item's index on its SM
-        j = torch.where((i // per_sm) % 2 == 0, i % per_sm, per_sm - 1 - i % per_sm)
-        prog_sorted = sm + lanes * j
+    lane, index = _deal_lanes(work.double()[order].numpy(), lanes)
     prog = torch.empty(n, dtype=torch.int64)
-    prog[order] = prog_sorted
+    prog[order] = torch.from_numpy(_program_of(lane, index, num_programs, lanes))
     return prog
 
 
@@ -119,29 +122,43 @@ def deal(work: torch.Tensor, num_programs: int, snake: bool = True,
 EXACT_GREEDY_ITEMS_PER_LANE = 8
 
 
-def _deal_lanes(sorted_work: torch.Tensor, lanes: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _deal_lanes(sorted_work: np.ndarray, lanes: int) -> tuple[np.ndarray, np.ndarray]:
     """(lane, index on its lane) of each item, items in descending work order.
 
     With few items per lane (short-side attention: one item per sample and head) a fixed
     zig-zag leaves the lane that drew the largest items ~16% over the mean, so each item goes
     to the least-loaded lane instead (longest-processing-time greedy; within a few percent).
-    With many items per lane the zig-zag is already within ~1% and costs a few vectorised ops:
-    round r deals to lanes 0..L-1 when r is even and L-1..0 when odd."""
-    n = sorted_work.numel()
-    if n <= EXACT_GREEDY_ITEMS_PER_LANE * lanes:
-        heap = [(0.0, ln) for ln in range(lanes)]  # (load, lane): ties go to the lower lane
-        counts = [0] * lanes
-        lane, index = [0] * n, [0] * n
-        for t, w in enumerate(sorted_work.tolist()):
-            load, ln = heapq.heappop(heap)
-            lane[t], index[t] = ln, counts[ln]
-            counts[ln] += 1
-            heapq.heappush(heap, (load + w, ln))
-        return torch.tensor(lane, dtype=torch.int64), torch.tensor(index, dtype=torch.int64)
-    rank = torch.arange(n)
-    rnd = rank // lanes
-    lane_t = rank % lanes
-    return torch.where(rnd % 2 == 0, lane_t, lanes - 1 - lane_t), rnd
+    With many items per lane the zig-zag is already within ~1%: see ``_zigzag_lanes``."""
+    n = sorted_work.size
+    if n > EXACT_GREEDY_ITEMS_PER_LANE * lanes:
+        return _zigzag_lanes(n, lanes)
+    heap = [(0.0, ln) for ln in range(lanes)]  # (load, lane): ties go to the lower lane
+    counts = [0] * lanes
+    lane, index = [0] * n, [0] * n
+    for t, w in enumerate(sorted_work.tolist()):
+        load, ln = heapq.heappop(heap)
+        lane[t], index[t] = ln, counts[ln]
+        counts[ln] += 1
+        heapq.heappush(heap, (load + w, ln))
+    return np.array(lane, dtype=np.int64), np.array(index, dtype=np.int64)
+
+
+def _zigzag_lanes(n: int, lanes: int) -> tuple[np.ndarray, np.ndarray]:
+    """(lane, index on its lane) of the t-th dealt item: round r deals to lanes 0..L-1 when
+    r is even and L-1..0 when odd."""
+    rnd, lane_t = np.divmod(np.arange(n), lanes)
+    return np.where(rnd % 2 == 0, lane_t, lanes - 1 - lane_t), rnd
+
+
+def _program_of(lane: np.ndarray, index: np.ndarray, num_programs: int, lanes: int
+                ) -> np.ndarray:
+    """Program of each dealt item: its lane when lanes are programs, else (lanes are SMs)
+    one of its SM's programs, zig-zag over that SM's items."""
+    if lanes == num_programs:
+        return lane
+    per_sm = (num_programs - lane + lanes - 1) // lanes
+    j = np.where((index // per_sm) % 2 == 0, index % per_sm, per_sm - 1 - index % per_sm)
+    return lane + lanes * j
 
 
 def imbalance(work: torch.Tensor, prog: torch.Tensor, num_programs: int,
@@ -220,19 +237,8 @@ class SchedulePlanner:
         key = (block_rows, cover, blocks)
         hit = self._blocks.get(key)
         if hit is None:
-            if blocks not in BLOCK_SETS:
-                raise ValueError(f"blocks must be one of {BLOCK_SETS}; got {blocks!r}")
-            nblk = (self.row_len + block_rows - 1) // block_rows
-            if cover:
-                nblk = np.where((nblk == 0) & (self.col_len > 0), 1, nblk)
-            sample = np.repeat(np.arange(nblk.size), nblk)
-            blk = np.arange(sample.size) - (np.cumsum(nblk) - nblk)[sample]
-            if blocks != "all":
-                last = nblk[sample] - 1
-                keep = {"first": blk == 0, "middle": (blk > 0) & (blk < last),
-                        "last": (blk == last) & (blk > 0)}[blocks]
-                sample, blk = sample[keep], blk[keep]
-            hit = self._blocks[key] = (sample, blk)
+            hit = self._blocks[key] = _row_blocks(self.row_len, self.col_len, block_rows,
+                                                  cover, blocks)
         return hit
 
     def work_order(self, block_rows: int, cover: bool, blocks: str, block_cols: int,
@@ -244,7 +250,7 @@ class SchedulePlanner:
         hit = self._orders.get(key)
         if hit is None:
             sample, _ = self.row_blocks(block_rows, cover, blocks)
-            work = (self.col_len[sample] + block_cols - 1) // block_cols + 1
+            work = _block_work(self.col_len[sample], block_cols)
             order = np.argsort(-work, kind="stable") if snake else np.arange(work.size)
             hit = self._orders[key] = (order, work[order])
         return hit
@@ -258,7 +264,8 @@ class SchedulePlanner:
         p = max(1, min(spec.max_programs, n))
         lanes = spec.num_sms if spec.num_sms is not None and spec.num_sms < p else p
         if spec.snake and n <= EXACT_GREEDY_ITEMS_PER_LANE * lanes:
-            lay = _layout(_greedy_lanes(np.repeat(work, heads), lanes), p, lanes, heads)
+            lay = _layout(_deal_lanes(np.repeat(work, heads).astype(np.float64), lanes),
+                          p, lanes, heads)
         else:  # zig-zag or round-robin: the layout depends on the counts only
             lay = _zigzag_layout(n, p, lanes, heads, spec.snake)
         # the items in program order, each program's in dealt order (descending work with
@@ -292,16 +299,7 @@ def _layout(sm: tuple[np.ndarray, np.ndarray] | np.ndarray, num_programs: int, l
             heads: int) -> _Layout:
     """_Layout of dealt items given (lane, index on its lane) from the snake's deal over
     lanes, or (round-robin) the program of each item."""
-    if isinstance(sm, tuple):
-        sm, i = sm
-        if lanes == num_programs:
-            prog = sm
-        else:  # each SM's items over its own programs (deal)
-            per_sm = (num_programs - sm + lanes - 1) // lanes
-            j = np.where((i // per_sm) % 2 == 0, i % per_sm, per_sm - 1 - i % per_sm)
-            prog = sm + lanes * j
-    else:
-        prog = sm
+    prog = _program_of(*sm, num_programs, lanes) if isinstance(sm, tuple) else sm
     counts = np.bincount(prog, minlength=num_programs)
     if not counts.all():  # a program must own at least one item: renumber densely
         used = counts > 0
@@ -324,15 +322,7 @@ def _zigzag_layout(n: int, num_programs: int, lanes: int, heads: int, snake: boo
     alone: its layout is cached per count (a short side's schedules keep theirs)."""
     if not snake:
         return _layout(np.arange(n) % num_programs, num_programs, lanes, heads)
-    rnd, lane_t = np.divmod(np.arange(n), lanes)
-    return _layout((np.where(rnd % 2 == 0, lane_t, lanes - 1 - lane_t), rnd), num_programs,
-                   lanes, heads)
-
-
-def _greedy_lanes(sorted_work: np.ndarray, lanes: int) -> tuple[np.ndarray, np.ndarray]:
-    """``_deal_lanes``' greedy deal (few items per lane), on numpy."""
-    sm, rnd = _deal_lanes(torch.from_numpy(sorted_work).double(), lanes)
-    return sm.numpy(), rnd.numpy()
+    return _layout(_zigzag_lanes(n, lanes), num_programs, lanes, heads)
 
 
 def _host_np(offsets: torch.Tensor) -> np.ndarray:
