@@ -11,17 +11,20 @@ user_id plus the 5 default ones) and 8 pooled queries. cross: Q = the history, K
 context; pooled: Q = the queries, KV = the history.
 
 Every call gets fresh offsets tensors (a new batch: the schedule cache misses, as in
-training). On a CPU the kernels are not launched and the copies are not made (the CPU
-path's ``to`` is a no-op), but the schedules are the CUDA path's: the device's program count
-is the H200's (``--sms``, 132) unless the device is a GPU. ``copies`` counts the host->device
-transfers the call asks for (calls of gem_kernels.host_offsets.host_to_device, which every
-schedule upload goes through); on CUDA the profiler's count of cudaMemcpyAsync per call is
-added (``memcpy_async``). Writes gdpa_host.json.
+training). On a CPU the kernels are not launched and the copies are not made (the CPU path's
+``to`` is a no-op), but the schedules are the CUDA path's: the device's program count is the
+H200's (``--sms``, 132) unless the device is a GPU. Baseline in the same run
+(``one_by_one``): the same schedules, each built and uploaded alone through schedule_for, as
+calls did before they were planned together. ``copies`` counts the host->device transfers
+the call asks for (calls of gem_kernels.host_offsets.host_to_device, which every schedule
+upload goes through); on CUDA the profiler's count of cudaMemcpyAsync per call is added
+(``memcpy_async``). Writes gdpa_host.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from contextlib import contextmanager
@@ -29,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from gem_kernels.bench.common import BenchRow, print_table, write_json
+from gem_kernels.bench.common import BenchRow, add_ratios, print_table, write_json
 from gem_kernels.gdpa import op
 from gem_kernels.testing import lognormal_lengths, offsets_from_lengths
 
@@ -37,6 +40,7 @@ BATCH, HEADS, HEAD_DIM = 1024, 2, 128
 CONTEXT_TOKENS, POOLED_QUERIES = 8, 8
 MEAN, SIGMA, MIN_LEN, MAX_LEN = 400, 1.0, 16, 2048
 H200_SMS = 132
+PROGRAMS_ENV = "GEM_GDPA_INTERPRET_PROGRAMS"  # op.num_sms off CUDA
 
 
 def lengths(seed: int = 0) -> list[int]:
@@ -71,20 +75,25 @@ def _on(offsets: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 def host_call(q, k, q_offsets, kv_offsets, max_q, max_kv, activation="silu"):
     """GDPAFunction.forward's host work for a call that needs gradients, without the
-    launches (op.plan_call when the op has it: the function GDPAFunction.forward runs)."""
-    plan = getattr(op, "plan_call", None)
-    if plan is not None:
-        return plan(q, k, q_offsets, kv_offsets, max_q, max_kv, activation, None, None, None,
-                    None, False, True)
+    launches (op.plan_call, the function GDPAFunction.forward runs)."""
+    return op.plan_call(q, k, q_offsets, kv_offsets, max_q, max_kv, activation, None, None,
+                        None, None, False, True)
+
+
+def one_by_one(q, k, q_offsets, kv_offsets, max_q, max_kv, activation="silu"):
+    """The baseline: the schedules plan_call asks for, each built and uploaded alone."""
     q_offsets = op._as_offsets(q_offsets, q.device)
     kv_offsets = op._as_offsets(kv_offsets, q.device)
     cfg = op._fwd_config(max_q, max_kv, q.shape[-1])
-    sched = op.forward_schedule(q_offsets, kv_offsets, q.shape[1], cfg, max_kv, q.device)
-    mode = op.backward_mode(max_q, max_kv, q.dtype, False, batch=q_offsets.numel() - 1,
-                            heads=q.shape[1], total_kv=k.shape[0], sms=op.num_sms(q.device))
-    op._prebuild_backward(mode, None, None, True, q, q_offsets, kv_offsets, max_q, max_kv,
-                          activation)
-    return sched, mode
+    mode = op._call_mode(q, k, q_offsets, max_q, max_kv, None, False)
+    reqs = [op.forward_request(q_offsets, kv_offsets, cfg, max_kv),
+            *op._prebuild_requests(mode, None, None, True, q, q_offsets, kv_offsets, max_q,
+                                   max_kv, activation)]
+    return [op.schedule_for(r.rows, r.cols, q.shape[1], r.cfg, q.device, r.cover, r.blocks)
+            for r in reqs]
+
+
+VARIANTS = {"plan_call": host_call, "one_by_one": one_by_one}
 
 
 @contextmanager
@@ -115,20 +124,25 @@ def counting_copies(counter: list[int]):
 
 @contextmanager
 def h200_programs(device: torch.device, sms: int):
-    """On a CPU, schedules with the H200's program counts (op.num_sms patched)."""
+    """On a CPU, schedules with the H200's program counts (op.num_sms reads them from
+    GEM_GDPA_INTERPRET_PROGRAMS there)."""
     if device.type == "cuda":
         yield
         return
-    orig = op.num_sms
-    op.num_sms = lambda dev: sms
+    before = os.environ.get(PROGRAMS_ENV)
+    os.environ[PROGRAMS_ENV] = str(sms)
     try:
         yield
     finally:
-        op.num_sms = orig
+        if before is None:
+            del os.environ[PROGRAMS_ENV]
+        else:
+            os.environ[PROGRAMS_ENV] = before
 
 
-def time_case(case: str, device: torch.device, calls: int, warmup: int) -> dict:
-    hist = lengths()
+def time_case(case: str, variant: str, device: torch.device, calls: int, warmup: int
+              ) -> dict:
+    hist, call = lengths(), VARIANTS[variant]
     ms, copies = [], []
     for i in range(warmup + calls):
         args = case_args(case, hist, device)  # fresh offsets: the cache misses
@@ -137,7 +151,7 @@ def time_case(case: str, device: torch.device, calls: int, warmup: int) -> dict:
             torch.cuda.synchronize()
         with counting_copies(counter):
             t0 = time.perf_counter()
-            host_call(*args)
+            call(*args)
             t1 = time.perf_counter()
         if i >= warmup:
             ms.append((t1 - t0) * 1e3)
@@ -145,11 +159,12 @@ def time_case(case: str, device: torch.device, calls: int, warmup: int) -> dict:
     out = {"ms": statistics.median(ms), "ms_min": min(ms), "copies": max(copies),
            "calls": calls}
     if device.type == "cuda":
-        out["memcpy_async"] = _cuda_memcpy_per_call(case, hist, device)
+        out["memcpy_async"] = _cuda_memcpy_per_call(case, hist, device, call)
     return out
 
 
-def _cuda_memcpy_per_call(case: str, hist: list[int], device: torch.device) -> float:
+def _cuda_memcpy_per_call(case: str, hist: list[int], device: torch.device,
+                          call=host_call) -> float:
     from torch.profiler import ProfilerActivity, profile
 
     n = 5
@@ -157,7 +172,7 @@ def _cuda_memcpy_per_call(case: str, hist: list[int], device: torch.device) -> f
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for args in argsets:
-            host_call(*args)
+            call(*args)
         torch.cuda.synchronize()
     count = sum(e.count for e in prof.key_averages() if e.key == "cudaMemcpyAsync")
     return count / n
@@ -182,16 +197,18 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     with h200_programs(device, args.sms):
         for case in ("cross", "pooled"):
-            r = time_case(case, device, args.calls, args.warmup)
-            extra = {k: v for k, v in r.items() if k != "ms"}
-            extra.update(label=args.label, threads=torch.get_num_threads(),
-                         sms=args.sms if device.type != "cuda" else None,
-                         batch=BATCH, heads=HEADS, head_dim=HEAD_DIM, device=str(device))
-            rows.append(BenchRow(case=case, variant="host", direction="fwd+bwd schedules",
-                                 ms=r["ms"], extra=extra))
+            for variant in VARIANTS:
+                r = time_case(case, variant, device, args.calls, args.warmup)
+                extra = {k: v for k, v in r.items() if k != "ms"}
+                extra.update(label=args.label, threads=torch.get_num_threads(),
+                             sms=args.sms if device.type != "cuda" else None,
+                             batch=BATCH, heads=HEADS, head_dim=HEAD_DIM, device=str(device))
+                rows.append(BenchRow(case=case, variant=variant, direction="fwd+bwd schedules",
+                                     ms=r["ms"], extra=extra))
+    add_ratios(rows, "plan_call", "one_by_one")
     print_table(rows, "GDPA host time per training call (forward + prebuilt backward)")
     for r in rows:
-        print(f"{r.case}: {r.ms:.3f} ms/call (min {r.extra['ms_min']:.3f}), "
+        print(f"{r.case} {r.variant}: {r.ms:.3f} ms/call (min {r.extra['ms_min']:.3f}), "
               f"{r.extra['copies']} host->device copies/call"
               + (f", {r.extra['memcpy_async']} cudaMemcpyAsync/call"
                  if "memcpy_async" in r.extra else ""))
