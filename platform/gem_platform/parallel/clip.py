@@ -58,10 +58,13 @@ def clip_grad_norm(dense: Sequence[nn.Parameter], experts: Sequence[nn.Parameter
         # Scaled on the device whatever the norm (by exactly 1 below the limit): reading the
         # norm on the host would stall the launch queue every step.
         coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
         for p in [*dense, *experts]:
             if p.grad is not None:
                 grad = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
-                grad.mul_(coef.to(grad.dtype))
+                by_dtype.setdefault(grad.dtype, []).append(grad)
+        for dtype, grads in by_dtype.items():  # one multi-tensor launch per dtype
+            torch._foreach_mul_(grads, coef.to(dtype))
     return norm.float()
 
 
