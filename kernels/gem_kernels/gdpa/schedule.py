@@ -371,13 +371,6 @@ class ScheduleCache:
     def __len__(self) -> int:
         return len(self._cache)
 
-    def get(self, key: tuple, rows: torch.Tensor, cols: torch.Tensor, build) -> Schedule:
-        sched = self.lookup(key, rows, cols)
-        if sched is None:
-            sched = build()
-            self.put(key, rows, cols, sched)
-        return sched
-
     def lookup(self, key: tuple, rows: torch.Tensor, cols: torch.Tensor) -> Schedule | None:
         return self._cache.get(key, (rows, cols))
 
