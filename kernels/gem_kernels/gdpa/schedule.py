@@ -182,7 +182,7 @@ def build_schedule(row_offsets: torch.Tensor, col_offsets: torch.Tensor, block_r
     num_sms: see ``deal``; cover_empty_rows, blocks: see ``build_items``. Device offsets are
     read through gem_kernels.host_offsets and the result is copied in from pinned memory, so
     neither direction syncs the stream when the offsets' host copy is known. One schedule of
-    ``plan_schedules`` (which builds several from one offsets pair), uploaded by
+    ``SchedulePlanner`` (which builds several from one offsets pair), uploaded by
     ``upload_schedules``."""
     spec = ScheduleSpec(block_rows, block_cols, heads, max_programs, num_sms,
                         cover_empty_rows, blocks, snake)
