@@ -14,7 +14,13 @@ Arms on request (``--arms``), each the recipe with one lever changed, to see wha
 - ``ours_dense_tables``: ours with plain tables and a dense optimizer step (what TorchRec's
   fused path adds where fbgemm-gpu's CUDA build runs);
 - ``ours_fp8_saved``: ours with ``train.saved_activations=fp8`` (memory against speed);
-- ``ours_eager``: ours with ``train.compile=false`` (what compiled regions add).
+- ``ours_eager``: ours with ``train.compile=false`` (what compiled regions add);
+- ``ours_fp8_block``: ours with ``precision.mode=fp8_block`` (8-bit block-scaled matmuls
+  against the recipe's precision, in the same run);
+- ``ours_deterministic``: ours with ``train.deterministic=true`` (what bitwise repeatability
+  costs). When it is among the arms, every arm runs with cuBLAS's reproducible workspace
+  setting, which must hold from the process's first matmul; the arms then differ only in
+  their algorithms.
 
 Per arm: samples/s and E2E MFU over the ``steps`` timed steps (after ``warmup`` steps that pay
 compilation and autotuning), the graphs and kernels still compiled during the timed steps
@@ -32,6 +38,7 @@ import argparse
 import contextlib
 import gc
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -43,6 +50,7 @@ from torch.profiler import ProfilerActivity, profile, schedule
 
 from gem_platform.errors import GemError
 from gem_platform.recipe import Recipe, apply_overrides, load_recipe, recipe_from_dict
+from gem_platform.train.determinism import CUBLAS_DETERMINISTIC, CUBLAS_ENV
 
 
 @dataclass(frozen=True)
@@ -61,6 +69,8 @@ ARMS: dict[str, Arm] = {
     "ours_dense_tables": Arm(plain_tables=True),
     "ours_fp8_saved": Arm(("train.saved_activations=fp8",)),
     "ours_eager": Arm(("train.compile=false",)),
+    "ours_fp8_block": Arm(("precision.mode=fp8_block",)),
+    "ours_deterministic": Arm(("train.deterministic=true",)),
 }
 DEFAULT_ARMS = ("ours", "off_the_shelf")
 DEFAULT_RECIPE = "recipes/h200_gem.yaml"
@@ -195,6 +205,8 @@ def bench(recipe: Recipe, warmup: int = 10, steps: int = 20, profiled: int = 3,
     if unknown:
         raise GemError(f"Unknown arm(s) {unknown}.", f"Choose from {list(ARMS)}.")
     device = pick_device(recipe)
+    if any("train.deterministic=true" in ARMS[a].overrides for a in names):
+        os.environ.setdefault(CUBLAS_ENV, CUBLAS_DETERMINISTIC[0])
     results = []
     for a in names:
         try:
