@@ -160,3 +160,27 @@ def test_counted_regions_match_per_layer_counting(tiny_meta, batch_factory):
     assert plain.attention_flops == pytest.approx(4 * 16 * (2 * pairs + t * 4 + 4 * t))
     assert linear_flops_per_row(model.head) == sum(
         2 * m.in_features * m.out_features for m in model.head if isinstance(m, torch.nn.Linear))
+
+
+def test_item_lookup_hands_torchrec_each_keys_length(tiny_meta, batch_factory, monkeypatch):
+    """The item lookup gives TorchRec each key's total length from the host (the batch's
+    token and sample counts), so TorchRec never sums the lengths on the device and reads them
+    back: on a GPU that read is a sync every step."""
+    import torchrec.sparse.jagged_tensor as jt
+
+    computed: list[list[str]] = []
+    original = jt._maybe_compute_length_per_key
+
+    def watch(*args, **kwargs):
+        named = dict(zip(("keys", "stride", "stride_per_key", "variable_stride_per_key",
+                          "length_per_key"), args, strict=False)) | kwargs
+        if named["length_per_key"] is None:
+            computed.append(list(named["keys"]))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(jt, "_maybe_compute_length_per_key", watch)
+    model = GemModel(ModelConfig(d_model=16, num_heads=2), tiny_meta)
+    batch = batch_factory(tiny_meta, LENGTHS)
+    assert batch.num_tokens == sum(LENGTHS)
+    model(batch).sum().backward()
+    assert not [k for k in computed if "hist_item" in k]

@@ -49,6 +49,12 @@ class JaggedBatch:
         return int(lengths.max().item()) if lengths.numel() else 0
 
     @property
+    def num_tokens(self) -> int:
+        """T, the history events of the whole batch (read from the offsets: a device sync
+        when they live on a GPU; prefetched batches answer from the host)."""
+        return int(self.seq_offsets[-1].item()) if self.seq_offsets.numel() else 0
+
+    @property
     def cvr_mask(self) -> torch.Tensor:
         """Samples on which the CVR task is defined (clicked ones)."""
         return self.labels[:, 0] > 0.5

@@ -138,10 +138,15 @@ class GemModel(nn.Module):
                 )
             keys += CATEGORY_FEATURES
             values += [batch.seq_item_categories, batch.ad_category]
-        one = torch.ones(batch.num_samples, dtype=torch.int64, device=batch.ad_item_id.device)
+        samples = batch.num_samples
+        one = torch.ones(samples, dtype=torch.int64, device=batch.ad_item_id.device)
         per_key = [batch.seq_lengths.to(torch.int64), one]
-        out = self.item_embeddings(KeyedJaggedTensor.from_lengths_sync(
-            keys=keys, values=torch.cat(values), lengths=torch.cat(per_key * (len(keys) // 2))))
+        pairs = len(keys) // 2
+        # Each key's total length is known on the host (T events, one ad per sample): given,
+        # TorchRec need not read the lengths back from the device (a sync every step).
+        out = self.item_embeddings(KeyedJaggedTensor(
+            keys=keys, values=torch.cat(values), lengths=torch.cat(per_key * pairs),
+            stride=samples, length_per_key=[batch.num_tokens, samples] * pairs))
         hist, ad = out["hist_item"].values(), out["ad_item"].values()
         if self.use_categories:
             hist = hist + out["hist_category"].values()

@@ -9,8 +9,9 @@ that copy before it uses the batch, and the copied tensors are recorded on the t
 so the allocator does not reuse their memory early. On CPU the batches pass through unchanged
 (the background thread still takes the collate off the training thread).
 
-A handed-out batch carries its longest history as a host int (``max_seq_len``), read before
-the copy: the model reads it every step and would otherwise sync with the GPU to get it.
+A handed-out batch carries its longest history and its token count as host ints
+(``max_seq_len``, ``num_tokens``), read before the copy: the model reads both every step and
+would otherwise sync with the GPU to get them.
 """
 
 from __future__ import annotations
@@ -29,13 +30,19 @@ HostBatch = tuple[JaggedBatch, Any]  # the batch and what travels with it (indic
 
 
 class PrefetchedBatch(JaggedBatch):
-    """A JaggedBatch whose longest history length was read on the host before the copy."""
+    """A JaggedBatch whose longest history and token count were read on the host before the
+    copy."""
 
     _host_max_seq_len: int = 0
+    _host_num_tokens: int = 0
 
     @property
     def max_seq_len(self) -> int:
         return self._host_max_seq_len
+
+    @property
+    def num_tokens(self) -> int:
+        return self._host_num_tokens
 
 
 def _host_max_len(batch: JaggedBatch) -> int:
@@ -60,6 +67,7 @@ def to_device(batch: JaggedBatch, device: torch.device, max_len: int) -> Prefetc
         moved[f.name] = None if v is None else v.to(device, non_blocking=True)
     out = PrefetchedBatch(**moved)
     out._host_max_seq_len = max_len
+    out._host_num_tokens = batch.num_tokens  # the host batch: no sync
     remember_seq_offsets(batch, out)  # GDPA's schedules read the offsets from the host copy
     return out
 
