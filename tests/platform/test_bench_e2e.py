@@ -26,7 +26,8 @@ def tiny(tmp_path, monkeypatch):
 
 def test_both_arms_in_one_run(tiny):
     tmp_path, tree = tiny
-    result = bench(recipe_from_dict(tree), warmup=1, steps=2, profiled=1, echo=lambda _: None)
+    result = bench(recipe_from_dict(tree), warmup=1, steps=2, profiled=1, echo=lambda _: None,
+                   isolate=False)
     assert [a.name for a in result.arms] == ["ours", "off_the_shelf"]
     ours, off = result.arms
     assert off.overrides == list(ARMS["off_the_shelf"].overrides)

@@ -18,9 +18,12 @@ Arms on request (``--arms``), each the recipe with one lever changed, to see wha
 - ``ours_fp8_block``: ours with ``precision.mode=fp8_block`` (8-bit block-scaled matmuls
   against the recipe's precision, in the same run);
 - ``ours_deterministic``: ours with ``train.deterministic=true`` (what bitwise repeatability
-  costs). When it is among the arms, every arm runs with cuBLAS's reproducible workspace
-  setting, which must hold from the process's first matmul; the arms then differ only in
-  their algorithms.
+  costs, cuBLAS's reproducible workspace setting included).
+
+Each arm trains in a fresh process (spawned), so nothing one arm leaves behind (compiled
+graphs and Dynamo's caches, the allocator's pools, cuBLAS's workspace setting, the profiler)
+changes the next one's figures; ``--same-process`` trains them all in this one instead
+(quicker to start, for small CPU runs).
 
 Per arm: samples/s and E2E MFU over the ``steps`` timed steps (after ``warmup`` steps that pay
 compilation and autotuning), the graphs and kernels still compiled during the timed steps
@@ -38,10 +41,11 @@ import argparse
 import contextlib
 import gc
 import json
-import os
+import multiprocessing
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -50,7 +54,6 @@ from torch.profiler import ProfilerActivity, profile, schedule
 
 from gem_platform.errors import GemError
 from gem_platform.recipe import Recipe, apply_overrides, load_recipe, recipe_from_dict
-from gem_platform.train.determinism import CUBLAS_DETERMINISTIC, CUBLAS_ENV
 
 
 @dataclass(frozen=True)
@@ -188,10 +191,20 @@ def run_arm(recipe: Recipe, name: str, arm: Arm, warmup: int, steps: int,
     return result
 
 
+def _arm_in_fresh_process(recipe: Recipe, name: str, warmup: int, steps: int,
+                          profiled: int) -> ArmResult:
+    """``run_arm`` in a spawned process (its progress printed there); its error re-raised
+    here."""
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) \
+            as pool:
+        return pool.submit(run_arm, recipe, name, ARMS[name], warmup, steps, profiled).result()
+
+
 def bench(recipe: Recipe, warmup: int = 10, steps: int = 20, profiled: int = 3,
-          arms: list[str] | None = None, echo: Callable[[str], None] = print) -> E2EResult:
+          arms: list[str] | None = None, echo: Callable[[str], None] = print,
+          isolate: bool = True) -> E2EResult:
     """Every arm of ``arms`` (default ours and off-the-shelf) on ``recipe``, one after the
-    other."""
+    other, each in a fresh process unless ``isolate`` is off."""
     from gem_kernels.bench.common import device_info
     from gem_platform.parallel.single import fused_tbe_available
     from gem_platform.provenance import code_version
@@ -205,13 +218,14 @@ def bench(recipe: Recipe, warmup: int = 10, steps: int = 20, profiled: int = 3,
     if unknown:
         raise GemError(f"Unknown arm(s) {unknown}.", f"Choose from {list(ARMS)}.")
     device = pick_device(recipe)
-    if any("train.deterministic=true" in ARMS[a].overrides for a in names):
-        os.environ.setdefault(CUBLAS_ENV, CUBLAS_DETERMINISTIC[0])
     results = []
     for a in names:
         try:
-            results.append(run_arm(recipe, a, ARMS[a], warmup, steps, profiled, echo))
-        except (RuntimeError, MemoryError) as err:  # torch.OutOfMemoryError is a RuntimeError
+            results.append(_arm_in_fresh_process(recipe, a, warmup, steps, profiled)
+                           if isolate else
+                           run_arm(recipe, a, ARMS[a], warmup, steps, profiled, echo))
+        # torch.OutOfMemoryError and a crashed child's BrokenProcessPool are RuntimeErrors
+        except (RuntimeError, MemoryError) as err:
             echo(f"[{a}] failed: {err}")
             results.append(failed_arm(a, list(ARMS[a].overrides), err))
             gc.collect()
@@ -282,13 +296,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--arms", default=",".join(DEFAULT_ARMS),
                    help=f"comma-separated, of {list(ARMS)}")
     p.add_argument("--quick", action="store_true", help="3 warm-up, 5 timed, 2 profiled steps")
+    p.add_argument("--same-process", action="store_true",
+                   help="train every arm in this process (default: each in a fresh one)")
     p.add_argument("--out", default="docs/bench", help="folder for the JSON result")
     args = p.parse_args(argv)
     warmup, steps, profiled = ((3, 5, 2) if args.quick
                                else (args.warmup, args.steps, args.profile_steps))
     try:
         recipe = load_recipe(args.recipe, args.overrides)
-        result = bench(recipe, warmup, steps, profiled, args.arms.split(","))
+        result = bench(recipe, warmup, steps, profiled, args.arms.split(","),
+                       isolate=not args.same_process)
     except GemError as err:
         print(err.as_text(), file=sys.stderr)
         return 2
