@@ -26,6 +26,7 @@ from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterCons
 from torchrec.distributed.types import ShardingEnv, ShardingPlan, ShardingType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 
+from gem_platform.parallel.recat_cache import install as cache_torchrec_recat
 from gem_platform.topology.config import EmbeddingSharding
 
 # TorchRec offers row-wise layouts only for CUDA and MTIA devices; on CPU the row-wise lookup
@@ -104,6 +105,7 @@ def shard_embeddings(model: nn.Module, spec: EmbeddingShardingSpec, group: dist.
     """Wrap ``model`` in DistributedModelParallel over ``group``: embedding tables are sharded
     per the plan (their current weights carried over); dense modules are left untouched for
     the dense strategy (no DDP wrapper)."""
+    cache_torchrec_recat()  # no host sync per batch in TorchRec's input all-to-all
     tables = {name: p.detach().clone() for name, p in _table_weights(model).items()}
     plan = make_plan(model, spec, group)
     dmp = DistributedModelParallel(
@@ -121,6 +123,7 @@ def shard_embeddings_replicated(model: nn.Module, spec: EmbeddingShardingSpec, w
     crosses groups. TorchRec's DMPCollection does both; it runs on CUDA only, and its
     contiguous-group layout (``use_inter_host_allreduce``) is the one the topology plans.
     The caller averages the replicas after each optimizer step (``DMPCollection.sync``)."""
+    cache_torchrec_recat()
     tables = {name: p.detach().clone() for name, p in _table_weights(model).items()}
     plan = make_plan(model, spec, dist.group.WORLD)
     dmp = DMPCollection(
