@@ -162,6 +162,11 @@ def test_repro_bench_grads_only_is_a_predicate(tmp_path, monkeypatch):
                            "--grads-only"])
     result = json.loads((tmp_path / "out" / "repro_bench.json").read_text())["recipes"]
     assert rc == 0 and set(result["tiny.yaml"]) == {"step1_gradients"}
+    rc = repro_bench.main(["tiny.yaml", "--out", "one", "--set", "parallel.workers=1",
+                           "--grads-only", "--grads-in-one-process"])
+    once = json.loads((tmp_path / "one" / "repro_bench.json").read_text())["recipes"]
+    assert rc == 0 and once["tiny.yaml"]["step1_gradients"]["in_one_process"] is True
+    assert once["tiny.yaml"]["step1_gradients"]["differing"] == 0
     assert not repro_bench._repeatable({"step1_gradients": {"differing": 3}})
     assert not repro_bench._repeatable({"bitwise_identical": False})
     assert repro_bench._repeatable({"bitwise_identical": True,

@@ -7,7 +7,10 @@ Per recipe it reports samples/s (perf/qps, steady steps) plain and deterministic
 loss and every final metric that does not measure time. ``--grads`` also trains one unclipped
 deterministic step in two more processes and names the parameters whose gradients differ, the
 one nearest the loss first: where to look when runs are not repeatable (``--grads-only`` runs
-just that, a quick predicate for bisecting). A table on stdout, and
+just that, a quick predicate for bisecting). ``--grads-in-one-process`` trains that step twice
+in ONE fresh process instead, the second time through the compiled graphs and tuned kernels
+the first one made: gradients that still differ vary at run time (atomics, memory read before
+it is written), not with how a process compiled them. A table on stdout, and
 ``repro_bench.json`` under ``--out`` (rewritten after each run, so a cut-short run keeps what
 it finished).
 
@@ -124,8 +127,18 @@ def _verdict(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _compare_gradients(path: str, overrides: list[str], spawn: Any) -> dict[str, Any]:
-    """Step-1 gradient digests from two fresh processes, compared."""
+def _step1_gradients_twice(path: str, overrides: list[str]) -> list[dict[str, str]]:
+    """``_step1_gradients`` twice in this process (the second reuses what the first compiled)."""
+    return [_step1_gradients(path, overrides) for _ in range(2)]
+
+
+def _compare_gradients(path: str, overrides: list[str], spawn: Any,
+                       one_process: bool = False) -> dict[str, Any]:
+    """Step-1 gradient digests from two fresh processes (or twice from one), compared."""
+    if one_process:
+        with ProcessPoolExecutor(max_workers=1, mp_context=spawn) as pool:
+            digests = pool.submit(_step1_gradients_twice, path, overrides).result()
+        return {**first_differing(*digests), "in_one_process": True}
     digests = []
     for _ in range(2):
         with ProcessPoolExecutor(max_workers=1, mp_context=spawn) as pool:
@@ -151,6 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--grads-only", action="store_true",
                    help="only that gradient check, not the three timed runs (a quick "
                    "predicate: exit 0 when the gradients agree)")
+    p.add_argument("--grads-in-one-process", action="store_true",
+                   help="with --grads or --grads-only: train that step twice in one process "
+                   "(differences then come from run time, not from compilation)")
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -163,7 +179,8 @@ def main(argv: list[str] | None = None) -> int:
             _timed_runs(path, args.overrides, spawn, report, out)
         if args.grads or args.grads_only:
             v = report["recipes"].setdefault(path, {})
-            v["step1_gradients"] = _compare_gradients(path, args.overrides, spawn)
+            v["step1_gradients"] = _compare_gradients(path, args.overrides, spawn,
+                                                      args.grads_in_one_process)
             print(f"{path:32s} step-1 gradients: {v['step1_gradients']}", flush=True)
             (out / "repro_bench.json").write_text(json.dumps(report, indent=1, default=str))
     print(f"-> {out / 'repro_bench.json'}")
