@@ -204,8 +204,8 @@ def profile(
     out: Annotated[Path | None, typer.Option(help="Write the profile as JSON here.")] = None,
     trace: Annotated[Path | None, typer.Option(
         help="Write the profiled steps as a Chrome/Perfetto trace here (open it in "
-        "ui.perfetto.dev or chrome://tracing), and report the device's idle gaps from it "
-        "(beside --out as <out stem>.gaps.json).")] = None,
+        "ui.perfetto.dev or chrome://tracing), and report from it the device's idle gaps and "
+        "the host's time by site (beside --out as <out stem>.gaps.json).")] = None,
     min_gap_us: Annotated[float, typer.Option(
         help="Shortest device idle gap counted (with --trace).", min=0)] = 20.0,
     verbose: VerboseOpt = False,

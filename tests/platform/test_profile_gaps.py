@@ -221,7 +221,12 @@ def test_a_real_cpu_trace_has_no_device_gaps(tmp_path):
     written = report_trace_gaps(path, tmp_path / "prof.json", Console(file=out, width=200))
     assert written == gaps_path(tmp_path / "prof.json") == tmp_path / "prof.gaps.json"
     assert json.loads(written.read_text())["reason"] == report.reason
-    assert out.getvalue().strip() == f"device gaps: {report.reason}"
+    assert out.getvalue().splitlines()[0].strip() == f"device gaps: {report.reason}"
+    # the host's time is read all the same: the "fwd" region, the optimizer, backward nodes
+    host = {(r.thread, r.site): r for r in report.host}
+    assert ("main", "fwd") in host and ("main", "Optimizer.step#AdamW.step") in host
+    assert sum(r.share for r in report.host if r.thread == "main") == pytest.approx(1, abs=0.05)
+    assert "host time by site" in out.getvalue()
     assert report_trace_gaps(path, None, Console(file=io.StringIO())) is None
 
 
@@ -238,3 +243,24 @@ def test_each_site_names_the_span_it_was_called_in():
     out = io.StringIO()
     render_gaps(device_gaps(trace), Console(file=out, width=250))
     assert "GDPAFunction" in out.getvalue() and "called in" in out.getvalue()
+
+
+def test_host_time_by_site():
+    """Each host span's own time goes to the innermost non-ATen span around it; worked out by
+    hand over the two 1000 us steps of the synthetic trace."""
+    report = device_gaps(synthetic_trace())
+    host = {(r.thread, r.site): r.ms_per_step for r in report.host}
+    # the fwd regions (390 + 490 us) with everything they enclose
+    assert host[("main", "fwd")] == pytest.approx(0.44)
+    assert host[("main", "Optimizer.step#AdamW.step")] == pytest.approx(0.15)
+    assert host[("main", "aten::to (eager)")] == pytest.approx(0.085)  # no span around it
+    # the rest of the 2000 us window: Python between ops
+    assert host[("main", "(Python between ops)")] == pytest.approx(0.325)
+    assert host[("backward", "autograd::engine::evaluate_function: MmBackward0")] == \
+        pytest.approx(0.029)
+    assert [r.site for r in report.host][:2] == ["fwd", "(Python between ops)"]  # largest first
+    gdpa = synthetic_trace()
+    gdpa["traceEvents"].append(_host("cpu_op", "GDPAFunction", 2011, 2039))
+    sites = {r.site: r.ms_per_step for r in device_gaps(gdpa).host}
+    assert sites["GDPAFunction"] == pytest.approx(0.014)
+    assert sites["fwd"] == pytest.approx(0.44 - 0.014)

@@ -10,7 +10,9 @@ Only device kernels (and copies) count: the profiler's own spans and user annota
 ``Optimizer.step#AdamW.step`` cover kernels counted on their own and are left out. On a CPU run
 the same tables rank the operators by their own CPU time. With ``--trace``, the device's idle
 gaps are read back from the trace and charged to the host code that ended them
-(``profile_gaps``); with ``--out`` too, they go beside the profile as ``<out stem>.gaps.json``.
+(``profile_gaps``), and the host threads' time is charged to the spans that spent it
+(``profile_host``: what to cut when the step is launch-bound); with ``--out`` too, both go
+beside the profile as ``<out stem>.gaps.json``.
 
     gemctl profile recipes/h200.yaml --set precision.mode=fp8_block --out gem_runs/fp8.json
     python -m gem_platform.train.profile ...   (the same, where gemctl is not installed)

@@ -11,7 +11,8 @@ launch came from, since every ``aten::copy_`` looks alike) and the outermost
 ``record_function`` region below ``ProfilerStep``.
 Host synchronizations that overlap the gaps (stream/device/event syncs, blocking copies to
 the host) are listed apart: a sync is the usual cause of a gap, the host waits for the device
-to drain and only then launches again.
+to drain and only then launches again. The report also carries the host threads' time by
+site over the same steps (``profile_host``).
 
     gemctl profile recipes/h200.yaml --trace step.trace.json --out prof.json
 """
@@ -24,6 +25,8 @@ import re
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from gem_platform.train.profile_host import HostEntry, host_time
 
 DEVICE_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 RUNTIME_CATS = frozenset({"cuda_runtime", "cuda_driver"})
@@ -78,6 +81,8 @@ class GapReport:
     gap_fraction: float = 0.0  # of the window
     sync_overlap_ms_per_step: float = 0.0
     top: list[GapEntry] = field(default_factory=list)
+    # the host threads' time inside the steps, by site (gem_platform.train.profile_host)
+    host: list[HostEntry] = field(default_factory=list)
     syncs: list[SyncEntry] = field(default_factory=list)
     reason: str = ""  # one line when nothing could be analyzed (a CPU-only trace)
 
@@ -222,6 +227,8 @@ def device_gaps(trace: dict, min_gap_us: float = 20.0, top: int = 15) -> GapRepo
     window = _step_window(host)
     steps = window[2] if window else 1
     report = GapReport(steps=steps, min_gap_us=min_gap_us)
+    if window is not None:
+        report.host = host_time(host, window[0], window[1], steps, top)
     if not device:
         report.reason = ("no device events (kernel, gpu_memcpy, gpu_memset) in the trace: a "
                          "CPU-only profile has no device gaps")
@@ -294,16 +301,26 @@ def _sync_overlaps(syncs: list[dict], gaps: list[_Gap], stacks: _HostStacks,
 
 
 def render_gaps(report: GapReport, console=None) -> None:  # noqa: ANN001 (a rich Console)
-    """Print the gap summary line, the gaps by launching site, and the overlapping syncs."""
+    """Print the gap summary line, the gaps by launching site, the overlapping syncs, then
+    the host threads' time by site."""
     from rich.console import Console
-    from rich.table import Table
 
     from gem_platform.markup import escape_text as escape
+    from gem_platform.train.profile_host import render_host
 
     console = console or Console()
     if report.reason:
         console.print(f"device gaps: {escape(report.reason)}")
-        return
+    else:
+        _render_device(report, console)
+    render_host(report.host, report.steps, console)
+
+
+def _render_device(report: GapReport, console) -> None:  # noqa: ANN001 (a rich Console)
+    from rich.table import Table
+
+    from gem_platform.markup import escape_text as escape
+
     console.print(f"device gaps: {report.gap_ms_per_step:.2f} ms / step idle in "
                   f"{report.gaps_per_step:.1f} gaps >= {report.min_gap_us:g} us "
                   f"({report.gap_fraction:.1%} of {report.window_ms_per_step:.1f} ms; device "
