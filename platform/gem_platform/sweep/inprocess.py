@@ -1,9 +1,13 @@
-"""Run a sweep's trials one after another in this process: no Ray, no MLflow.
+"""Run a sweep's trials one after another on this machine: no Ray, no MLflow.
 
 For a machine that has the GPU but not the cluster services (a lone H200 box, a notebook):
 each (arm, seed) trains through the same ``train`` function a Ray trial runs, and the
 results go to a JSON file, rewritten after every trial so an interrupted sweep keeps what it
-finished. ``gemctl compare FILE.json`` gives the same table, intervals and gates as for a
+finished. Each trial trains in a fresh process (spawned), so a trial's metrics and speed do
+not depend on the trials before it: compiled graphs and Dynamo's caches, the allocator's
+pools, cuBLAS's workspace setting (read once per process) all start clean, as for a rerun of
+that trial alone. ``--same-process`` trains them all in this one (quicker to start on CPU).
+``gemctl compare FILE.json`` gives the same table, intervals and gates as for a
 tracked sweep.
 
 The file records where each result came from: the header's ``provenance`` (the sweep's
@@ -36,6 +40,8 @@ from typing import Any
 
 from gem_kernels.bench.common import device_info
 from gem_platform.errors import GemError
+from gem_platform.fresh_process import call_in_fresh_process
+from gem_platform.recipe import Recipe
 from gem_platform.sweep.config import SweepPlan, load_sweep
 from gem_platform.sweep.results import TrialRun, finite_metrics, load_results, write_results
 
@@ -75,15 +81,27 @@ def _check_commits(done: list[TrialRun], now: str | None, out: Path,
          f"train with commit {(now or 'unknown')[:12]}")
 
 
+def train_trial(recipe: Recipe, label: str, echo: Callable[[str], None] = print
+                ) -> tuple[dict[str, Any], dict[str, list[tuple[int, float]]]]:
+    """Train one trial in this process: its summary and its HISTORY step series; progress
+    lines prefixed with ``label``."""
+    from gem_platform.train.loop import train
+
+    history = _History()
+    summary = train(recipe, sink=history, echo=lambda line: echo(f"[{label}] {line}"))
+    return summary, history.points
+
+
 def run_in_process(plan: SweepPlan, out: str | Path, echo: Callable[[str], None] = print,
-                   resume: bool = True, allow_code_change: bool = False) -> list[TrialRun]:
-    """Train every (arm, seed) of ``plan`` here, in the plan's order (all arms of a seed before
-    the next seed, so a cut-short sweep still pairs). With ``resume``, trials already in
-    ``out`` (same sweep name, same recipes) are kept, not retrained; trials of another commit
-    only with ``allow_code_change``."""
+                   resume: bool = True, allow_code_change: bool = False,
+                   isolate: bool = True) -> list[TrialRun]:
+    """Train every (arm, seed) of ``plan``, in the plan's order (all arms of a seed before
+    the next seed, so a cut-short sweep still pairs), each in a fresh process unless
+    ``isolate`` is off. With ``resume``, trials already in ``out`` (same sweep name, same
+    recipes) are kept, not retrained; trials of another commit only with
+    ``allow_code_change``."""
     from gem_platform.data.prepare import prepare_dataset
     from gem_platform.provenance import code_version
-    from gem_platform.train.loop import train
 
     out = Path(out)
     code = code_version()
@@ -116,17 +134,16 @@ def run_in_process(plan: SweepPlan, out: str | Path, echo: Callable[[str], None]
         if (arm, str(seed)) in have:
             echo(f"[{arm} seed {seed}] already in {out}, kept")
             continue
-        recipe = plan.trial_recipe(arm, seed)
-        history = _History()
+        recipe, label = plan.trial_recipe(arm, seed), f"{arm} seed {seed}"
         t0 = time.perf_counter()
-        summary = train(recipe, sink=history,
-                        echo=lambda line, a=arm, s=seed: echo(f"[{a} seed {s}] {line}"))
+        summary, points = (call_in_fresh_process(train_trial, recipe, label, echo=echo)
+                           if isolate else train_trial(recipe, label, echo))
         metrics = finite_metrics(summary)
         metrics["trial/wall_s"] = time.perf_counter() - t0
         metrics["train/deterministic"] = float(record["deterministic"][arm])
         done.append(TrialRun(run_id=f"{plan.name}/{arm}/seed{seed}", arm=arm, seed=str(seed),
                              metrics=metrics, sweep_id=plan.name, commit=commit,
-                             history=history.points))
+                             history=points))
         write_results(out, header, done)
         echo(f"[{arm} seed {seed}] NE ctr {metrics.get('eval/ne_ctr', float('nan')):.6f}  "
              f"AUC ctr {metrics.get('eval/auc_ctr', float('nan')):.4f}  -> {out}")
@@ -163,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--new", action="store_true", help="overwrite --out instead of resuming it")
     p.add_argument("--allow-code-change", action="store_true",
                    help="resume --out although its trials came from another git commit")
+    p.add_argument("--same-process", action="store_true",
+                   help="train every trial in this process (default: each in a fresh one)")
     args = p.parse_args(argv)
     if args.merge:
         return _merge(args.merge, args.out)
@@ -172,7 +191,8 @@ def main(argv: list[str] | None = None) -> int:
         plan = load_sweep(args.spec, args.overrides)
         plan = narrowed(plan, args.seeds, args.arms)
         run_in_process(plan, args.out, resume=not args.new,
-                       allow_code_change=args.allow_code_change)
+                       allow_code_change=args.allow_code_change,
+                       isolate=not args.same_process)
     except GemError as err:
         print(err.as_text(), file=sys.stderr)
         return 2

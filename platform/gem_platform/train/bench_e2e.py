@@ -41,11 +41,9 @@ import argparse
 import contextlib
 import gc
 import json
-import multiprocessing
 import sys
 import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -53,6 +51,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
 from gem_platform.errors import GemError
+from gem_platform.fresh_process import call_in_fresh_process
 from gem_platform.recipe import Recipe, apply_overrides, load_recipe, recipe_from_dict
 
 
@@ -191,15 +190,6 @@ def run_arm(recipe: Recipe, name: str, arm: Arm, warmup: int, steps: int,
     return result
 
 
-def _arm_in_fresh_process(recipe: Recipe, name: str, warmup: int, steps: int,
-                          profiled: int) -> ArmResult:
-    """``run_arm`` in a spawned process (its progress printed there); its error re-raised
-    here."""
-    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) \
-            as pool:
-        return pool.submit(run_arm, recipe, name, ARMS[name], warmup, steps, profiled).result()
-
-
 def bench(recipe: Recipe, warmup: int = 10, steps: int = 20, profiled: int = 3,
           arms: list[str] | None = None, echo: Callable[[str], None] = print,
           isolate: bool = True) -> E2EResult:
@@ -221,10 +211,10 @@ def bench(recipe: Recipe, warmup: int = 10, steps: int = 20, profiled: int = 3,
     results = []
     for a in names:
         try:
-            results.append(_arm_in_fresh_process(recipe, a, warmup, steps, profiled)
-                           if isolate else
-                           run_arm(recipe, a, ARMS[a], warmup, steps, profiled, echo))
-        # torch.OutOfMemoryError and a crashed child's BrokenProcessPool are RuntimeErrors
+            args = (recipe, a, ARMS[a], warmup, steps, profiled)
+            results.append(call_in_fresh_process(run_arm, *args, echo=echo) if isolate
+                           else run_arm(*args, echo=echo))
+        # torch.OutOfMemoryError and a child that died without answering are RuntimeErrors
         except (RuntimeError, MemoryError) as err:
             echo(f"[{a}] failed: {err}")
             results.append(failed_arm(a, list(ARMS[a].overrides), err))
