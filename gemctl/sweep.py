@@ -204,8 +204,8 @@ def sweep(
     seeds: Annotated[list[int] | None, typer.Option(
         "--seeds", help="Run these seeds instead of the spec's (repeatable).")] = None,
     in_process: Annotated[bool, typer.Option(
-        "--in-process", help="Train the trials one after another in this process: no Ray, "
-        "no MLflow; results go to --out (a lone GPU box).")] = False,
+        "--in-process", help="Train the trials one after another on this machine, each in a "
+        "fresh process: no Ray, no MLflow; results go to --out (a lone GPU box).")] = False,
     out: Annotated[Path | None, typer.Option(
         help="Results file of an --in-process sweep; default gem_runs/sweeps/<name>.json. "
         "Running again resumes it.")] = None,
