@@ -126,6 +126,10 @@ class TrainConfig(_Strict):
     compile: bool | None = Field(
         None, description="torch.compile each sequence layer, DHEN layer and the head (the "
         "attention ops as custom ops inside); null = on for CUDA, off on CPU")
+    compile_regions: list[str] | None = Field(
+        None, description="with train.compile: only these regions compile, by name or prefix "
+        "(sequence, sequence.blocks.0, dhen, dhen.1, head); the others run eager; null = all. "
+        "For finding which region a compiled run's difference comes from")
     compile_backend: Literal["inductor", "aot_eager"] | None = Field(
         None, description="inductor generates fused kernels; aot_eager only traces (the graphs "
         "run through ATen's kernels, without code generation); null = inductor, or aot_eager "

@@ -160,3 +160,27 @@ def test_flop_meter_counts_a_recomputed_region_once(tiny_meta, batch_factory):
     with FlopMeter(model) as recomputed:
         model(batch).sum().backward()
     assert recomputed.forward_flops == pytest.approx(plain.forward_flops)
+
+
+def test_compile_regions_narrows_what_compiles(tiny_meta):
+    """train.compile_regions: a name or a prefix of whole dotted parts selects regions; the
+    rest keep their eager forward; a pattern that selects nothing names the regions there are."""
+    from gem_platform.errors import GemError
+    from gem_platform.train.regions import selected_regions
+
+    model = GemModel(ModelConfig(d_model=16, num_heads=2, dhen_layers=2), tiny_meta)
+    regions = model_regions(model)
+    names = [r.name for r in regions]
+    assert selected_regions(regions, None) == set(names)
+    assert selected_regions(regions, ["dhen"]) == {"dhen.0", "dhen.1"}
+    assert selected_regions(regions, ["sequence.blocks.0", "head"]) == \
+        {"sequence.blocks.0", "head"}
+    with pytest.raises(GemError, match="'dhen.7', which is no region") as err:
+        selected_regions(regions, ["dhen.7"])
+    assert "sequence.blocks.0" in err.value.problem
+    with pytest.raises(GemError):
+        selected_regions(regions, ["dhe"])  # a prefix of whole parts only
+    eager = {r.name: r.module.forward for r in regions}
+    apply_regions(regions, compile=True, backend="aot_eager", compile_only=["dhen"])
+    changed = {r.name for r in regions if r.module.forward != eager[r.name]}
+    assert changed == {"dhen.0", "dhen.1"}

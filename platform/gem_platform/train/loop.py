@@ -356,7 +356,8 @@ def setup(recipe: Recipe, info: RankInfo) -> Run:
         budget_gb=recipe.train.activation_memory_gb,
         units=batch_units(train_table.seq_lengths, recipe.loader.local_batch_size),
         device=device, autocast=lambda: _autocast(recipe, device),
-        stored=_stored_bytes(recipe, par.model))
+        stored=_stored_bytes(recipe, par.model),
+        compile_only=recipe.train.compile_regions)
     return Run(recipe, info, device, meta, train_table, eval_table, par, optimizers, schedules,
                loader, batcher, peak, regions)
 

@@ -7,6 +7,8 @@ layer and the head (they grow with samples). Two things are done per region:
 - ``train.compile``: its training forward becomes ``torch.compile(forward, dynamic=True)``
   (token and sample counts change every batch, the graph does not), the attention ops inside as
   custom ops (gem_kernels.custom_ops), so nothing breaks the graph; evaluation runs eager.
+  ``train.compile_regions`` narrows it to some regions (the others run eager): to find which
+  region a compiled run's difference from an eager one comes from.
 - ``train.activation_memory_gb``: the activations each region keeps for the backward are
   measured on a small input (bytes per token or per sample, saved-tensor hooks), scaled to the
   recipe's batch, and regions recompute their forward in the backward (non-reentrant
@@ -33,6 +35,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from gem_platform.errors import GemError
 from gem_platform.model.flops import count_by_rows, linear_flops_per_row
 
 _log = logging.getLogger(__name__)
@@ -198,23 +201,45 @@ def _recomputed(forward: Callable) -> Callable:
 
 
 def apply_regions(regions: list[Region], *, compile: bool, backend: str = "inductor",
-                  recompute: list[str] | tuple[str, ...] = ()) -> None:
+                  recompute: list[str] | tuple[str, ...] = (),
+                  compile_only: list[str] | None = None) -> None:
     """Give each region its compiled and/or recomputed forward (in place), and mark the
-    sample regions to be counted by rows (their Linear layers see the input's rows)."""
+    sample regions to be counted by rows (their Linear layers see the input's rows).
+    ``compile_only``: the regions compiled, by name or name prefix (None: all of them)."""
     unknown = set(recompute) - {r.name for r in regions}
     if unknown:
         raise ValueError(f"no region named {sorted(unknown)}; regions: "
                          f"{[r.name for r in regions]}")
+    compiled = selected_regions(regions, compile_only) if compile else set()
     for r in regions:
         if r.unit == "sample":
             count_by_rows(r.module)
         forward = r.module.forward
         if r.name in recompute:
             forward = _recomputed(forward)
-        if compile:
+        if r.name in compiled:
             forward = _compiled_for_training(forward, r.module.forward, backend)
         if forward is not r.module.forward:
             r.module.forward = forward
+
+
+def selected_regions(regions: list[Region], patterns: list[str] | None) -> set[str]:
+    """The names of ``regions`` that ``patterns`` select: a region name, or a prefix of
+    whole dotted parts ("sequence" selects "sequence.blocks.0"); None selects all. A pattern
+    that selects nothing is an error naming the regions there are."""
+    names = [r.name for r in regions]
+    if patterns is None:
+        return set(names)
+    chosen: set[str] = set()
+    for p in patterns:
+        hits = {n for n in names if n == p or n.startswith(p + ".")}
+        if not hits:
+            raise GemError(f"train.compile_regions names {p!r}, which is no region of this "
+                           f"model; its regions are {names}.",
+                           "Name regions (or their prefixes: sequence, dhen, head) from that "
+                           "list, or set train.compile_regions to null to compile all.")
+        chosen |= hits
+    return chosen
 
 
 def _compiled_for_training(forward: Callable, eager: Callable, backend: str) -> Callable:
@@ -271,7 +296,8 @@ def compile_backend(setting: str | None, deterministic: bool, device: torch.devi
 def setup_regions(model: nn.Module, *, compile: bool, backend: str,
                   budget_gb: float | None, units: dict[Unit, float], device: torch.device,
                   autocast: Callable[[], object],
-                  stored: Callable[[torch.Tensor], int] | None = None) -> CheckpointPlan:
+                  stored: Callable[[torch.Tensor], int] | None = None,
+                  compile_only: list[str] | None = None) -> CheckpointPlan:
     """Measure (when a budget is set), plan and apply: the one call the training loop makes.
     ``stored``: the bytes a saved tensor is kept in (gem_platform.train.saved_activations)."""
     regions = model_regions(model)
@@ -282,5 +308,6 @@ def setup_regions(model: nn.Module, *, compile: bool, backend: str,
         plan = plan_checkpointing(regions, costs, units, budget_gb)
     else:
         plan = CheckpointPlan()
-    apply_regions(regions, compile=compile, backend=backend, recompute=plan.recompute)
+    apply_regions(regions, compile=compile, backend=backend, recompute=plan.recompute,
+                  compile_only=compile_only)
     return plan
