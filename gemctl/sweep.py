@@ -1,5 +1,5 @@
-"""gemctl sweep commands: run an ablation sweep (on Ray Tune, or in this process), and compare
-its arms (with regression gates for scheduled pipelines)."""
+"""gemctl sweep commands: run an ablation sweep (on Ray Tune, or on this machine without Ray),
+and compare its arms (with regression gates for scheduled pipelines)."""
 
 from __future__ import annotations
 
@@ -170,8 +170,9 @@ def _narrowed(plan, arms: list[str] | None, seeds: list[int] | None):
 
 def _sweep_in_process(plan, out: Path, new: bool, as_json: bool, verbose: bool,
                       allow_code_change: bool = False) -> None:
-    """The sweep's trials one after another in this process (no Ray, no MLflow); results go to
-    ``out``, rewritten after every trial, and the comparison is printed at the end."""
+    """The sweep's trials one after another on this machine, each in a fresh process (no Ray,
+    no MLflow); results go to ``out``, rewritten after every trial, and the comparison is
+    printed at the end."""
     from gem_platform.sweep.compare import compare as compare_runs
     from gem_platform.sweep.inprocess import run_in_process
 
@@ -246,7 +247,7 @@ def sweep(
     names = ", ".join(a.name for a in plan.arms)
     con.print(f"[bold]gemctl sweep[/] {render.esc(spec)}: {len(plan.arms)} arms "
               f"({render.esc(names)}) x seeds {plan.seeds}, "
-              + ("in this process" if in_process else f"{plan.max_concurrent} at a time")
+              + ("one at a time here" if in_process else f"{plan.max_concurrent} at a time")
               + f", baseline '{render.esc(plan.baseline)}'", highlight=False, soft_wrap=True)
     if in_process:
         _sweep_in_process(plan, out or Path("gem_runs/sweeps") / f"{plan.name}.json", new,

@@ -1,7 +1,7 @@
 """gemctl bench e2e: a recipe trained end to end by the platform's own build and, in the same
 run on the same data, by the same model from off-the-shelf parts.
 
-Arms (each trains ``warmup + steps + 1 + profile`` steps in this process, one after the other):
+Arms (each trains ``warmup + steps + 1 + profile`` steps, one arm after the other):
 
 - ``ours``: the recipe as it is (Triton kernels, compiled regions where train.compile is on,
   prefetched input, fused tables where fbgemm-gpu's CUDA build runs, fused AdamW on CUDA).
