@@ -2,13 +2,15 @@
 
 A training run leaves state in its process that changes the next run's figures: compiled
 graphs and Dynamo's caches, the allocator's pools, cuBLAS's workspace setting (read once per
-process). Benchmark arms and sweep trials that must not depend on what ran before them each
-get a process of their own. ``fn`` must be importable by name (spawn pickles it so), take its
-progress callback as the keyword ``echo``, and return a picklable value.
+process). Benchmark arms, sweep trials and repeatability checks that must not depend on what
+ran before them each get a process of their own. ``fn`` must be importable by name (spawn
+pickles it so) and return a picklable value; when it has an ``echo`` parameter, its progress
+callback, the lines it echoes come back as they are written.
 """
 
 from __future__ import annotations
 
+import inspect
 import multiprocessing
 import pickle
 import queue
@@ -20,9 +22,10 @@ POLL_S = 1.0  # how often the parent checks that the child is still alive
 
 def call_in_fresh_process(fn: Callable[..., Any], *args: Any,
                           echo: Callable[[str], None] = print) -> Any:
-    """``fn(*args, echo=...)`` in a spawned process; each line it echoes goes to ``echo``
-    here. Its exception is raised here (as a RuntimeError naming it when it does not pickle);
-    a child that dies without answering (killed, out of host memory) raises a RuntimeError."""
+    """``fn(*args)`` in a spawned process, with ``echo=`` when ``fn`` takes it: each line it
+    echoes goes to ``echo`` here. Its exception is raised here (as a RuntimeError naming it
+    when it does not pickle); a child that dies without answering (killed, out of host
+    memory) raises a RuntimeError."""
     ctx = multiprocessing.get_context("spawn")
     channel = ctx.Queue()
     child = ctx.Process(target=_child, args=(channel, fn, args), name=f"gem-{fn.__name__}")
@@ -49,8 +52,10 @@ def call_in_fresh_process(fn: Callable[..., Any], *args: Any,
 
 
 def _child(channel: Any, fn: Callable[..., Any], args: tuple) -> None:
+    streams = "echo" in inspect.signature(fn).parameters
+    kwargs = {"echo": lambda line: channel.put(("line", str(line)))} if streams else {}
     try:
-        result = fn(*args, echo=lambda line: channel.put(("line", str(line))))
+        result = fn(*args, **kwargs)
     except BaseException as err:  # handed to the parent
         channel.put(("error", _picklable(err)))
     else:

@@ -55,3 +55,11 @@ def test_errors_are_raised_here():
         call_in_fresh_process(raise_unpicklable, echo=lines.append)
     with pytest.raises(RuntimeError, match="exited with code 3 before returning"):
         call_in_fresh_process(die, echo=lines.append)  # (its last lines may be lost)
+
+
+def square(x: int) -> int:
+    return x * x
+
+
+def test_a_function_without_echo_is_called_without_it():
+    assert call_in_fresh_process(square, 7) == 49

@@ -49,5 +49,4 @@ def cached_recat(build: Callable[..., torch.Tensor | None]) -> Callable[..., tor
         return cached(local_split, num_splits, stagger, device, sizes)
 
     get_recat.cached_by_gem = True  # type: ignore[attr-defined]
-    get_recat.cache_info = cached.cache_info  # type: ignore[attr-defined]
     return get_recat

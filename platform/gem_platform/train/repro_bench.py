@@ -24,11 +24,11 @@ import argparse
 import hashlib
 import json
 import math
-import multiprocessing
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
+
+from gem_platform.fresh_process import call_in_fresh_process
 
 RUNS = (("plain", False), ("deterministic", True), ("deterministic_rerun", True))
 
@@ -132,18 +132,14 @@ def _step1_gradients_twice(path: str, overrides: list[str]) -> list[dict[str, st
     return [_step1_gradients(path, overrides) for _ in range(2)]
 
 
-def _compare_gradients(path: str, overrides: list[str], spawn: Any,
-                       one_process: bool = False) -> dict[str, Any]:
+def _compare_gradients(path: str, overrides: list[str], one_process: bool = False
+                       ) -> dict[str, Any]:
     """Step-1 gradient digests from two fresh processes (or twice from one), compared."""
     if one_process:
-        with ProcessPoolExecutor(max_workers=1, mp_context=spawn) as pool:
-            digests = pool.submit(_step1_gradients_twice, path, overrides).result()
+        digests = call_in_fresh_process(_step1_gradients_twice, path, overrides)
         return {**first_differing(*digests), "in_one_process": True}
-    digests = []
-    for _ in range(2):
-        with ProcessPoolExecutor(max_workers=1, mp_context=spawn) as pool:
-            digests.append(pool.submit(_step1_gradients, path, overrides).result())
-    return first_differing(*digests)
+    return first_differing(*(call_in_fresh_process(_step1_gradients, path, overrides)
+                             for _ in range(2)))
 
 
 def _device() -> dict[str, Any]:
@@ -170,16 +166,14 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    spawn = multiprocessing.get_context("spawn")
-    report: dict[str, Any] = {"overrides": args.overrides, "recipes": {}}
-    with ProcessPoolExecutor(max_workers=1, mp_context=spawn) as pool:
-        report["device"] = pool.submit(_device).result()
+    report: dict[str, Any] = {"overrides": args.overrides, "recipes": {},
+                              "device": call_in_fresh_process(_device)}
     for path in args.recipes:
         if not args.grads_only:
-            _timed_runs(path, args.overrides, spawn, report, out)
+            _timed_runs(path, args.overrides, report, out)
         if args.grads or args.grads_only:
             v = report["recipes"].setdefault(path, {})
-            v["step1_gradients"] = _compare_gradients(path, args.overrides, spawn,
+            v["step1_gradients"] = _compare_gradients(path, args.overrides,
                                                       args.grads_in_one_process)
             print(f"{path:32s} step-1 gradients: {v['step1_gradients']}", flush=True)
             (out / "repro_bench.json").write_text(json.dumps(report, indent=1, default=str))
@@ -193,15 +187,13 @@ def _repeatable(verdict: dict[str, Any]) -> bool:
     return verdict.get("bitwise_identical", True) and (grads is None or grads["differing"] == 0)
 
 
-def _timed_runs(path: str, overrides: list[str], spawn: Any, report: dict[str, Any],
-                out: Path) -> None:
+def _timed_runs(path: str, overrides: list[str], report: dict[str, Any], out: Path) -> None:
     """The plain run and the two deterministic ones of one recipe, each in a fresh process;
     the report is rewritten after each."""
     runs: dict[str, dict[str, Any]] = {}
     for name, deterministic in RUNS:
         # A fresh process per run: the cuBLAS workspace and every switch start clean.
-        with ProcessPoolExecutor(max_workers=1, mp_context=spawn) as pool:
-            runs[name] = pool.submit(_one_run, path, overrides, deterministic).result()
+        runs[name] = call_in_fresh_process(_one_run, path, overrides, deterministic)
         report["recipes"][path] = {"runs": runs, **_verdict(runs)}
         (out / "repro_bench.json").write_text(json.dumps(report, indent=1, default=str))
         s = runs[name]["summary"]
