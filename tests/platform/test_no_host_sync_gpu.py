@@ -59,8 +59,7 @@ def test_steady_steps_never_sync_the_host(tmp_path, monkeypatch, attention, comp
         if 5 < step <= 10:
             watched.append(step)
 
-    monkeypatch.setattr(warnings, "showwarning", record)
-    with warnings.catch_warnings():
+    with warnings.catch_warnings():  # restores showwarning and the filters on exit
         warnings.simplefilter("always")
         warnings.showwarning = record
         try:
