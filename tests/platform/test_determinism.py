@@ -129,7 +129,8 @@ def test_first_differing_gradient_is_named_nearest_the_loss_first():
     a = {"embed.weight": "1", "block.weight": "2", "head.weight": "3", "head.bias": "4"}
     b = {**a, "embed.weight": "x", "block.weight": "y"}
     assert first_differing(a, b) == {"parameters": 4, "differing": 2,
-                                     "nearest_the_loss": "block.weight"}
+                                     "nearest_the_loss": "block.weight",
+                                     "differing_names": ["embed.weight", "block.weight"]}
     assert first_differing(a, dict(a))["nearest_the_loss"] is None
 
 

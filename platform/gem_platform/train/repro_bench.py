@@ -101,7 +101,8 @@ def first_differing(a: dict[str, str], b: dict[str, str]) -> dict[str, Any]:
     nearest the loss, taken as the last registered) is where to look."""
     differ = [n for n in a if a[n] != b.get(n)]
     nearest = next((n for n in reversed(list(a)) if a[n] != b.get(n)), None)
-    return {"parameters": len(a), "differing": len(differ), "nearest_the_loss": nearest}
+    return {"parameters": len(a), "differing": len(differ), "nearest_the_loss": nearest,
+            "differing_names": differ}
 
 
 def _agree(a: dict[str, Any], b: dict[str, Any]) -> tuple[bool, list[str]]:
