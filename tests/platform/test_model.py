@@ -184,3 +184,28 @@ def test_item_lookup_hands_torchrec_each_keys_length(tiny_meta, batch_factory, m
     assert batch.num_tokens == sum(LENGTHS)
     model(batch).sum().backward()
     assert not [k for k in computed if "hist_item" in k]
+
+
+def test_self_gram_matches_bmm_and_its_gradient():
+    """The DHEN dot interaction's Gram product: the values and input gradient of
+    bmm(t, t^T) (gradcheck in fp64), one contiguous product in the backward; inside autocast
+    it computes in autocast's dtype, as bmm would, and hands back a gradient of the input's."""
+    from gem_platform.model.interaction import self_gram
+
+    torch.manual_seed(0)
+    t = torch.randn(3, 5, 4, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(self_gram, (t,))
+    x = torch.randn(4, 6, 8, requires_grad=True)
+    g = torch.randn(4, 6, 6)
+    ours = self_gram(x)
+    ref = torch.bmm(x, x.transpose(1, 2))
+    assert torch.equal(ours, ref)
+    (d_ours,) = torch.autograd.grad(ours, x, g)
+    (d_ref,) = torch.autograd.grad(ref, x, g)
+    torch.testing.assert_close(d_ours, d_ref)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        low = self_gram(x)
+    assert low.dtype == torch.bfloat16
+    (d_low,) = torch.autograd.grad(low, x, g.bfloat16())
+    assert d_low.dtype == torch.float32
+    torch.testing.assert_close(d_low, d_ref, rtol=0.05, atol=0.05)

@@ -38,9 +38,10 @@ def test_steady_steps_never_sync_the_host(tmp_path, monkeypatch, attention, comp
     tree = tiny_tree(tmp_path / "data", steps=12, log_every=12, device="cuda",
                      compile=compiled, eval_max_samples=128)
     tree["model"]["attention"] = attention
-    # head_dim 32 in bf16: the Triton kernels run (head_dim 8 or fp32 falls back to the PyTorch
-    # references, which read lengths on the host)
-    tree["model"]["d_model"] = 64
+    # head_dim 64 in bf16: every Triton attention kernel runs (block attention takes head_dim 64
+    # or 128; smaller heads or fp32 fall back to the PyTorch references, which read lengths on
+    # the host)
+    tree["model"]["d_model"] = 128
     tree["precision"] = {"mode": "bf16"}
     tree["parallel"]["use_gpu"] = True
     sites: collections.Counter[str] = collections.Counter()

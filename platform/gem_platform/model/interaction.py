@@ -81,6 +81,37 @@ class MlpExpert(nn.Module):
         return self.net(flat)
 
 
+class _SelfGram(torch.autograd.Function):
+    """``t @ t^T`` per sample, whose backward is one contiguous ``(g + g^T) @ t``.
+
+    Autograd's backward of ``bmm(t, t^T)`` adds a second, transposed bmm output to the input
+    gradient. Inductor (torch 2.11, H200) fused that strided read into the DHEN layer's looped
+    LayerNorm-backward reduction, which stored the summed gradient in its first loop and
+    reloaded it in its second under another thread layout: the input gradient then held
+    stale values that changed from run to run (docs/bench/determinism_h200_dhen_race.json).
+    One contiguous product avoids that kernel, and costs one bmm instead of two."""
+
+    @staticmethod
+    def forward(ctx, t: torch.Tensor) -> torch.Tensor:  # noqa: ANN001 (ctx)
+        ctx.save_for_backward(t)
+        return torch.bmm(t, t.transpose(1, 2))
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:  # noqa: ANN001 (ctx)
+        (t,) = ctx.saved_tensors
+        grad = grad.to(t.dtype)
+        return torch.bmm(grad + grad.transpose(1, 2), t)
+
+
+def self_gram(tokens: torch.Tensor) -> torch.Tensor:
+    """(B, N, N) dot products of each sample's N tokens with each other, in autocast's dtype
+    inside an autocast region (as ``torch.bmm`` would compute them)."""
+    kind = tokens.device.type
+    if torch.is_autocast_enabled(kind):
+        tokens = tokens.to(torch.get_autocast_dtype(kind))
+    return _SelfGram.apply(tokens)
+
+
 class DotInteraction(nn.Module):
     """Pairwise dot products of feature tokens, projected back to the token layout."""
 
@@ -94,7 +125,7 @@ class DotInteraction(nn.Module):
         self.proj = nn.Linear(rows.numel(), out_dim)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        gram = torch.bmm(tokens, tokens.transpose(1, 2)) * tokens.shape[-1] ** -0.5
+        gram = self_gram(tokens) * tokens.shape[-1] ** -0.5
         return self.proj(gram[:, self.rows, self.cols])
 
 
