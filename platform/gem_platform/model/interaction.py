@@ -86,10 +86,11 @@ class _SelfGram(torch.autograd.Function):
 
     Autograd's backward of ``bmm(t, t^T)`` adds a second, transposed bmm output to the input
     gradient. Inductor (torch 2.11, H200) fused that strided read into the DHEN layer's looped
-    LayerNorm-backward reduction, which stored the summed gradient in its first loop and
-    reloaded it in its second under another thread layout: the input gradient then held
-    stale values that changed from run to run (docs/bench/determinism_h200_dhen_race.json).
-    One contiguous product avoids that kernel, and costs one bmm instead of two."""
+    LayerNorm-backward reduction, which stores the summed gradient in its first loop and loads
+    it back in its second with nothing ordering the two across threads: the compiled input
+    gradient was up to 28% off and changed from run to run
+    (docs/bench/determinism_h200_dhen_race.json). With one contiguous product that kernel reads
+    no transposed input and repeats; it also costs one bmm instead of two."""
 
     @staticmethod
     def forward(ctx, t: torch.Tensor) -> torch.Tensor:  # noqa: ANN001 (ctx)

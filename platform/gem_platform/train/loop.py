@@ -75,6 +75,7 @@ from gem_platform.train.saved_activations import (
     saved_activations,
     stored_bytes,
 )
+from gem_platform.train.shared_grads import separate_shared_grads
 from gem_platform.train.state import CheckpointExtras, LoopState, Totals
 
 MetricSink = Callable[[dict[str, float], int], None]
@@ -427,6 +428,8 @@ def launch_step(run: Run, batch: JaggedBatch, step: int, meter: FlopMeter,
     before_backward()
     dense.zero_grad(set_to_none=True)
     loss.backward()
+    # before any in-place update (sync, clip): a compiled backward may share one gradient
+    separate_shared_grads(run.model.parameters())
     backward = clock.mark()
     par.sync_gradients()
     synced = clock.mark()

@@ -277,11 +277,14 @@ def compile_enabled(setting: bool | None, device: torch.device) -> bool:
 def compile_backend(setting: str | None, deterministic: bool, device: torch.device) -> str:
     """``train.compile_backend`` resolved: null means inductor, except for deterministic runs on
     CUDA, which use aot_eager (the regions' graphs run through ATen's deterministic kernels).
-    Inductor's generated kernels were not repeatable from run to run on the H200 at
-    recipes/h200.yaml's shapes, with or without RoPE, full or block64 attention, while
-    aot_eager and eager were bitwise (docs/bench/determinism_h200_inductor.json). An explicit
-    inductor beside train.deterministic on CUDA is kept (to find out where it differs: repro_bench
-    --grads) with a warning that the run may not repeat."""
+    Inductor-compiled runs of recipes/h200.yaml did not repeat on the H200 while aot_eager and
+    eager runs did (docs/bench/determinism_h200_inductor.json). Both causes found so far lie in
+    the DHEN layers: a racing reduction fed by the Gram product's backward (removed by
+    ``interaction.self_gram``) and bias gradients sharing one buffer that clipping scaled
+    concurrently (``shared_grads``); whether Inductor runs now repeat over many steps is not
+    yet measured (docs/bench/determinism_h200_dhen_race.json), so aot_eager stays the default.
+    An explicit inductor beside train.deterministic on CUDA is kept (to find out where it
+    differs: repro_bench --grads) with a warning that the run may not repeat."""
     if deterministic and device.type == "cuda":
         if setting == "inductor":
             _log.warning(
