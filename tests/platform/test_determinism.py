@@ -86,10 +86,13 @@ def test_mode_restores_switches_and_seeds_every_rng(monkeypatch):
         assert torch.are_deterministic_algorithms_enabled()
         assert deterministic_backward()
         assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
+        # new allocations are not NaN-filled (a fill kernel each): nothing reads them unwritten
+        assert not torch.utils.deterministic.fill_uninitialized_memory
         draws = (random.random(), float(np.random.rand()), float(torch.rand(1)))
         assert os.environ[CUBLAS_ENV] == ":4096:8"
     assert not torch.are_deterministic_algorithms_enabled()
     assert not deterministic_backward() and not inductor.deterministic
+    assert torch.utils.deterministic.fill_uninitialized_memory  # torch's default, restored
     with deterministic_mode(7):
         assert (random.random(), float(np.random.rand()), float(torch.rand(1))) == draws
 

@@ -7,6 +7,13 @@ device give bitwise-identical losses and metrics.
   use it (on CUDA, ``index_add_``, ``scatter_add_`` and the backward of ``index_select``,
   ``gather`` and advanced indexing sort instead of accumulating with atomics); an op that has
   none raises a RuntimeError naming itself instead of varying silently;
+- no NaN fill of new allocations (``torch.utils.deterministic.fill_uninitialized_memory``
+  off): with deterministic algorithms on, torch otherwise fills every ``torch.empty`` with NaN
+  (one fill kernel per allocation, in TorchRec's, the attention ops' and the eager glue's
+  outputs), so that a kernel reading memory nobody wrote would give the same NaN every run.
+  Deterministic runs trained with that fill on gave finite losses, so nothing the model
+  computes reads such memory; the fill's launches only slow the host-bound small recipes.
+  ``repro_bench`` and the GPU determinism tests check the runs repeat without it;
 - cuDNN's deterministic algorithms, without benchmark autotuning;
 - ``gem_kernels.set_deterministic_backward(True)``: every attention op's backward runs
   without floating-point atomics;
@@ -19,7 +26,7 @@ device give bitwise-identical losses and metrics.
   cuBLAS call, so it must be entered before any CUDA matmul runs in the process;
 - Python's, NumPy's and torch's global RNGs (CPU and every GPU) seeded with ``seed``.
 
-On exit the torch, cuDNN, Inductor and kernel switches return to what they were (the kernel
+On exit the torch (fill included), cuDNN, Inductor and kernel switches return to what they were (the kernel
 switch to ``None``: following torch's setting); the RNGs stay seeded and the environment
 variable stays.
 The data order needs nothing here: the batcher's permutation is a function of
@@ -74,7 +81,9 @@ def deterministic_mode(seed: int) -> Iterator[None]:
     inductor_before = getattr(inductor, "deterministic", None)
     if inductor_before is not None:
         inductor.deterministic = True
+    fill_before = torch.utils.deterministic.fill_uninitialized_memory
     torch.use_deterministic_algorithms(True)
+    torch.utils.deterministic.fill_uninitialized_memory = False
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False
     set_deterministic_backward(True)
@@ -84,6 +93,7 @@ def deterministic_mode(seed: int) -> Iterator[None]:
     finally:
         enabled, warn_only, cudnn_deterministic, cudnn_benchmark = before
         torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+        torch.utils.deterministic.fill_uninitialized_memory = fill_before
         torch.backends.cudnn.deterministic = cudnn_deterministic
         torch.backends.cudnn.benchmark = cudnn_benchmark
         set_deterministic_backward(None)
