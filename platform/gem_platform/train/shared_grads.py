@@ -24,17 +24,20 @@ from torch.distributed.tensor import DTensor
 
 def separate_shared_grads(params: Iterable[nn.Parameter]) -> int:
     """Replace every ``.grad`` that repeats an earlier parameter's by a copy; returns how many
-    were copied. Reads only tensor metadata on the host (no device sync)."""
-    seen: set[tuple[int, torch.Size, tuple[int, ...]]] = set()
+    were copied. Reads only tensor metadata on the host (no device sync): the address of each
+    gradient, and shapes and strides only where two addresses coincide."""
+    seen: dict[int, list[torch.Tensor]] = {}
     copied = 0
     for p in params:
         g = p.grad
         if g is None or isinstance(g, DTensor) or g.is_sparse:
             continue
-        key = (g.data_ptr(), g.shape, g.stride())
-        if key in seen:
+        earlier = seen.get(g.data_ptr())
+        if earlier is None:
+            seen[g.data_ptr()] = [g]
+        elif any(o.shape == g.shape and o.stride() == g.stride() for o in earlier):
             p.grad = g.clone()
             copied += 1
         else:
-            seen.add(key)
+            earlier.append(g)
     return copied
