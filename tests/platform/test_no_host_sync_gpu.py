@@ -3,7 +3,8 @@
 (``.item()``, ``.tolist()``, a copy to pageable host memory, ``torch.cuda.synchronize``) in the
 forward, backward, clipping, optimizer step or read-back is recorded with its Python stack, and
 the test lists every such site, not only the first. Compiled and eager regions, full and
-block64 attention. Needs only torch, triton, TorchRec and pydantic (no Ray, no MLflow)."""
+block64 attention, and a deterministic run (its deterministic algorithms must not sync
+either). Needs only torch, triton, TorchRec and pydantic (no Ray, no MLflow)."""
 
 from __future__ import annotations
 
@@ -30,13 +31,15 @@ def _site() -> str:
                        for f in reversed(frames[-6:]))
 
 
-@pytest.mark.parametrize(("attention", "compiled"), [("full", True), ("block64", True),
-                                                     ("full", False)])
-def test_steady_steps_never_sync_the_host(tmp_path, monkeypatch, attention, compiled):
+@pytest.mark.parametrize(("attention", "compiled", "deterministic"), [
+    ("full", True, False), ("block64", True, False), ("full", False, False),
+    ("block64", True, True)])
+def test_steady_steps_never_sync_the_host(tmp_path, monkeypatch, attention, compiled,
+                                          deterministic):
     monkeypatch.chdir(tmp_path)
     # one progress line at the end only: a logging step reads its values back on purpose
     tree = tiny_tree(tmp_path / "data", steps=12, log_every=12, device="cuda",
-                     compile=compiled, eval_max_samples=128)
+                     compile=compiled, eval_max_samples=128, deterministic=deterministic)
     tree["model"]["attention"] = attention
     # head_dim 64 in bf16: every Triton attention kernel runs (block attention takes head_dim 64
     # or 128; smaller heads or fp32 fall back to the PyTorch references, which read lengths on
