@@ -17,6 +17,8 @@ Arms on request (``--arms``), each the recipe with one lever changed, to see wha
 - ``ours_eager``: ours with ``train.compile=false`` (what compiled regions add);
 - ``ours_fp8_block``: ours with ``precision.mode=fp8_block`` (8-bit block-scaled matmuls
   against the recipe's precision, in the same run);
+- ``ours_fp8_wgrad``: the same with the weight gradients in FP8 too (``precision.wgrad=fp8``;
+  GEM keeps them in higher precision: the third of the matmul FLOPs FP8 otherwise leaves bf16);
 - ``ours_deterministic``: ours with ``train.deterministic=true`` (what bitwise repeatability
   costs, cuBLAS's reproducible workspace setting included).
 
@@ -72,6 +74,7 @@ ARMS: dict[str, Arm] = {
     "ours_fp8_saved": Arm(("train.saved_activations=fp8",)),
     "ours_eager": Arm(("train.compile=false",)),
     "ours_fp8_block": Arm(("precision.mode=fp8_block",)),
+    "ours_fp8_wgrad": Arm(("precision.mode=fp8_block", "precision.wgrad=fp8")),
     "ours_deterministic": Arm(("train.deterministic=true",)),
 }
 DEFAULT_ARMS = ("ours", "off_the_shelf")
