@@ -26,9 +26,9 @@ device give bitwise-identical losses and metrics.
   cuBLAS call, so it must be entered before any CUDA matmul runs in the process;
 - Python's, NumPy's and torch's global RNGs (CPU and every GPU) seeded with ``seed``.
 
-On exit the torch (fill included), cuDNN, Inductor and kernel switches return to what they were (the kernel
-switch to ``None``: following torch's setting); the RNGs stay seeded and the environment
-variable stays.
+On exit the torch (the fill included), cuDNN, Inductor and kernel switches return to what
+they were (the kernel switch to ``None``: following torch's setting); the RNGs stay seeded
+and the environment variable stays.
 The data order needs nothing here: the batcher's permutation is a function of
 (``loader.seed``, rank, epoch), and synthetic data of ``data.synthetic.seed``.
 """
