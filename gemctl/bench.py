@@ -60,7 +60,7 @@ def _e2e(
     quick: Annotated[bool, typer.Option(help="3 warm-up, 5 timed, 2 profiled steps.")] = False,
     arms: Annotated[str, typer.Option(
         help="Comma-separated arms: ours, off_the_shelf (the default pair), ours_dense_tables, "
-             "ours_fp8_saved, ours_eager, ours_fp8_block, ours_deterministic.")
+             "ours_fp8_saved, ours_eager, ours_fp8_block, ours_fp8_wgrad, ours_deterministic.")
     ] = "ours,off_the_shelf",
     same_process: Annotated[bool, typer.Option(
         help="Train every arm in this process (default: each in a fresh one).")] = False,

@@ -58,42 +58,19 @@ def _one_run(path: str, overrides: list[str], deterministic: bool) -> dict[str, 
 
 
 def _step1_gradients(path: str, overrides: list[str]) -> dict[str, str]:
-    """Train one deterministic step without clipping in this (fresh) process; a digest of each
-    parameter's gradient, in registration order (clipping would scale every gradient by the
-    global norm, so one differing gradient would make them all differ)."""
+    """A digest of each parameter's step-1 gradient (``step1.step1_gradients``), trained in
+    this (fresh) process."""
+    from gem_platform.train.step1 import step1_gradients
+
+    return {name: _digest(grad) for name, grad in step1_gradients(path, overrides).items()}
+
+
+def _digest(tensor: Any) -> str:
+    """SHA-1 of a tensor's bytes as stored."""
     import torch
 
-    from gem_platform.recipe import load_recipe
-    from gem_platform.train.loop import train
-
-    recipe = load_recipe(path, [*overrides, "train.deterministic=true", "train.steps=1",
-                                "train.grad_clip=null", "train.eval_every=0"])
-    recipe.train.eval_max_samples = recipe.loader.local_batch_size
-    digests: dict[str, str] = {}
-
-    def on_step(step: int, model: torch.nn.Module) -> None:
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        digests.update(gradient_digests(model))
-
-    train(recipe, echo=lambda _: None, on_step=on_step)
-    return digests
-
-
-def gradient_digests(model: Any) -> dict[str, str]:
-    """SHA-1 of each parameter's gradient as stored (the local shard of a DTensor)."""
-    import torch
-    from torch.distributed.tensor import DTensor
-
-    out = {}
-    for name, param in model.named_parameters():
-        grad = param.grad
-        if grad is None:
-            continue
-        grad = grad.to_local() if isinstance(grad, DTensor) else grad
-        raw = grad.detach().reshape(-1).contiguous().cpu().view(torch.uint8).numpy()
-        out[name] = hashlib.sha1(raw.tobytes()).hexdigest()
-    return out
+    raw = tensor.detach().reshape(-1).contiguous().cpu().view(torch.uint8).numpy()
+    return hashlib.sha1(raw.tobytes()).hexdigest()
 
 
 def first_differing(a: dict[str, str], b: dict[str, str]) -> dict[str, Any]:
