@@ -1,5 +1,6 @@
-"""gemctl bench: the kernel and loader benchmarks. Each prints a table and writes JSON; the
-kernel ones need a CUDA GPU and time ours against named baselines in the same run."""
+"""gemctl bench: the kernel, loader and training benchmarks, and the repeatability and
+compile checks. Each prints a table and writes JSON; the kernel ones need a CUDA GPU and time
+ours against named baselines in the same run."""
 
 from __future__ import annotations
 
@@ -69,8 +70,51 @@ def _e2e(
 
     argv = [recipe, "--steps", str(steps), "--warmup", str(warmup), "--out", out,
             "--arms", arms]
-    argv += [a for s in set_ or [] for a in ("--set", s)] + (["--quick"] if quick else [])
+    argv += _overrides(set_) + (["--quick"] if quick else [])
     argv += ["--same-process"] if same_process else []
+    raise typer.Exit(main(argv))
+
+
+def _overrides(set_: list[str] | None) -> list[str]:
+    return [a for s in set_ or [] for a in ("--set", s)]
+
+
+def _repro(
+    recipes: Annotated[list[str], typer.Argument(help="Recipe YAML files.")],
+    set_: Annotated[list[str] | None, typer.Option(
+        "--set", "-s", help="Override applied to every recipe (repeatable).")] = None,
+    grads: Annotated[bool, typer.Option(
+        help="Also compare one unclipped deterministic step's gradients from two more "
+             "processes, naming those that differ.")] = False,
+    grads_only: Annotated[bool, typer.Option(
+        help="Only that gradient check (a quick predicate: exit 0 when they agree).")] = False,
+    in_one_process: Annotated[bool, typer.Option(
+        help="With --grads/--grads-only: that step twice in one process (differences then "
+             "come from run time, not compilation).")] = False,
+    out: Annotated[str, typer.Option(help="Folder for repro_bench.json.")] = "bench_results",
+) -> None:
+    from gem_platform.train.repro_bench import main
+
+    argv = [*recipes, "--out", out, *_overrides(set_)]
+    argv += (["--grads"] if grads else []) + (["--grads-only"] if grads_only else [])
+    argv += ["--grads-in-one-process"] if in_one_process else []
+    raise typer.Exit(main(argv))
+
+
+def _compile_check(
+    recipes: Annotated[list[str], typer.Argument(help="Recipe YAML files.")],
+    set_: Annotated[list[str] | None, typer.Option(
+        "--set", "-s", help="Override applied to every recipe and both runs (repeatable).")
+    ] = None,
+    tolerance: Annotated[float | None, typer.Option(
+        help="Largest relative L2 error allowed (default: 1e-3 in fp32, 3e-2 in bf16/FP8).")
+    ] = None,
+    out: Annotated[str, typer.Option(help="Folder for compile_check.json.")] = "bench_results",
+) -> None:
+    from gem_platform.train.compile_check import main
+
+    argv = [*recipes, "--out", out, *_overrides(set_)]
+    argv += ["--tolerance", str(tolerance)] if tolerance is not None else []
     raise typer.Exit(main(argv))
 
 
@@ -86,4 +130,16 @@ def register(app: typer.Typer) -> None:
                       "gemctl bench e2e recipes/h200_gem.yaml --set model.attention=block64",
                       "gemctl bench e2e --arms ours,ours_dense_tables,ours_fp8_saved"))(
         user_errors(_e2e))
+    bench.command("repro", help="What train.deterministic costs and whether it holds: each "
+                  "recipe trained plain and twice deterministic, each run in a fresh process; "
+                  "samples/s, the cost, bitwise agreement.", epilog=epilog(
+                      "gemctl bench repro recipes/h200.yaml --set train.steps=50",
+                      "gemctl bench repro recipes/h200.yaml --grads-only --in-one-process"))(
+        user_errors(_repro))
+    bench.command("compile-check", help="Step-1 gradients of the compiled model against the "
+                  "eager one, per parameter (relative L2 error): does compiling change what "
+                  "the model computes? Exit 1 beyond the tolerance.", epilog=epilog(
+                      "gemctl bench compile-check recipes/h200.yaml",
+                      "gemctl bench compile-check recipes/h200.yaml --set precision.mode=fp32"))(
+        user_errors(_compile_check))
     app.add_typer(bench, name="bench")

@@ -8,8 +8,8 @@ import math
 
 import torch
 
-from gem_platform.train import compile_check
 from gem_platform.train.compile_check import beyond_tolerance, relative_errors
+from tests.conftest import run_gemctl
 from tests.platform.tiny_training import TINY
 
 
@@ -27,13 +27,19 @@ def test_relative_errors_rank_the_worst_first():
     assert beyond_tolerance([{"parameter": "n", "relative_error": math.nan}], 1.0) == ["n"]
 
 
-def test_tiny_recipe_compiles_to_the_eager_gradients(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
+def test_tiny_recipe_compiles_to_the_eager_gradients(tmp_path):
+    """Through the CLI, as a user runs it: the tiny recipe compiled (aot_eager, quick on CPU)
+    computes the eager gradients; a missing recipe is a clear error with exit code 2."""
     (tmp_path / "tiny.yaml").write_text(TINY.format(data=tmp_path / "data"))
-    rc = compile_check.main(["tiny.yaml", "--out", "out", "--set", "parallel.workers=1",
-                             "--set", "train.compile_backend=aot_eager"])
+    proc = run_gemctl("bench", "compile-check", "tiny.yaml", "--out", "out", "--set",
+                      "parallel.workers=1", "--set", "train.compile_backend=aot_eager",
+                      cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "every gradient within tolerance" in proc.stdout
     report = json.loads((tmp_path / "out" / "compile_check.json").read_text())["recipes"][0]
-    assert rc == 0 and report["ok"] and report["beyond_tolerance"] == []
+    assert report["ok"] and report["beyond_tolerance"] == []
     assert report["precision"] == "fp32" and report["tolerance"] == 1e-3
     assert report["parameters"] > 10
     assert report["worst"][0]["relative_error"] <= 1e-3
+    missing = run_gemctl("bench", "compile-check", "nope.yaml", cwd=tmp_path)
+    assert missing.returncode == 2 and "nope.yaml does not exist" in missing.stderr

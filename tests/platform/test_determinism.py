@@ -18,6 +18,7 @@ from gem_platform.errors import GemError
 from gem_platform.recipe import recipe_from_dict
 from gem_platform.train.determinism import CUBLAS_ENV, deterministic_mode
 from gem_platform.train.loop import train
+from tests.conftest import run_gemctl
 from tests.platform.tiny_training import TINY
 
 
@@ -162,10 +163,11 @@ def test_repro_bench_grads_only_is_a_predicate(tmp_path, monkeypatch):
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "tiny.yaml").write_text(TINY.format(data=tmp_path / "data"))
-    rc = repro_bench.main(["tiny.yaml", "--out", "out", "--set", "parallel.workers=1",
-                           "--grads-only"])
+    proc = run_gemctl("bench", "repro", "tiny.yaml", "--out", "out", "--set",
+                      "parallel.workers=1", "--grads-only", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
     result = json.loads((tmp_path / "out" / "repro_bench.json").read_text())["recipes"]
-    assert rc == 0 and set(result["tiny.yaml"]) == {"step1_gradients"}
+    assert set(result["tiny.yaml"]) == {"step1_gradients"}
     rc = repro_bench.main(["tiny.yaml", "--out", "one", "--set", "parallel.workers=1",
                            "--grads-only", "--grads-in-one-process"])
     once = json.loads((tmp_path / "one" / "repro_bench.json").read_text())["recipes"]

@@ -14,8 +14,8 @@ orders: 1e-3 in fp32, 3e-2 under bf16 autocast or FP8 (tighter checks: ``--set
 precision.mode=fp32``). A table of the worst parameters on stdout, ``compile_check.json``
 under ``--out``; exit 1 when a gradient is beyond the tolerance.
 
-    PYTHONPATH=kernels:platform:. python -m gem_platform.train.compile_check recipes/h200.yaml \\
-        --set data.synthetic.num_samples=100000 --out bench_results
+    gemctl bench compile-check recipes/h200.yaml --set data.synthetic.num_samples=100000
+    (or: PYTHONPATH=kernels:platform:. python -m gem_platform.train.compile_check ...)
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ it is written), not with how a process compiled them. A table on stdout, and
 ``repro_bench.json`` under ``--out`` (rewritten after each run, so a cut-short run keeps what
 it finished).
 
-    PYTHONPATH=kernels:platform:. python -m gem_platform.train.repro_bench \\
-        recipes/h200.yaml recipes/h200_gem.yaml --out bench_results
+    gemctl bench repro recipes/h200.yaml recipes/h200_gem.yaml --out bench_results
+    (or: PYTHONPATH=kernels:platform:. python -m gem_platform.train.repro_bench ...)
 """
 
 from __future__ import annotations
