@@ -118,28 +118,31 @@ def _compile_check(
     raise typer.Exit(main(argv))
 
 
+# The commands that take recipes: (function, help, examples).
+RECIPE_COMMANDS = {
+    "e2e": (_e2e, "A recipe trained by the platform's own build and by the same model from "
+            "off-the-shelf parts, same run: samples/s, E2E MFU, peak memory, time by kind of "
+            "kernel.", ("gemctl bench e2e recipes/h200_gem.yaml --set model.attention=block64",
+                        "gemctl bench e2e --arms ours,ours_dense_tables,ours_fp8_saved")),
+    "repro": (_repro, "What train.deterministic costs and whether it holds: each recipe "
+              "trained plain and twice deterministic, each run in a fresh process; samples/s, "
+              "the cost, bitwise agreement.",
+              ("gemctl bench repro recipes/h200.yaml --set train.steps=50",
+               "gemctl bench repro recipes/h200.yaml --grads-only --in-one-process")),
+    "compile-check": (_compile_check, "Step-1 gradients of the compiled model against the "
+                      "eager one, per parameter (relative L2 error): does compiling change "
+                      "what the model computes? Exit 1 beyond the tolerance.",
+                      ("gemctl bench compile-check recipes/h200.yaml",
+                       "gemctl bench compile-check recipes/h200.yaml --set precision.mode=fp32")),
+}
+
+
 def register(app: typer.Typer) -> None:
     bench = typer.Typer(no_args_is_help=True, help="Benchmarks: a table plus JSON per run.",
                         context_settings={"help_option_names": ["-h", "--help"]})
     for name, (module, help_text) in BENCHES.items():
         bench.command(name, help=help_text, epilog=epilog(
             f"gemctl bench {name} --out bench_results --quick"))(user_errors(_command(module)))
-    bench.command("e2e", help="A recipe trained by the platform's own build and by the same "
-                  "model from off-the-shelf parts, same run: samples/s, E2E MFU, peak memory, "
-                  "time by kind of kernel.", epilog=epilog(
-                      "gemctl bench e2e recipes/h200_gem.yaml --set model.attention=block64",
-                      "gemctl bench e2e --arms ours,ours_dense_tables,ours_fp8_saved"))(
-        user_errors(_e2e))
-    bench.command("repro", help="What train.deterministic costs and whether it holds: each "
-                  "recipe trained plain and twice deterministic, each run in a fresh process; "
-                  "samples/s, the cost, bitwise agreement.", epilog=epilog(
-                      "gemctl bench repro recipes/h200.yaml --set train.steps=50",
-                      "gemctl bench repro recipes/h200.yaml --grads-only --in-one-process"))(
-        user_errors(_repro))
-    bench.command("compile-check", help="Step-1 gradients of the compiled model against the "
-                  "eager one, per parameter (relative L2 error): does compiling change what "
-                  "the model computes? Exit 1 beyond the tolerance.", epilog=epilog(
-                      "gemctl bench compile-check recipes/h200.yaml",
-                      "gemctl bench compile-check recipes/h200.yaml --set precision.mode=fp32"))(
-        user_errors(_compile_check))
+    for name, (function, help_text, examples) in RECIPE_COMMANDS.items():
+        bench.command(name, help=help_text, epilog=epilog(*examples))(user_errors(function))
     app.add_typer(bench, name="bench")
