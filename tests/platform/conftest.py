@@ -1,13 +1,16 @@
-"""Small jagged batches and dataset metas built by hand, for model-block tests."""
+"""Small jagged batches and dataset metas built by hand, for model-block tests; the tiny
+checkpointing recipe the checkpoint tests share."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+import yaml
 from torchrec import KeyedJaggedTensor
 
 from gem_platform.data.batch import JaggedBatch
 from gem_platform.data.meta import DatasetMeta, SparseFeatureSpec
+from tests.platform.tiny_training import TINY
 
 
 @pytest.fixture
@@ -47,3 +50,13 @@ def make_batch(meta: DatasetMeta, lengths: list[int], seed: int = 0) -> JaggedBa
 @pytest.fixture
 def batch_factory():
     return make_batch
+
+
+@pytest.fixture(scope="module")
+def tiny_recipe(tmp_path_factory):
+    """(folder, recipe tree): TINY on one worker, 6 steps, a checkpoint every 2 (module-wide)."""
+    d = tmp_path_factory.mktemp("ckpt")
+    tree = yaml.safe_load(TINY.format(data=d / "data"))
+    tree["train"].update(steps=6, log_every=1, checkpoint_every=2, keep_checkpoints=2)
+    tree["parallel"]["workers"] = 1
+    return d, tree

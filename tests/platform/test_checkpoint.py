@@ -4,7 +4,6 @@ from the last checkpoint, and a diverging run stops with the step and the tensor
 
 from __future__ import annotations
 
-import functools
 import os
 import signal
 import subprocess
@@ -18,21 +17,10 @@ import torch
 import yaml
 from mlflow.tracking import MlflowClient
 
-from gem_platform.data.prepare import prepare_dataset
 from gem_platform.recipe import recipe_from_dict
-from gem_platform.train.checkpoint import LocalStore, Stateful, latest_checkpoint
+from gem_platform.train.checkpoint import Stateful
 from gem_platform.train.loop import train
-from tests.platform.tiny_training import TINY
 from tests.resume import crash_and_resume, losses_of
-
-
-@pytest.fixture(scope="module")
-def tiny_recipe(tmp_path_factory):
-    d = tmp_path_factory.mktemp("ckpt")
-    tree = yaml.safe_load(TINY.format(data=d / "data"))
-    tree["train"].update(steps=6, log_every=1, checkpoint_every=2, keep_checkpoints=2)
-    tree["parallel"]["workers"] = 1
-    return d, tree
 
 
 def test_resumed_run_equals_uninterrupted(tiny_recipe, monkeypatch):
@@ -206,97 +194,3 @@ def test_killed_worker_recovers_with_same_final_metrics(tiny_recipe, mlflow_serv
     (b,) = client.search_runs([client.get_experiment_by_name("ckpt-base").experiment_id])
     for key in ("eval/auc_ctr", "eval/ne_ctr", "train/final_loss"):
         assert killed.data.metrics[key] == pytest.approx(b.data.metrics[key], rel=1e-4), key
-
-
-# --- Sharded state: TorchRec-sharded tables with their fused optimizer, HSDP, experts --------
-
-STEPS, STOP_AT = 5, 2  # straight: 5 steps; interrupted after the step-2 checkpoint, resumed
-LAYOUTS = {
-    "table_wise": {"workers": 2, "embedding_sharding": "table_wise"},
-    # recipes/hsdp_cpu.yaml's layout: HSDP 2x2, 2-way experts, row-wise tables (row-wise
-    # sharding is covered here; a 2-worker row-wise case added ~40 s of CI and nothing else)
-    "hsdp_experts_row_wise": {"workers": 4, "gpus_per_host": 2, "hsdp_shard_group": 2,
-                              "expert_parallel": 2, "embedding_sharding": "row_wise"},
-}
-
-
-class Stop(Exception):
-    pass
-
-
-def _train_rank(tree: dict, root: str, stop_at: int, rank: int, world: int) -> list[float]:
-    """Train per ``tree`` with checkpoints every 2 steps under ``root`` (resuming from the
-    latest there); with ``stop_at``, stop every rank right after that step's checkpoint.
-    Returns rank 0's step losses."""
-    losses: list[float] = []
-    store = LocalStore(Path(root), every=2, keep=10)
-    if stop_at:
-        commit = store.commit
-
-        def commit_then_stop(folder, step, metrics):
-            commit(folder, step, metrics)
-            if step == stop_at:
-                raise Stop
-
-        store.commit = commit_then_stop  # type: ignore[method-assign]
-    sink = (lambda m, s: losses.append(m["train/loss"]) if "train/loss" in m else None)
-    try:
-        train(recipe_from_dict(tree), sink=sink if rank == 0 else None, echo=lambda _: None,
-              checkpoints=store)
-    except Stop:
-        pass
-    return losses
-
-
-def _full_state(folder: Path) -> dict:
-    """A DCP checkpoint as plain full tensors (sharded tables and their states gathered)."""
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-    out = folder.parent / f"{folder.name}.pt"
-    dcp_to_torch_save(folder, out)
-    return torch.load(out, weights_only=False)
-
-
-def _flat(tree: object, prefix: str = "") -> dict[str, object]:
-    if isinstance(tree, dict):
-        return {k: v for key, sub in tree.items() for k, v in _flat(sub, f"{prefix}{key}.").items()}
-    return {prefix.rstrip("."): tree}
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_sharded_resume_equals_uninterrupted(tiny_recipe, tmp_path, monkeypatch, layout):
-    """Fresh processes load the step-2 checkpoint and train 3 more steps: losses, tables,
-    their Adagrad state, dense weights and AdamW state equal the uninterrupted run's."""
-    from tests.parallel.harness import spawn
-
-    d, tree = tiny_recipe
-    monkeypatch.chdir(d)
-    tree = {**tree, "model": {**tree["model"], "num_experts": 2},
-            "train": {**tree["train"], "steps": STEPS, "log_every": 1},
-            "parallel": LAYOUTS[layout]}
-    prepare_dataset(recipe_from_dict(tree).data)
-    world = tree["parallel"]["workers"]
-
-    straight = spawn(functools.partial(_train_rank, tree, str(tmp_path / "a"), 0), world)[0]
-    first = spawn(functools.partial(_train_rank, tree, str(tmp_path / "b"), STOP_AT), world)[0]
-    assert latest_checkpoint(tmp_path / "b").name == f"step_{STOP_AT:08d}"
-    resumed = spawn(functools.partial(_train_rank, tree, str(tmp_path / "b"), 0), world)[0]
-
-    assert len(straight) == STEPS and len(set(straight)) == STEPS
-    assert first == straight[:STOP_AT]
-    assert resumed == pytest.approx(straight[STOP_AT:], rel=1e-5, abs=1e-6)
-
-    saved = _flat(_full_state(tmp_path / "b" / f"step_{STOP_AT:08d}"))
-    want = _flat(_full_state(tmp_path / "a" / "step_00000004"))
-    got = _flat(_full_state(tmp_path / "b" / "step_00000004"))
-    assert got.keys() == want.keys()
-    sparse = [k for k in want if k.startswith("keyed_optim0.state.")]
-    assert sparse, "the sharded tables' optimizer state is in the checkpoint"
-    for key, value in want.items():
-        if isinstance(value, torch.Tensor):
-            torch.testing.assert_close(got[key], value, rtol=1e-5, atol=1e-7, msg=key)
-        else:
-            assert got[key] == value, key
-    # the resumed steps moved tables and their Adagrad sums away from the loaded state
-    assert any(not torch.equal(got[k], saved[k]) for k in sparse)
