@@ -11,9 +11,10 @@ device give bitwise-identical losses and metrics.
   off): with deterministic algorithms on, torch otherwise fills every ``torch.empty`` with NaN
   (one fill kernel per allocation, in TorchRec's, the attention ops' and the eager glue's
   outputs), so that a kernel reading memory nobody wrote would give the same NaN every run.
-  Deterministic runs trained with that fill on gave finite losses, so nothing the model
-  computes reads such memory; the fill's launches only slow the host-bound small recipes.
-  ``repro_bench`` and the GPU determinism tests check the runs repeat without it;
+  Deterministic runs trained with that fill on never carried a NaN into a loss, so no such
+  read reaches what the model computes unmasked; the fill's launches slow the host-bound
+  small recipes. A read that mattered would make runs differ, which ``repro_bench`` and the
+  GPU determinism tests check;
 - cuDNN's deterministic algorithms, without benchmark autotuning;
 - ``gem_kernels.set_deterministic_backward(True)``: every attention op's backward runs
   without floating-point atomics;
