@@ -132,8 +132,8 @@ class TrainConfig(_Strict):
         "For finding which region a compiled run's difference comes from")
     compile_backend: Literal["inductor", "aot_eager"] | None = Field(
         None, description="inductor generates fused kernels; aot_eager only traces (the graphs "
-        "run through ATen's kernels, without code generation); null = inductor, or aot_eager "
-        "for deterministic runs on CUDA (Inductor's kernels are not bitwise repeatable there)")
+        "run through ATen's kernels, without code generation); null = inductor, deterministic "
+        "runs included (they repeat bit for bit through either)")
     activation_memory_gb: float | None = Field(
         None, gt=0, le=1e5,
         description="budget for the activations the sequence layers, DHEN layers and head keep "

@@ -39,7 +39,7 @@ def _tree(data: str, attention: str) -> dict:
 @pytest.mark.parametrize(("attention", "compiled", "tables"), [
     ("full", True, "default"), ("block64", True, "default"), ("full", False, "default"),
     ("full", True, "plain"),
-    ("block64_rope", None, "default")])  # compiled through aot_eager (regions.py)
+    ("block64_rope", None, "default")])  # compiled by default (Inductor, regions.py)
 def test_two_deterministic_gpu_runs_are_bitwise_identical(tmp_path, monkeypatch, attention,
                                                           compiled, tables):
     from gem_platform.parallel.single import plain_tables

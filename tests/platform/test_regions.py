@@ -93,19 +93,10 @@ def test_compiled_region_compiles_once_for_every_batch_size_and_never_for_eval()
     assert counters["stats"]["unique_graphs"] == 1
 
 
-def test_deterministic_runs_on_cuda_compile_through_aot_eager_not_inductor() -> None:
-    cuda, cpu = torch.device("cuda"), torch.device("cpu")
-    assert compile_backend(None, False, cuda) == "inductor"
-    assert compile_backend(None, True, cuda) == "aot_eager"
-    assert compile_backend("aot_eager", True, cuda) == "aot_eager"
-    assert compile_backend(None, True, cpu) == "inductor"
-    assert compile_backend("inductor", True, cpu) == "inductor"
-
-
-def test_explicit_inductor_beside_deterministic_is_kept_with_a_warning(caplog) -> None:
-    with caplog.at_level("WARNING"):
-        assert compile_backend("inductor", True, torch.device("cuda")) == "inductor"
-    assert "may not repeat" in caplog.text and "aot_eager" in caplog.text
+def test_compile_backend_defaults_to_inductor_deterministic_runs_included() -> None:
+    assert compile_backend(None) == "inductor"
+    assert compile_backend("aot_eager") == "aot_eager"
+    assert compile_backend("inductor") == "inductor"
 
 
 @pytest.fixture

@@ -7,12 +7,12 @@ that reads memory before another thread wrote it gives gradients that are off by
 than rounding and change from run to run: the DHEN layers' compiled input gradient was up to
 28% off on the H200 (docs/bench/determinism_h200_dhen_race.json) and nothing else noticed.
 
-The compiled run compiles as plain training does: through Inductor unless
-``train.compile_backend`` is given (deterministic runs would otherwise pick aot_eager on
-CUDA). The tolerance defaults to what the recipe's precision allows between two summation
-orders: 1e-3 in fp32, 3e-2 under bf16 autocast or FP8 (tighter checks: ``--set
-precision.mode=fp32``). A table of the worst parameters on stdout, ``compile_check.json``
-under ``--out``; exit 1 when a gradient is beyond the tolerance.
+The compiled run compiles as training does: through Inductor unless
+``train.compile_backend`` says otherwise. The tolerance defaults to what the recipe's
+precision allows between two summation orders: 1e-3 in fp32, 3e-2 under bf16 autocast or
+FP8 (tighter checks: ``--set precision.mode=fp32``). A table of the worst parameters on
+stdout, ``compile_check.json`` under ``--out``; exit 1 when a gradient is beyond the
+tolerance.
 
     gemctl bench compile-check recipes/h200.yaml --set data.synthetic.num_samples=100000
     (or: PYTHONPATH=kernels:platform:. python -m gem_platform.train.compile_check ...)
@@ -54,10 +54,8 @@ def beyond_tolerance(rows: list[dict[str, Any]], limit: float) -> list[str]:
 
 
 def _compiled_overrides(overrides: list[str]) -> list[str]:
-    """The compiled run's overrides: compile on, through Inductor unless a backend is given."""
-    chosen = any(o.startswith("train.compile_backend=") for o in overrides)
-    return [*overrides, "train.compile=true",
-            *([] if chosen else ["train.compile_backend=inductor"])]
+    """The compiled run's overrides: the recipe's, with compile on."""
+    return [*overrides, "train.compile=true"]
 
 
 def _both_runs(path: str, overrides: list[str]) -> dict[str, Any]:

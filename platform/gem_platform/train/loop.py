@@ -352,8 +352,7 @@ def setup(recipe: Recipe, info: RankInfo) -> Run:
     # Compiled and recomputed regions (train.compile, train.activation_memory_gb).
     regions = setup_regions(
         par.model, compile=compile_enabled(recipe.train.compile, device),
-        backend=compile_backend(recipe.train.compile_backend, recipe.train.deterministic,
-                                device),
+        backend=compile_backend(recipe.train.compile_backend),
         budget_gb=recipe.train.activation_memory_gb,
         units=batch_units(train_table.seq_lengths, recipe.loader.local_batch_size),
         device=device, autocast=lambda: _autocast(recipe, device),

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,8 +36,6 @@ from torch.utils.checkpoint import checkpoint
 
 from gem_platform.errors import GemError
 from gem_platform.model.flops import count_by_rows, linear_flops_per_row
-
-_log = logging.getLogger(__name__)
 
 Unit = Literal["token", "sample"]
 
@@ -274,25 +271,13 @@ def compile_enabled(setting: bool | None, device: torch.device) -> bool:
     return device.type == "cuda"
 
 
-def compile_backend(setting: str | None, deterministic: bool, device: torch.device) -> str:
-    """``train.compile_backend`` resolved: null means inductor, except for deterministic runs on
-    CUDA, which use aot_eager (the regions' graphs run through ATen's deterministic kernels).
-    Inductor-compiled runs of recipes/h200.yaml did not repeat on the H200 while aot_eager and
-    eager runs did (docs/bench/determinism_h200_inductor.json). Both causes found so far lie in
-    the DHEN layers: a racing reduction fed by the Gram product's backward (removed by
-    ``interaction.self_gram``) and bias gradients sharing one buffer that clipping scaled
-    concurrently (``shared_grads``); whether Inductor runs now repeat over many steps is not
-    yet measured (docs/bench/determinism_h200_dhen_race.json), so aot_eager stays the default.
-    An explicit inductor beside train.deterministic on CUDA is kept (to find out where it
-    differs: repro_bench --grads) with a warning that the run may not repeat."""
-    if deterministic and device.type == "cuda":
-        if setting == "inductor":
-            _log.warning(
-                "train.compile_backend=inductor with train.deterministic=true on CUDA: Inductor's "
-                "generated kernels are not bitwise repeatable from run to run on the GPU "
-                "(docs/bench/determinism_h200_inductor.json), so this run may not repeat; drop "
-                "train.compile_backend to compile through aot_eager, which does.")
-        return setting or "aot_eager"
+def compile_backend(setting: str | None) -> str:
+    """``train.compile_backend`` resolved: null means inductor, deterministic runs included.
+    Inductor's deterministic runs repeat bit for bit on the H200 since the DHEN layers' two
+    causes of variation were removed (``interaction.self_gram`` and ``shared_grads``;
+    docs/bench/determinism_h200_inductor_shared_grads.json), and they cost a few percent where
+    aot_eager cost about 40%. aot_eager stays selectable, to tell a generated kernel's
+    difference from the model's own."""
     return setting or "inductor"
 
 
