@@ -86,19 +86,28 @@ def test_quantize_matches_reference_and_error_bound(block):
     assert _rel(d, xf) < 0.03
 
 
-@pytest.mark.parametrize("shape", [(256, 128), (200, 300)])
+def _tokens_padded_t(x: torch.Tensor) -> torch.Tensor:
+    """x^T with x's rows zero-padded to whole 128-blocks: quantize_dual's second layout."""
+    return torch.nn.functional.pad(x, (0, 0, 0, -x.shape[0] % 128)).t()
+
+
+@pytest.mark.parametrize("shape", [(256, 128), (200, 300), (37, 128)])
 def test_quantize_dual_equals_two_quantizations(shape):
     """One read, both layouts: x in 1x128 blocks and x^T in 1x128 blocks (along x's rows),
-    byte-identical to quantizing x and x.t() separately; partial tiles included."""
+    byte-identical to quantizing x and x.t() separately; partial tiles included. x^T's rows
+    (x's token dimension) come zero-padded to whole 128-blocks, for any token count."""
     x = _outliers(*shape, seed=21, device=DEV)
     q, qt = quantize_dual(x, kernel="triton")
     for got, want in ((q, quantize_reference(x, (1, 128))),
-                      (qt, quantize_reference(x.t(), (1, 128)))):
+                      (qt, quantize_reference(_tokens_padded_t(x), (1, 128)))):
         assert got.block == (1, 128) and got.data.shape == want.data.shape
         assert torch.equal(_bytes(got), _bytes(want)) and torch.equal(got.scale, want.scale)
         assert got.scale.stride(0) == 1  # column-major scales: cuBLAS blockwise layout
+    assert qt.data.shape == (shape[1], -(-shape[0] // 128) * 128)
+    ref_q, ref_qt = quantize_dual(x, kernel="pytorch")
+    assert torch.equal(_bytes(ref_q), _bytes(q)) and torch.equal(_bytes(ref_qt), _bytes(qt))
     sq, sqt = quantize_dual(x, stochastic=True, seed=3, kernel="triton")
-    assert _rel(dequantize_reference(sqt).t(), dequantize_reference(sq)) < 0.1
+    assert _rel(dequantize_reference(sqt).t()[:shape[0]], dequantize_reference(sq)) < 0.1
 
 
 def test_zero_and_tiny_blocks_do_not_break():
@@ -223,6 +232,24 @@ def test_linear_gradients_close_to_bf16(cfg, kernel):
     assert _rel(db, lin.bias.grad) < 1e-5
 
 
+@pytest.mark.parametrize("tokens", [200, 37])
+def test_fp8_weight_gradient_at_any_token_count(tokens):
+    """wgrad='fp8' on the 128 route at a jagged token count (not a multiple of 128): the
+    weight gradient is the FP8 product of the dual quantizations' token-major copies (zero
+    padding adds nothing), not a silent bf16 fallback."""
+    torch.manual_seed(5)
+    cfg = Fp8Config(block=128, wgrad="fp8")
+    lin = torch.nn.Linear(128, 64, device=DEV)
+    x = torch.randn(tokens, 128, device=DEV, requires_grad=True)
+    gy = torch.randn(tokens, 64, device=DEV)
+    Fp8BlockLinear.from_linear(lin, cfg, kernel="triton")(x).backward(gy)
+    gt = quantize_reference(_tokens_padded_t(gy), (1, 128))
+    xt = quantize_reference(_tokens_padded_t(x.detach()), (1, 128))
+    expect = gemm_reference(gt, xt.t(), torch.float32)
+    assert torch.equal(lin.weight.grad, expect)
+    assert _rel(lin.weight.grad, gy.t() @ x.detach()) < 0.08
+
+
 def test_linear_consumes_prequantized_weight():
     torch.manual_seed(1)
     cfg = Fp8Config(block=32, hadamard=True, hadamard_block=32)
@@ -345,7 +372,8 @@ def test_gpu_hardware_rounding_equals_the_emulation():
     for hw in (True, False):
         q, qt = quantize_dual(x, hw_cast=hw)
         assert torch.equal(_bytes(q), _bytes(quantize_reference(x, (1, 128))))
-        assert torch.equal(_bytes(qt), _bytes(quantize_reference(x.t(), (1, 128))))
+        assert torch.equal(_bytes(qt), _bytes(quantize_reference(_tokens_padded_t(x),
+                                                                   (1, 128))))
 
 
 @pytest.mark.gpu

@@ -17,9 +17,11 @@ quantizations, the activation's and the GEMM (plus autocast's casts, as for nn.L
 Weight gradient: bf16 by default (GEM keeps it out of low precision). ``wgrad='fp8'``: block 32
 computes it from the same 32x32 FP8 gradient and activation (and then the layer saves only the
 FP8 activation for the backward: half the bytes of bf16); block 128 needs the gradient and the
-activation in 1x128 blocks along tokens too: when tokens % 128 == 0 each is quantized once into
-both layouts in one pass (``quantize_dual``; the layer then saves the FP8 x^T, not bf16 x),
-otherwise (or for the Hadamard-rotated activation) transposed copies are quantized separately.
+activation in 1x128 blocks along tokens too: each is quantized once into both layouts in one
+pass (``quantize_dual``, whose token-major copy is zero-padded to whole 128-blocks, so any
+token count works; the layer then saves the FP8 x^T, not bf16 x). With Hadamard the rotated
+activation has no token-major copy: the weight gradient is FP8 only when tokens % 128 == 0
+(x^T quantized separately), else bf16.
 
 Hadamard: the same random orthogonal Q rotates the reduction dimension (in_features) of the
 activation and of the weight, so (X Q)(W Q)^T = X W^T. The input gradient then comes out
@@ -228,8 +230,9 @@ def weight_grad(grad: torch.Tensor, gq: BlockFp8, x: torch.Tensor | None,
                 q: torch.Tensor | None, gt: BlockFp8 | None = None,
                 xt: BlockFp8 | None = None) -> torch.Tensor:
     """dW = dY^T X: bf16 from ``x``, or FP8 per ``cfg.wgrad`` (block 32 from the saved 32x32
-    ``xq``; block 128 from 1x128 quantizations along tokens when tokens % 128 == 0: ``gt`` and
-    ``xt`` when the caller has them from a dual quantization, else quantized here)."""
+    ``xq``; block 128 from 1x128 quantizations along tokens: ``gt`` and ``xt`` when the caller
+    has both from dual quantizations (any token count), else quantized here when
+    tokens % 128 == 0, else bf16)."""
     if cfg.wgrad == "fp8" and cfg.block == 32 and xq is not None:
         gt = gq.t()
         gt = BlockFp8(gt.data.contiguous(), gt.scale, gt.block)
@@ -237,7 +240,8 @@ def weight_grad(grad: torch.Tensor, gq: BlockFp8, x: torch.Tensor | None,
         return apply_hadamard(dw, q.t()) if q is not None else dw
     if x is None and xt is None:
         raise ValueError("weight_grad needs the activation for this configuration")
-    if cfg.wgrad == "fp8" and cfg.block == 128 and grad.shape[0] % 128 == 0:
+    dual = gt is not None and xt is not None
+    if cfg.wgrad == "fp8" and cfg.block == 128 and (dual or grad.shape[0] % 128 == 0):
         # 1x128 blocks along the token dimension for both operands (unrotated: the reduction
         # here is over tokens), quantized from transposed views unless already given
         if gt is None:
@@ -249,17 +253,19 @@ def weight_grad(grad: torch.Tensor, gq: BlockFp8, x: torch.Tensor | None,
     return grad.t().to(x.dtype) @ x
 
 
-def dual_route(cfg: Fp8Config, tokens: int) -> bool:
+def dual_route(cfg: Fp8Config) -> bool:
     """Whether the 128 route with an FP8 weight gradient quantizes each operand once into both
     layouts (rows for the forward/dgrad GEMM, tokens for the wgrad GEMM) in one pass."""
-    return cfg.block == 128 and cfg.wgrad == "fp8" and tokens % 128 == 0
+    return cfg.block == 128 and cfg.wgrad == "fp8"
 
 
-def grad_quantize(grad: torch.Tensor, cfg: Fp8Config, kernel: Kernel
+def grad_quantize(grad: torch.Tensor, cfg: Fp8Config, kernel: Kernel, rotated: bool
                   ) -> tuple[BlockFp8, BlockFp8 | None]:
     """The output gradient in activation blocks (stochastic rounding if configured), and on
-    the dual route its transpose in 1x128 blocks along tokens from the same read."""
-    if dual_route(cfg, grad.shape[0]):
+    the dual route its transpose in 1x128 blocks along tokens from the same read. A
+    ``rotated`` (Hadamard) layer's activation has no token-major copy, so its weight gradient
+    is FP8 only when tokens % 128 == 0 and the transpose is made only then."""
+    if dual_route(cfg) and (not rotated or grad.shape[0] % 128 == 0):
         return quantize_dual(grad, stochastic=cfg.stochastic_rounding, kernel=kernel)
     return quantize(grad, cfg.act_block, stochastic=cfg.stochastic_rounding, kernel=kernel,
                     scale_col_major=cfg.block == 128), None
@@ -283,7 +289,7 @@ class _Fp8LinearFn(torch.autograd.Function):
         wq, wk = layer_weight(weight, cfg, kernel)
         q = hadamard_for(cfg, x.device)
         xt = None
-        if q is None and dual_route(cfg, x.shape[0]):  # x^T along tokens for the wgrad too
+        if q is None and dual_route(cfg):  # x^T along tokens for the wgrad too
             xq, xt = quantize_dual(x, kernel=kernel)
         else:
             xq = quantize(x, cfg.act_block, hadamard=q, kernel=kernel,
@@ -311,7 +317,7 @@ class _Fp8LinearFn(torch.autograd.Function):
         wk = BlockFp8(saved[0], saved[1], cfg.weight_block)
         grad = grad.contiguous()
         q = hadamard_for(cfg, grad.device)
-        gq, gt = grad_quantize(grad, cfg, kernel)
+        gq, gt = grad_quantize(grad, cfg, kernel, rotated=q is not None)
         dx = dw = db = None
         if ctx.needs_input_grad[0]:
             dx = input_grad(gq, wk, q, grad.dtype, kernel)

@@ -50,7 +50,7 @@ class _NormLinearFn(torch.autograd.Function):
         x, rstd, norm_w, wd, ws, xd, xs = ctx.saved_tensors
         grad = grad.contiguous()
         q = hadamard_for(cfg, grad.device)
-        gq, gt = grad_quantize(grad, cfg, kernel)
+        gq, gt = grad_quantize(grad, cfg, kernel, rotated=q is not None)
         fused = x.is_cuda  # aten's fused RMSNorm kernels: one pass each instead of ~10 in fp32
         dx = dnw = dw = db = None
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:

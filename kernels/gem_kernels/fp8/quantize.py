@@ -175,14 +175,17 @@ def _rmsnorm_quantize_kernel(x_ptr, w_ptr, q_ptr, s_ptr, rstd_ptr, h_ptr, R, RS,
                         stride_sc, 0, BR, BC, TR, TC, False, HW_CAST)
 
 
-@triton.jit(do_not_specialize=["R"])
-def _quantize_dual_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, R, C, stride_xr, stride_xc,
-                          stride_sr, stride_sc, stride_str, stride_stc, seed,
+@triton.jit(do_not_specialize=["R", "RS", "RT"])
+def _quantize_dual_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, R, RS, RT, C, stride_xr,
+                          stride_xc, stride_sr, stride_sc, stride_str, stride_stc, seed,
                           STOCHASTIC: tl.constexpr, HW_CAST: tl.constexpr):
     """One read of a 128 x 128 tile, two FP8 outputs: x in 1x128 blocks along rows, and x^T
     (written row-major) in 1x128 blocks along x's rows, i.e. the operand of a product that
     reduces over x's rows (the weight gradient dW = dY^T X reduces over tokens).
 
+    Rows R..RS of x's copy are the padding a cuBLAS operand needs, and x^T's columns R..RT
+    pad its reduction dimension to whole 128-blocks (a jagged batch's token count is
+    arbitrary); both are stored as quantized zeros, which add nothing to a product.
     The x^T copy is scaled and rounded in x's own layout (its blocks are the tile's columns:
     column amax, one scale per column) and only the 1-byte result is transposed on the way
     out, not the fp32 tile. How fast it runs and what was tried: fp8/DESIGN.md."""
@@ -194,13 +197,13 @@ def _quantize_dual_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, R, C, stride_xr, 
     mask = (rows[:, None] < R) & (cols[None, :] < C)
     xf = tl.load(x_ptr + rows[:, None].to(tl.int64) * stride_xr + cols[None, :] * stride_xc,
                  mask=mask, other=0.0).to(tl.float32)
-    _quantize_store(xf, rows, cols, pid_r, pid_c, q_ptr, s_ptr, R, C, stride_sr, stride_sc,
+    _quantize_store(xf, rows, cols, pid_r, pid_c, q_ptr, s_ptr, RS, C, stride_sr, stride_sc,
                     seed, 1, T, T, T, STOCHASTIC, HW_CAST)
     scale_t, inv_t = _pow2_scales(tl.max(tl.abs(xf), axis=0))  # one per column of the tile
     bt = tl.trans(_to_e4m3(xf * inv_t[None, :], rows, pid_c, C, seed + 1, T, T, STOCHASTIC,
                            HW_CAST))  # (cols, rows): x^T's tile, 1 byte each
-    tl.store(qt_ptr + cols[:, None].to(tl.int64) * R + rows[None, :], bt,
-             mask=(cols[:, None] < C) & (rows[None, :] < R))
+    tl.store(qt_ptr + cols[:, None].to(tl.int64) * RT + rows[None, :], bt,
+             mask=(cols[:, None] < C) & (rows[None, :] < RT))
     tl.store(st_ptr + cols * stride_str + pid_r * stride_stc, scale_t, mask=cols < C)
 
 
@@ -230,35 +233,44 @@ def quantize_dual(x: torch.Tensor, *, stochastic: bool = False, seed: int | None
                   ) -> tuple[BlockFp8, BlockFp8]:
     """x (R x C) quantized twice in one pass: (x in 1x128 blocks, x^T in 1x128 blocks), both
     with column-major scales (cuBLAS blockwise layout). Equals ``quantize(x, (1, 128))`` and
-    ``quantize(x.t(), (1, 128))`` (stochastic streams aside) at one read of x instead of two.
-    ``hw_cast``: round through the hardware conversion (default: where the GPU has one); the
-    bytes are the same either way, False keeps the fp32 emulation for comparison."""
+    ``quantize(x.t(), (1, 128))`` (stochastic streams aside) at one read of x instead of two,
+    except that x^T comes as (C x RT), RT = R rounded up to 128, its columns R..RT zeros: the
+    operand of a GEMM that reduces over R needs whole 128-blocks along R (``tokens_padded``
+    gives RT), and zero columns add nothing to it. x's copy is in row-padded storage
+    (``padded_gemm_operand``). ``hw_cast``: round through the hardware conversion (default:
+    where the GPU has one); the bytes are the same either way, False keeps the fp32 emulation
+    for comparison."""
     if x.dim() != 2:
         raise ValueError(f"quantize_dual expects a 2-D tensor; got shape {tuple(x.shape)}")
     if seed is None and stochastic:
         seed = int(torch.randint(0, 2**31 - 2, (1,)).item())
     which = resolve_kernel(kernel, x)
+    r, c = x.shape
+    rt = tokens_padded(r)
     if which is Kernel.PYTORCH:
         out = []
-        for i, t in enumerate((x, x.t())):
+        for i, t in enumerate((x, torch.nn.functional.pad(x, (0, 0, 0, rt - r)).t())):
             g = (torch.Generator(device=x.device).manual_seed(int(seed) + i) if stochastic
                  else None)
             out.append(quantize_reference(t, (1, 128), stochastic=stochastic, generator=g))
         return out[0], out[1]
-    r, c = x.shape
-    q = torch.empty((r, c), dtype=FP8_DTYPE, device=x.device)
-    qt = torch.empty((c, r), dtype=FP8_DTYPE, device=x.device)
-    s = torch.empty((-(-c // 128), r), dtype=torch.float32, device=x.device).t()
-    st = torch.empty((-(-r // 128), c), dtype=torch.float32, device=x.device).t()
-    grid = (triton.cdiv(r, 128), triton.cdiv(c, 128))
-    args = (x, q, s, qt, st, r, c, x.stride(0), x.stride(1), s.stride(0), s.stride(1),
-            st.stride(0), st.stride(1), seed or 0)
+    q, s = padded_gemm_operand(r, c, (1, 128), x.device, fill=False)
+    qt = torch.empty((c, rt), dtype=FP8_DTYPE, device=x.device)
+    st = torch.empty((rt // 128, c), dtype=torch.float32, device=x.device).t()
+    grid = (rt // 128, triton.cdiv(c, 128))
+    args = (x, q, s, qt, st, r, padded_rows(r), rt, c, x.stride(0), x.stride(1), s.stride(0),
+            s.stride(1), st.stride(0), st.stride(1), seed or 0)
     hw = hardware_cast(x, hw_cast)
     if os.environ.get("TRITON_INTERPRET") == "1" or x.device.type != "cuda":
         _quantize_dual_kernel[grid](*args, STOCHASTIC=stochastic, HW_CAST=hw, num_warps=4)
     else:
         _quantize_dual_autotuned[grid](*args, STOCHASTIC=stochastic, HW_CAST=hw)
     return BlockFp8(q, s, (1, 128)), BlockFp8(qt, st, (1, 128))
+
+
+def tokens_padded(rows: int) -> int:
+    """``rows`` rounded up to whole 128-blocks: the reduction extent of quantize_dual's x^T."""
+    return -(-rows // 128) * 128
 
 
 def _prune(configs, named_args, **kwargs):
