@@ -250,6 +250,16 @@ def test_fp8_weight_gradient_at_any_token_count(tokens):
     assert _rel(lin.weight.grad, gy.t() @ x.detach()) < 0.08
 
 
+def test_bf16_fallback_of_an_fp8_weight_gradient_is_said_once():
+    """A Hadamard layer on the 128 route at a token count that is not a multiple of 128 has
+    no token-major FP8 copy: its weight gradient runs in bf16, and a warning says so."""
+    cfg = Fp8Config(block=128, hadamard=True, hadamard_block=64, wgrad="fp8", seed=7)
+    lin = Fp8BlockLinear(128, 64, cfg=cfg, kernel="pytorch", device=DEV)
+    with pytest.warns(UserWarning, match="ran in bf16"):
+        lin(torch.randn(37, 128, device=DEV)).sum().backward()
+    assert lin.weight.grad is not None
+
+
 def test_linear_consumes_prequantized_weight():
     torch.manual_seed(1)
     cfg = Fp8Config(block=32, hadamard=True, hadamard_block=32)

@@ -36,6 +36,7 @@ fp32), so CPU training with FP8 layers works and matches the GPU numerics up to 
 from __future__ import annotations
 
 import functools
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -250,7 +251,19 @@ def weight_grad(grad: torch.Tensor, gq: BlockFp8, x: torch.Tensor | None,
         if xt is None:
             xt = quantize(x.t(), (1, 128), kernel=kernel, scale_col_major=True)
         return fp8_matmul(gt, xt.t(), torch.float32, kernel)
+    if cfg.wgrad == "fp8":
+        _warn_bf16_weight_gradient(cfg)
     return grad.t().to(x.dtype) @ x
+
+
+@functools.cache
+def _warn_bf16_weight_gradient(cfg: Fp8Config) -> None:
+    """Say once per configuration that an FP8 weight gradient it asked for ran in bf16."""
+    warnings.warn(
+        f"wgrad='fp8' ({cfg}): a weight gradient ran in bf16. On the 128 route a Hadamard layer "
+        "has FP8 weight gradients only when its token count is a multiple of 128; turn "
+        "hadamard off (or use block 32) for FP8 weight gradients at any token count.",
+        stacklevel=2)
 
 
 def dual_route(cfg: Fp8Config) -> bool:
