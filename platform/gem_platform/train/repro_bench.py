@@ -11,12 +11,12 @@ recipes/h200.yaml differed by 17% in speed. For the cost itself, ``gemctl bench 
 --arms ours,ours_deterministic`` times a fixed window of steps without progress lines.
 ``--grads`` also trains one unclipped deterministic step in two more processes and names the
 parameters whose gradients differ, the one nearest the loss first: where to look when runs are
-not repeatable (``--grads-only`` runs just that, a quick predicate for bisecting). ``--grads-
-in-one-process`` trains that step twice in ONE fresh process instead, the second time through
-the compiled graphs and tuned kernels the first one made: gradients that still differ vary at
-run time (atomics, memory read before it is written), not with how a process compiled them. A
-table on stdout, and ``repro_bench.json`` under ``--out`` (rewritten after each run, so a cut-
-short run keeps what it finished).
+not repeatable (``--grads-only`` runs just that, a quick predicate for bisecting).
+``--grads-in-one-process`` trains that step twice in ONE fresh process instead, the second time
+through the compiled graphs and tuned kernels the first one made: gradients that still differ
+vary at run time (atomics, memory read before it is written), not with how a process compiled
+them. A table on stdout, and ``repro_bench.json`` under ``--out`` (rewritten after each run, so
+a cut-short run keeps what it finished).
 
     gemctl bench repro recipes/h200.yaml recipes/h200_gem.yaml --out bench_results
     (or: PYTHONPATH=kernels:platform:. python -m gem_platform.train.repro_bench ...)
