@@ -246,7 +246,10 @@ def test_fp8_weight_gradient_at_any_token_count(tokens):
     gt = quantize_reference(_tokens_padded_t(gy), (1, 128))
     xt = quantize_reference(_tokens_padded_t(x.detach()), (1, 128))
     expect = gemm_reference(gt, xt.t(), torch.float32)
-    assert torch.equal(lin.weight.grad, expect)
+    if CUDA:  # cuBLAS's blockwise GEMM: the same operands, its own summation order
+        assert _rel(lin.weight.grad, expect) < 1e-3
+    else:  # off CUDA the layer's GEMM is the reference itself
+        assert torch.equal(lin.weight.grad, expect)
     assert _rel(lin.weight.grad, gy.t() @ x.detach()) < 0.08
 
 

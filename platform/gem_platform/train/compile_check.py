@@ -53,18 +53,13 @@ def beyond_tolerance(rows: list[dict[str, Any]], limit: float) -> list[str]:
     return [r["parameter"] for r in rows if not r["relative_error"] <= limit]
 
 
-def _compiled_overrides(overrides: list[str]) -> list[str]:
-    """The compiled run's overrides: the recipe's, with compile on."""
-    return [*overrides, "train.compile=true"]
-
-
 def _both_runs(path: str, overrides: list[str]) -> dict[str, Any]:
     """Step 1 compiled, then eager, in this (fresh) process; their gradients compared and the
     recipe's precision."""
     from gem_platform.recipe import load_recipe
     from gem_platform.train.step1 import step1_gradients
 
-    compiled = step1_gradients(path, _compiled_overrides(overrides))
+    compiled = step1_gradients(path, [*overrides, "train.compile=true"])
     eager = step1_gradients(path, [*overrides, "train.compile=false"])
     precision = load_recipe(path, overrides).precision.mode
     return {"precision": precision, "rows": relative_errors(compiled, eager)}
