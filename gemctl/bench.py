@@ -63,13 +63,17 @@ def _e2e(
         help="Comma-separated arms: ours, off_the_shelf (the default pair), ours_dense_tables, "
              "ours_fp8_saved, ours_eager, ours_fp8_block, ours_fp8_wgrad, ours_deterministic.")
     ] = "ours,off_the_shelf",
+    profile_steps: Annotated[int, typer.Option(help="Profiled steps per arm.")] = 3,
+    repeats: Annotated[int, typer.Option(
+        help="Runs per arm, in rounds taking the arms in turn; each arm reports its median run "
+             "(launch-bound recipes' speed varies from process to process).")] = 1,
     same_process: Annotated[bool, typer.Option(
         help="Train every arm in this process (default: each in a fresh one).")] = False,
 ) -> None:
     from gem_platform.train.bench_e2e import main
 
     argv = [recipe, "--steps", str(steps), "--warmup", str(warmup), "--out", out,
-            "--arms", arms]
+            "--arms", arms, "--profile-steps", str(profile_steps), "--repeats", str(repeats)]
     argv += _overrides(set_) + (["--quick"] if quick else [])
     argv += ["--same-process"] if same_process else []
     raise typer.Exit(main(argv))

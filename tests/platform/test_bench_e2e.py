@@ -86,3 +86,34 @@ def test_a_failed_arm_is_recorded_not_lost(tmp_path):
     assert "out of memory" in console.export_text()
     data = json.loads(write(result, tmp_path).read_text())
     assert data["arms"][0]["error"].startswith("RuntimeError")
+
+
+def test_repeats_report_the_median_run(tiny):
+    from dataclasses import replace
+
+    from rich.console import Console
+
+    from gem_platform.train.bench_e2e import failed_arm, median_run, render
+
+    tmp_path, tree = tiny
+    recipe = recipe_from_dict(tree)
+    result = bench(recipe, warmup=1, steps=1, profiled=1, arms=["ours"], echo=lambda _: None,
+                   isolate=False, repeats=2)
+    (ours,) = result.arms
+    assert result.repeats == 2 and ours.name == "ours" and len(ours.runs_samples_per_s) == 2
+    assert ours.samples_per_s == min(ours.runs_samples_per_s)  # the lower middle of two
+    console = Console(record=True, width=250)
+    render(result, console)
+    text = console.export_text()
+    assert "median of 2 runs per arm" in text and "1.00x" in text
+    # three runs, one failed: the median of the two that finished, the failure left out
+    runs = [replace(ours, name="ours (run 1 of 3)", samples_per_s=30.0),
+            failed_arm("ours", [], RuntimeError("died")),
+            replace(ours, name="ours (run 3 of 3)", samples_per_s=10.0)]
+    mid = median_run("ours", runs)
+    assert (mid.name, mid.samples_per_s, mid.runs_samples_per_s) == ("ours", 10.0, [30.0, 10.0])
+    assert median_run("ours", runs[1:2]).error == "RuntimeError: died"
+    with pytest.raises(GemError, match="name one arm twice"):
+        bench(recipe, 1, 1, 1, arms=["ours", "ours"])
+    with pytest.raises(GemError, match="repeats=0"):
+        bench(recipe, 1, 1, 1, repeats=0)

@@ -33,6 +33,13 @@ compilation and autotuning), the graphs and kernels still compiled during the ti
 kind of kernel from torch.profiler over the last ``profile`` steps (not timed). The ratio is
 ours / off-the-shelf samples/s. Prints a table and writes JSON.
 
+A launch-bound recipe's samples/s vary from one process to the next by more than many of the
+differences worth measuring (two identical deterministic processes of recipes/h200.yaml on the
+H200: 16.6k and 21.3k samples/s). ``--repeats N`` trains every arm N times, in rounds that take
+the arms in turn (so a drift of the machine reaches every arm alike), each run in a fresh
+process; an arm then reports the median run's figures with every run's samples/s beside them,
+and the ratios compare medians.
+
     gemctl bench e2e recipes/h200_gem.yaml --set model.attention=block64 --out docs/bench
     python -m gem_platform.train.bench_e2e recipes/h200_gem.yaml --out docs/bench
 """
@@ -46,7 +53,7 @@ import json
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -99,6 +106,19 @@ class ArmResult:
     final_loss: float = float("nan")
     compiles_after_warmup: int = 0  # graphs and Triton kernels compiled during timed steps
     error: str | None = None  # why the arm did not finish (e.g. out of memory); then NaNs
+    runs_samples_per_s: list[float] = field(default_factory=list)  # every run, in order
+
+
+def median_run(name: str, runs: list[ArmResult]) -> ArmResult:
+    """An arm trained several times, reported by its median run (the lower of the two middle
+    runs where the count is even) with every finished run's samples/s in
+    ``runs_samples_per_s``; a failed run is left out, and an arm whose runs all failed keeps
+    the first run's error."""
+    done = [r for r in runs if r.error is None]
+    if not done:
+        return runs[0]
+    middle = sorted(done, key=lambda r: r.samples_per_s)[(len(done) - 1) // 2]
+    return replace(middle, name=name, runs_samples_per_s=[r.samples_per_s for r in done])
 
 
 def failed_arm(name: str, overrides: list[str], err: BaseException) -> ArmResult:
@@ -125,6 +145,7 @@ class E2EResult:
     arms: list[ArmResult]
     speedup: float | None  # ours / off_the_shelf samples/s
     resolved_recipe: dict
+    repeats: int = 1  # runs per arm (their median reported)
     code: dict = field(default_factory=dict)  # {"commit", "dirty"} of the code that ran
 
 
@@ -193,37 +214,52 @@ def run_arm(recipe: Recipe, name: str, arm: Arm, warmup: int, steps: int,
     return result
 
 
+def _one_arm(recipe: Recipe, name: str, label: str, warmup: int, steps: int, profiled: int,
+             echo: Callable[[str], None], isolate: bool) -> ArmResult:
+    """One run of arm ``name``, in a fresh process unless ``isolate`` is off; a run that
+    raised is recorded with its error."""
+    try:
+        args = (recipe, label, ARMS[name], warmup, steps, profiled)
+        return (call_in_fresh_process(run_arm, *args, echo=echo) if isolate
+                else run_arm(*args, echo=echo))
+    # torch.OutOfMemoryError and a child that died without answering are RuntimeErrors
+    except (RuntimeError, MemoryError) as err:
+        echo(f"[{label}] failed: {err}")
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return failed_arm(name, list(ARMS[name].overrides), err)
+
+
 def bench(recipe: Recipe, warmup: int = 10, steps: int = 20, profiled: int = 3,
           arms: list[str] | None = None, echo: Callable[[str], None] = print,
-          isolate: bool = True) -> E2EResult:
+          isolate: bool = True, repeats: int = 1) -> E2EResult:
     """Every arm of ``arms`` (default ours and off-the-shelf) on ``recipe``, one after the
-    other, each in a fresh process unless ``isolate`` is off."""
+    other, each in a fresh process unless ``isolate`` is off; with ``repeats`` > 1, that many
+    rounds of every arm, each arm reported by its median run."""
     from gem_kernels.bench.common import device_info
     from gem_platform.parallel.single import fused_tbe_available
     from gem_platform.provenance import code_version
     from gem_platform.train.loop import pick_device
 
-    if warmup < 1 or steps < 1 or profiled < 1:
-        raise GemError(f"warmup={warmup}, steps={steps}, profile={profiled}: each must be >= 1.",
-                       "Pass --warmup, --steps and --profile-steps of at least 1.")
+    if warmup < 1 or steps < 1 or profiled < 1 or repeats < 1:
+        raise GemError(f"warmup={warmup}, steps={steps}, profile={profiled}, "
+                       f"repeats={repeats}: each must be >= 1.",
+                       "Pass --warmup, --steps, --profile-steps and --repeats of at least 1.")
     names = arms or list(DEFAULT_ARMS)
     unknown = [a for a in names if a not in ARMS]
     if unknown:
         raise GemError(f"Unknown arm(s) {unknown}.", f"Choose from {list(ARMS)}.")
+    if len(set(names)) < len(names):
+        raise GemError(f"Arms {names} name one arm twice.",
+                       "Name each arm once; --repeats trains every arm several times.")
     device = pick_device(recipe)
-    results = []
-    for a in names:
-        try:
-            args = (recipe, a, ARMS[a], warmup, steps, profiled)
-            results.append(call_in_fresh_process(run_arm, *args, echo=echo) if isolate
-                           else run_arm(*args, echo=echo))
-        # torch.OutOfMemoryError and a child that died without answering are RuntimeErrors
-        except (RuntimeError, MemoryError) as err:
-            echo(f"[{a}] failed: {err}")
-            results.append(failed_arm(a, list(ARMS[a].overrides), err))
-            gc.collect()
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
+    runs: dict[str, list[ArmResult]] = {a: [] for a in names}
+    for round_ in range(repeats):
+        for a in names:
+            label = a if repeats == 1 else f"{a} (run {round_ + 1} of {repeats})"
+            runs[a].append(_one_arm(recipe, a, label, warmup, steps, profiled, echo, isolate))
+    results = [median_run(a, runs[a]) for a in names]
     by = {a.name: a for a in results if a.error is None}
     speedup = (by["ours"].samples_per_s / by["off_the_shelf"].samples_per_s
                if {"ours", "off_the_shelf"} <= by.keys() else None)
@@ -235,7 +271,8 @@ def bench(recipe: Recipe, warmup: int = 10, steps: int = 20, profiled: int = 3,
         timed_steps=steps, profiled_steps=profiled,
         local_batch=recipe.loader.local_batch_size,
         fused_tables=fused_tbe_available(device) and device.type == "cuda", arms=results,
-        speedup=speedup, resolved_recipe=recipe.model_dump(mode="json"), code=code_version())
+        speedup=speedup, resolved_recipe=recipe.model_dump(mode="json"), code=code_version(),
+        repeats=repeats)
 
 
 def render(result: E2EResult, console=None) -> None:  # noqa: ANN001 (rich Console)
@@ -247,18 +284,23 @@ def render(result: E2EResult, console=None) -> None:  # noqa: ANN001 (rich Conso
 
     console = console or Console()
     ratio = f", ours / off-the-shelf {result.speedup:.2f}x" if result.speedup else ""
+    runs = f", median of {result.repeats} runs per arm" if result.repeats > 1 else ""
     console.print(escape(f"{result.recipe} ({result.attention}, {result.precision}, "
-                         f"{result.device}, batch {result.local_batch}){ratio}"))
+                         f"{result.device}, batch {result.local_batch}){ratio}{runs}"))
+    base = next((a.samples_per_s for a in result.arms if a.name == "ours" and not a.error), None)
+    extra = (["runs samples/s"] if result.repeats > 1 else []) + (["vs ours"] if base else [])
     arms = Table("arm", "samples/s", "E2E MFU", "peak GB", "ms / step", "busy", "warm-up s",
-                 "late compiles")
+                 "late compiles", *extra)
     for a in result.arms:
         if a.error:
-            arms.add_row(a.name, escape(a.error[:60]), "", "", "", "", "", "")
+            arms.add_row(a.name, escape(a.error[:60]), *[""] * (6 + len(extra)))
             continue
         mem = "-" if a.peak_memory_gb is None else f"{a.peak_memory_gb:.1f}"
+        more = ([" ".join(f"{q:,.0f}" for q in a.runs_samples_per_s)] if result.repeats > 1
+                else []) + ([f"{a.samples_per_s / base:.2f}x"] if base else [])
         arms.add_row(a.name, f"{a.samples_per_s:,.0f}", f"{a.mfu_e2e:.1%}", mem,
                      f"{a.step_ms:.1f}", f"{a.busy_fraction:.0%}", f"{a.warmup_s:.0f}",
-                     str(a.compiles_after_warmup))
+                     str(a.compiles_after_warmup), *more)
     console.print(arms)
     kinds = sorted({k for a in result.arms for k in a.by_kind_ms},
                    key=lambda k: -max(a.by_kind_ms.get(k, 0.0) for a in result.arms))
@@ -289,6 +331,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--arms", default=",".join(DEFAULT_ARMS),
                    help=f"comma-separated, of {list(ARMS)}")
     p.add_argument("--quick", action="store_true", help="3 warm-up, 5 timed, 2 profiled steps")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="runs per arm, in rounds taking the arms in turn; each arm reports its "
+                   "median run (for launch-bound recipes, whose speed varies by process)")
     p.add_argument("--same-process", action="store_true",
                    help="train every arm in this process (default: each in a fresh one)")
     p.add_argument("--out", default="docs/bench", help="folder for the JSON result")
@@ -298,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         recipe = load_recipe(args.recipe, args.overrides)
         result = bench(recipe, warmup, steps, profiled, args.arms.split(","),
-                       isolate=not args.same_process)
+                       isolate=not args.same_process, repeats=args.repeats)
     except GemError as err:
         print(err.as_text(), file=sys.stderr)
         return 2
