@@ -209,3 +209,26 @@ def test_self_gram_matches_bmm_and_its_gradient():
     (d_low,) = torch.autograd.grad(low, x, g.bfloat16())
     assert d_low.dtype == torch.float32
     torch.testing.assert_close(d_low, d_ref, rtol=0.05, atol=0.05)
+
+
+def test_dot_interaction_picks_the_pairs_an_index_would():
+    """The one-hot product gives exactly the Gram's upper-triangle entries an index gives, and
+    exactly the index's gradient, in fp32 and in bf16 autocast."""
+    from gem_platform.model.interaction import DotInteraction, self_gram
+
+    torch.manual_seed(0)
+    n, d = 7, 8
+    layer = DotInteraction(n, 5)
+    rows, cols = torch.triu_indices(n, n, offset=1)
+    tokens = torch.randn(4, n, d, requires_grad=True)
+    for dtype in (torch.float32, torch.bfloat16):
+        with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
+            gram = self_gram(tokens)
+            ours = gram.flatten(1) @ layer.pick.to(gram.dtype)
+            ref = gram[:, rows, cols]
+        g = torch.randn_like(ref)
+        assert torch.equal(ours, ref)
+        assert torch.equal(*(torch.autograd.grad(y, tokens, g, retain_graph=True)[0]
+                             for y in (ours, ref)))
+    assert layer(tokens).shape == (4, 5)
+    assert "pick" not in layer.state_dict()  # checkpoints carry only the projection

@@ -113,21 +113,34 @@ def self_gram(tokens: torch.Tensor) -> torch.Tensor:
     return _SelfGram.apply(tokens)
 
 
+def pair_picker(num_tokens: int) -> torch.Tensor:
+    """(N*N, P) one-hot float matrix whose product with a flattened (N, N) Gram gives its P
+    upper-triangle entries (token pairs i < j), in ``torch.triu_indices`` order."""
+    rows, cols = torch.triu_indices(num_tokens, num_tokens, offset=1)
+    pick = torch.zeros(num_tokens * num_tokens, rows.numel())
+    pick[rows * num_tokens + cols, torch.arange(rows.numel())] = 1.0
+    return pick
+
+
 class DotInteraction(nn.Module):
-    """Pairwise dot products of feature tokens, projected back to the token layout."""
+    """Pairwise dot products of feature tokens, projected back to the token layout.
+
+    The pairs are picked from the Gram by a product with a one-hot matrix rather than by an
+    index: exact either way (one nonzero term per output, accumulated in fp32; fp32 Grams only
+    where fp32 matmuls are not allowed TF32), but an index's
+    backward is a scatter-add, which deterministic mode runs as a sort and a segmented sum
+    outside the compiled region (two of them cost 3.2 ms and a dozen launches a step on
+    recipes/h200.yaml, H200), where the product's backward is one small matmul in any mode."""
 
     def __init__(self, num_tokens: int, out_dim: int) -> None:
         super().__init__()
-        rows, cols = torch.triu_indices(num_tokens, num_tokens, offset=1)
-        # buffers, so they move with the model: a host index into a device tensor is a copy
-        # and a stream sync at every forward and backward
-        self.register_buffer("rows", rows, persistent=False)
-        self.register_buffer("cols", cols, persistent=False)
-        self.proj = nn.Linear(rows.numel(), out_dim)
+        # a buffer, so it moves with the model (a host tensor would be copied every forward)
+        self.register_buffer("pick", pair_picker(num_tokens), persistent=False)
+        self.proj = nn.Linear(self.pick.shape[1], out_dim)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         gram = self_gram(tokens) * tokens.shape[-1] ** -0.5
-        return self.proj(gram[:, self.rows, self.cols])
+        return self.proj(gram.flatten(1) @ self.pick.to(gram.dtype))
 
 
 class DhenLayer(nn.Module):

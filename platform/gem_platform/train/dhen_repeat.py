@@ -31,7 +31,14 @@ FILLS = (0.0, 1.0, 0.0)
 
 
 class _BmmGramDot(DotInteraction):
-    """The dot interaction as it was: its Gram through ``torch.bmm`` and autograd."""
+    """The dot interaction as it was: its Gram through ``torch.bmm`` and autograd, its pairs
+    by an index."""
+
+    def __init__(self, num_tokens: int, out_dim: int) -> None:
+        super().__init__(num_tokens, out_dim)
+        rows, cols = torch.triu_indices(num_tokens, num_tokens, offset=1)
+        self.register_buffer("rows", rows, persistent=False)
+        self.register_buffer("cols", cols, persistent=False)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         gram = torch.bmm(tokens, tokens.transpose(1, 2)) * tokens.shape[-1] ** -0.5
