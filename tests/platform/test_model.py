@@ -232,3 +232,22 @@ def test_dot_interaction_picks_the_pairs_an_index_would():
                              for y in (ours, ref)))
     assert layer(tokens).shape == (4, 5)
     assert "pick" not in layer.state_dict()  # checkpoints carry only the projection
+
+
+def test_one_hot_embedding_is_a_lookup():
+    """Rows exactly as nn.Embedding gives them (also inside bf16 autocast: fp32 out), the same
+    weight gradient to rounding, the same state dict; indices of any shape."""
+    from gem_platform.model.small_table import OneHotEmbedding
+
+    torch.manual_seed(0)
+    ours, ref = OneHotEmbedding(6, 8), torch.nn.Embedding(6, 8)
+    ref.load_state_dict(ours.state_dict())
+    assert list(ours.state_dict()) == ["weight"]
+    idx = torch.randint(0, 6, (3, 50))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = ours(idx)
+    assert out.dtype == torch.float32 and torch.equal(out, ref(idx))
+    g = torch.randn(3, 50, 8)
+    (d_ours,) = torch.autograd.grad(ours(idx), ours.weight, g)
+    (d_ref,) = torch.autograd.grad(ref(idx), ref.weight, g)
+    torch.testing.assert_close(d_ours, d_ref)

@@ -28,6 +28,7 @@ from gem_platform.data.meta import DatasetMeta
 from gem_platform.model.attention import SelfAttentionSpec
 from gem_platform.model.interaction import CrossAttention, DhenLayer, PooledAttention
 from gem_platform.model.sequence import SequenceTower
+from gem_platform.model.small_table import OneHotEmbedding
 from gem_platform.recipe import ModelConfig
 
 ITEM_FEATURES = ("hist_item", "ad_item")
@@ -90,9 +91,9 @@ class GemModel(nn.Module):
             device=torch.get_default_device(),
         )
         self.sparse_names = [f.name for f in meta.sparse_features]
-        self.action_embedding = nn.Embedding(meta.num_action_types + 1, d)
+        self.action_embedding = OneHotEmbedding(meta.num_action_types + 1, d)
         nn.init.normal_(self.action_embedding.weight, std=d**-0.5)
-        self.recency_embedding = nn.Embedding(RECENCY_BUCKETS, d)
+        self.recency_embedding = OneHotEmbedding(RECENCY_BUCKETS, d)
         nn.init.normal_(self.recency_embedding.weight, std=d**-0.5)
         self.age_proj = nn.Linear(1, d)
         # Target-aware history tokens (as in DIN): item x candidate, elementwise, so the

@@ -126,11 +126,11 @@ class DotInteraction(nn.Module):
     """Pairwise dot products of feature tokens, projected back to the token layout.
 
     The pairs are picked from the Gram by a product with a one-hot matrix rather than by an
-    index: exact either way (one nonzero term per output, accumulated in fp32; fp32 Grams only
-    where fp32 matmuls are not allowed TF32), but an index's
-    backward is a scatter-add, which deterministic mode runs as a sort and a segmented sum
-    outside the compiled region (two of them cost 3.2 ms and a dozen launches a step on
-    recipes/h200.yaml, H200), where the product's backward is one small matmul in any mode."""
+    index: exact either way (one nonzero term per output, accumulated in fp32; fp32 Grams
+    exactly where fp32 matmuls are not allowed TF32). An index's backward is a scatter-add,
+    which Inductor does not generate under deterministic algorithms: it calls ATen's sort-based
+    ``index_put_`` outside the compiled kernels instead. The product's backward is one small
+    matmul in every mode."""
 
     def __init__(self, num_tokens: int, out_dim: int) -> None:
         super().__init__()
