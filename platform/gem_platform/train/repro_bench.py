@@ -8,7 +8,9 @@ loss and every final metric that does not measure time. Those runs print progres
 drains the device queue) and time few steps, so their samples/s say what a run of that length
 gets, not the cost to within a few percent: on the H200 two identical deterministic runs of
 recipes/h200.yaml differed by 17% in speed. For the cost itself, ``gemctl bench e2e RECIPE
---arms ours,ours_deterministic`` times a fixed window of steps without progress lines.
+--arms ours,ours_deterministic --repeats N`` times a fixed window of steps without progress
+lines, N runs of each arm, and compares their medians (on a host-bound recipe one process's
+speed can differ from the next one's by more than the cost).
 ``--grads`` also trains one unclipped deterministic step in two more processes and names the
 parameters whose gradients differ, the one nearest the loss first: where to look when runs are
 not repeatable (``--grads-only`` runs just that, a quick predicate for bisecting).
