@@ -13,11 +13,18 @@ class OneHotEmbedding(nn.Embedding):
     Its rows come out exactly as a lookup gives them (one nonzero term per output; fp32 tables
     exactly where fp32 matmuls are not allowed TF32), and its weight gradient is one matmul,
     ``one_hot^T @ grad``, which sums each row's contributions in a fixed order in every mode.
-    ``nn.Embedding``'s CUDA backward sorts the indices and sums each row's run of them, a worst
-    case for a table of a few rows looked up ~100k times (a few long runs); on the H200 the
-    deterministic step of recipes/h200.yaml ran two such segment sums (``sum_and_scatter``,
-    1.6 ms each) that its plain step did not. The one-hot matrix costs ``indices x rows``
-    elements, so this is for tables of tens of rows, not for item tables."""
+    ``nn.Embedding``'s CUDA backward sorts the indices and sums each row's run of them: for a
+    table of a few rows looked up once per history token, a few long runs, its slowest case
+    (docs/bench: the deterministic step of recipes/h200.yaml). The one-hot matrix costs
+    ``indices x rows`` elements, so this is for tables of tens of rows, not for item tables.
+    Indices are not bounds-checked (that would read them back to the host, or add a device
+    assert, every call): one outside ``[0, rows)`` looks up a zero row. The model's indices are
+    in range by construction (recency buckets are clamped) or by the data readers' validation
+    (action types, gem_platform.data.validate)."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int) -> None:
+        # no padding_idx, max_norm or sparse gradients: the product implements none of them
+        super().__init__(num_embeddings, embedding_dim)
 
     def forward(self, indices: torch.Tensor) -> torch.Tensor:
         rows = torch.arange(self.num_embeddings, device=indices.device)

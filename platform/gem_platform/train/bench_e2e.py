@@ -34,8 +34,8 @@ kind of kernel from torch.profiler over the last ``profile`` steps (not timed). 
 ours / off-the-shelf samples/s. Prints a table and writes JSON.
 
 A launch-bound recipe's samples/s vary from one process to the next by more than many of the
-differences worth measuring (two identical deterministic processes of recipes/h200.yaml on the
-H200: 16.6k and 21.3k samples/s). ``--repeats N`` trains every arm N times, in rounds that take
+differences worth measuring (docs/bench has the small recipe's spread on the H200).
+``--repeats N`` trains every arm N times, in rounds that take
 the arms in turn (so a drift of the machine reaches every arm alike), each run in a fresh
 process; an arm then reports the median run's figures with every run's samples/s beside them,
 and the ratios compare medians.
