@@ -29,8 +29,10 @@ changes the next one's figures; ``--same-process`` trains them all in this one i
 
 Per arm: samples/s and E2E MFU over the ``steps`` timed steps (after ``warmup`` steps that pay
 compilation and autotuning), the graphs and kernels still compiled during the timed steps
-(late compiles: their time is in the figures), peak device memory, and the step's time by
-kind of kernel from torch.profiler over the last ``profile`` steps (not timed). The ratio is
+(late compiles: their time is in the figures), peak device memory, the CPU time the training
+thread (and the whole process) spent per timed step (host ms: near the step time, the host's
+own work paces the step; far below it, the host waited), and the step's time by kind of
+kernel from torch.profiler over the last ``profile`` steps (not timed). The ratio is
 ours / off-the-shelf samples/s. Prints a table and writes JSON.
 
 A launch-bound recipe's samples/s vary from one process to the next by more than many of the
@@ -107,6 +109,11 @@ class ArmResult:
     compiles_after_warmup: int = 0  # graphs and Triton kernels compiled during timed steps
     error: str | None = None  # why the arm did not finish (e.g. out of memory); then NaNs
     runs_samples_per_s: list[float] = field(default_factory=list)  # every run, in order
+    # CPU time per timed step of the training thread and of the whole process (all threads):
+    # a launch-bound step whose host_thread_ms nears step_ms is the host's work; a step far
+    # longer than it waited (the GIL, the device, a descheduled thread)
+    host_thread_ms: float = float("nan")
+    host_process_ms: float = float("nan")
 
 
 def median_run(name: str, runs: list[ArmResult]) -> ArmResult:
@@ -178,6 +185,9 @@ def run_arm(recipe: Recipe, name: str, arm: Arm, warmup: int, steps: int,
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
     marks: dict[int, float] = {}
+    # step -> (training thread, process) CPU seconds before and after that step's sync, so the
+    # timed window's CPU time leaves out the spin-wait of the syncs that bound it
+    cpu: dict[int, tuple[tuple[float, float], tuple[float, float]]] = {}
     clocked = {warmup, warmup + steps, total - profiled, total}
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     tables = plain_tables() if arm.plain_tables else contextlib.nullcontext()
@@ -187,13 +197,16 @@ def run_arm(recipe: Recipe, name: str, arm: Arm, warmup: int, steps: int,
                  schedule=schedule(wait=warmup + steps, warmup=1, active=profiled)) as prof:
         def on_step(step: int, _model: object) -> None:
             if step in clocked:  # only there: a sync every step would stall the host's lead
+                before = (time.thread_time(), time.process_time())
                 sync()
                 marks[step] = time.perf_counter()
+                cpu[step] = (before, (time.thread_time(), time.process_time()))
             prof.step()
 
         with tables:
             summary = train(r, echo=echo, on_step=on_step)
     timed_s = marks[warmup + steps] - marks[warmup]
+    (thread0, process0), (thread1, process1) = cpu[warmup][1], cpu[warmup + steps][0]
     prof_ms = (marks[total] - marks[total - profiled]) * 1e3 / profiled
     step_profile = summarize_profile(prof, r, str(device), cuda, profiled, prof_ms, top=1)
     flops = float(summary["perf/train_flops_per_step"])
@@ -207,7 +220,9 @@ def run_arm(recipe: Recipe, name: str, arm: Arm, warmup: int, steps: int,
         warmup_s=marks[warmup] - start, busy_fraction=step_profile.busy_fraction,
         by_kind_ms=step_profile.by_kind, by_kind_of_step=step_profile.by_kind_of_step,
         final_loss=float(summary["train/final_loss"]),
-        compiles_after_warmup=int(summary.get("perf/compiles_after_warmup", 0)))
+        compiles_after_warmup=int(summary.get("perf/compiles_after_warmup", 0)),
+        host_thread_ms=(thread1 - thread0) * 1e3 / steps,
+        host_process_ms=(process1 - process0) * 1e3 / steps)
     gc.collect()
     if cuda:
         torch.cuda.empty_cache()
@@ -289,17 +304,18 @@ def render(result: E2EResult, console=None) -> None:  # noqa: ANN001 (rich Conso
                          f"{result.device}, batch {result.local_batch}){ratio}{runs}"))
     base = next((a.samples_per_s for a in result.arms if a.name == "ours" and not a.error), None)
     extra = (["runs samples/s"] if result.repeats > 1 else []) + (["vs ours"] if base else [])
-    arms = Table("arm", "samples/s", "E2E MFU", "peak GB", "ms / step", "busy", "warm-up s",
-                 "late compiles", *extra)
+    arms = Table("arm", "samples/s", "E2E MFU", "peak GB", "ms / step", "host ms", "busy",
+                 "warm-up s", "late compiles", *extra)
     for a in result.arms:
         if a.error:
-            arms.add_row(a.name, escape(a.error[:60]), *[""] * (6 + len(extra)))
+            arms.add_row(a.name, escape(a.error[:60]), *[""] * (7 + len(extra)))
             continue
         mem = "-" if a.peak_memory_gb is None else f"{a.peak_memory_gb:.1f}"
         more = ([" ".join(f"{q:,.0f}" for q in a.runs_samples_per_s)] if result.repeats > 1
                 else []) + ([f"{a.samples_per_s / base:.2f}x"] if base else [])
         arms.add_row(a.name, f"{a.samples_per_s:,.0f}", f"{a.mfu_e2e:.1%}", mem,
-                     f"{a.step_ms:.1f}", f"{a.busy_fraction:.0%}", f"{a.warmup_s:.0f}",
+                     f"{a.step_ms:.1f}", f"{a.host_thread_ms:.1f}", f"{a.busy_fraction:.0%}",
+                     f"{a.warmup_s:.0f}",
                      str(a.compiles_after_warmup), *more)
     console.print(arms)
     kinds = sorted({k for a in result.arms for k in a.by_kind_ms},
