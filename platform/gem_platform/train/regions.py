@@ -275,9 +275,9 @@ def compile_backend(setting: str | None) -> str:
     """``train.compile_backend`` resolved: null means inductor, deterministic runs included.
     Inductor's deterministic runs repeat bit for bit on the H200 since the DHEN layers' two
     causes of variation were removed (``interaction.self_gram`` and ``shared_grads``;
-    docs/bench/determinism_h200_inductor_shared_grads.json), at 0.3% below a plain run at GEM
-    width and 30% on the small host-bound recipe, where aot_eager cost about 40% on both.
-    aot_eager stays selectable, to tell a generated kernel's difference from the model's own."""
+    docs/bench/determinism_h200_inductor_shared_grads.json), and they cost less than aot_eager
+    (what each costs against a plain run: docs/bench). aot_eager stays selectable, to tell a
+    generated kernel's difference from the model's own."""
     return setting or "inductor"
 
 
