@@ -95,7 +95,7 @@ def test_repeats_report_the_median_run(tiny):
 
     from rich.console import Console
 
-    from gem_platform.train.bench_e2e import failed_arm, median_run, render
+    from gem_platform.train.bench_e2e import failed_arm, median_run, ratios_by_round, render
 
     tmp_path, tree = tiny
     recipe = recipe_from_dict(tree)
@@ -104,6 +104,8 @@ def test_repeats_report_the_median_run(tiny):
     (ours,) = result.arms
     assert result.repeats == 2 and ours.name == "ours" and len(ours.runs_samples_per_s) == 2
     assert ours.samples_per_s == min(ours.runs_samples_per_s)  # the lower middle of two
+    assert len(ours.runs_host_thread_ms) == 2 and all(h > 0 for h in ours.runs_host_thread_ms)
+    assert ours.vs_ours_by_round == [1.0, 1.0]
     console = Console(record=True, width=250)
     render(result, console)
     text = console.export_text()
@@ -115,6 +117,11 @@ def test_repeats_report_the_median_run(tiny):
     mid = median_run("ours", runs)
     assert (mid.name, mid.samples_per_s, mid.runs_samples_per_s) == ("ours", 10.0, [30.0, 10.0])
     assert median_run("ours", runs[1:2]).error == "RuntimeError: died"
+    # round by round: a round where either run failed is left out
+    other = [replace(ours, samples_per_s=15.0), replace(ours, samples_per_s=20.0),
+             failed_arm("b", [], RuntimeError("died"))]
+    assert ratios_by_round(other, runs) == [0.5]
+    assert ratios_by_round(runs, runs) == [1.0, 1.0]
     with pytest.raises(GemError, match="name one arm twice"):
         bench(recipe, 1, 1, 1, arms=["ours", "ours"])
     with pytest.raises(GemError, match="repeats=0"):

@@ -60,6 +60,7 @@ def test_profile_of_a_tiny_cpu_run(tmp_path, monkeypatch):
     times = [r.ms_per_step for r in result.top]
     assert len(times) == 10 and times == sorted(times, reverse=True)
     assert sum(r.share for r in result.top) <= 1 + 1e-9
+    assert result.calls_per_step >= sum(r.calls_per_step for r in result.top) > 0
     names = [r.name for r in result.top]
     assert not any(n.startswith(("ProfilerStep", "Optimizer.")) for n in names), names
     assert result.by_kind_of_step == pytest.approx(

@@ -39,8 +39,9 @@ A launch-bound recipe's samples/s vary from one process to the next by more than
 differences worth measuring (docs/bench has the small recipe's spread on the H200).
 ``--repeats N`` trains every arm N times, in rounds that take
 the arms in turn (so a drift of the machine reaches every arm alike), each run in a fresh
-process; an arm then reports the median run's figures with every run's samples/s beside them,
-and the ratios compare medians.
+process; an arm then reports the median run's figures with every run's samples/s and host ms
+beside them. "vs ours" compares medians; "by round" divides each round's run by ours in the same
+round, which cancels the machine's drift from round to round, and takes those ratios' median.
 
     gemctl bench e2e recipes/h200_gem.yaml --set model.attention=block64 --out docs/bench
     python -m gem_platform.train.bench_e2e recipes/h200_gem.yaml --out docs/bench
@@ -114,6 +115,10 @@ class ArmResult:
     # longer than it waited (the GIL, the device, a descheduled thread)
     host_thread_ms: float = float("nan")
     host_process_ms: float = float("nan")
+    runs_host_thread_ms: list[float] = field(default_factory=list)  # every run, in order
+    # this arm's samples/s over ours' in each round both finished: a ratio within a round is
+    # free of the machine's drift between rounds
+    vs_ours_by_round: list[float] = field(default_factory=list)
 
 
 def median_run(name: str, runs: list[ArmResult]) -> ArmResult:
@@ -125,7 +130,14 @@ def median_run(name: str, runs: list[ArmResult]) -> ArmResult:
     if not done:
         return runs[0]
     middle = sorted(done, key=lambda r: r.samples_per_s)[(len(done) - 1) // 2]
-    return replace(middle, name=name, runs_samples_per_s=[r.samples_per_s for r in done])
+    return replace(middle, name=name, runs_samples_per_s=[r.samples_per_s for r in done],
+                   runs_host_thread_ms=[r.host_thread_ms for r in done])
+
+
+def ratios_by_round(runs: list[ArmResult], base: list[ArmResult]) -> list[float]:
+    """samples/s of ``runs`` over ``base``'s, round by round, where both runs finished."""
+    return [r.samples_per_s / b.samples_per_s for r, b in zip(runs, base, strict=True)
+            if r.error is None and b.error is None]
 
 
 def failed_arm(name: str, overrides: list[str], err: BaseException) -> ArmResult:
@@ -275,6 +287,9 @@ def bench(recipe: Recipe, warmup: int = 10, steps: int = 20, profiled: int = 3,
             label = a if repeats == 1 else f"{a} (run {round_ + 1} of {repeats})"
             runs[a].append(_one_arm(recipe, a, label, warmup, steps, profiled, echo, isolate))
     results = [median_run(a, runs[a]) for a in names]
+    if repeats > 1 and "ours" in runs:
+        results = [replace(r, vs_ours_by_round=ratios_by_round(runs[r.name], runs["ours"]))
+                   for r in results]
     by = {a.name: a for a in results if a.error is None}
     speedup = (by["ours"].samples_per_s / by["off_the_shelf"].samples_per_s
                if {"ours", "off_the_shelf"} <= by.keys() else None)
@@ -303,7 +318,9 @@ def render(result: E2EResult, console=None) -> None:  # noqa: ANN001 (rich Conso
     console.print(escape(f"{result.recipe} ({result.attention}, {result.precision}, "
                          f"{result.device}, batch {result.local_batch}){ratio}{runs}"))
     base = next((a.samples_per_s for a in result.arms if a.name == "ours" and not a.error), None)
-    extra = (["runs samples/s"] if result.repeats > 1 else []) + (["vs ours"] if base else [])
+    by_round = result.repeats > 1 and base is not None
+    extra = ((["runs samples/s", "host ms, each run"] if result.repeats > 1 else [])
+             + (["vs ours"] if base else []) + (["vs ours, by round (median)"] if by_round else []))
     arms = Table("arm", "samples/s", "E2E MFU", "peak GB", "ms / step", "host ms", "busy",
                  "warm-up s", "late compiles", *extra)
     for a in result.arms:
@@ -311,8 +328,11 @@ def render(result: E2EResult, console=None) -> None:  # noqa: ANN001 (rich Conso
             arms.add_row(a.name, escape(a.error[:60]), *[""] * (7 + len(extra)))
             continue
         mem = "-" if a.peak_memory_gb is None else f"{a.peak_memory_gb:.1f}"
-        more = ([" ".join(f"{q:,.0f}" for q in a.runs_samples_per_s)] if result.repeats > 1
-                else []) + ([f"{a.samples_per_s / base:.2f}x"] if base else [])
+        more = (([" ".join(f"{q:,.0f}" for q in a.runs_samples_per_s),
+                  " ".join(f"{h:.1f}" for h in a.runs_host_thread_ms)]
+                 if result.repeats > 1 else [])
+                + ([f"{a.samples_per_s / base:.2f}x"] if base else [])
+                + ([_by_round(a.vs_ours_by_round)] if by_round else []))
         arms.add_row(a.name, f"{a.samples_per_s:,.0f}", f"{a.mfu_e2e:.1%}", mem,
                      f"{a.step_ms:.1f}", f"{a.host_thread_ms:.1f}", f"{a.busy_fraction:.0%}",
                      f"{a.warmup_s:.0f}",
@@ -325,6 +345,14 @@ def render(result: E2EResult, console=None) -> None:  # noqa: ANN001 (rich Conso
         table.add_row(escape(k), *[f"{a.by_kind_ms.get(k, 0.0):.2f} "
                                    f"({a.by_kind_of_step.get(k, 0.0):.0%})" for a in result.arms])
     console.print(table)
+
+
+def _by_round(ratios: list[float]) -> str:
+    """Each round's ratio, then their median (the lower middle where the count is even)."""
+    if not ratios:
+        return "-"
+    middle = sorted(ratios)[(len(ratios) - 1) // 2]
+    return " ".join(f"{q:.2f}" for q in ratios) + f" ({middle:.2f}x)"
 
 
 def write(result: E2EResult, out: str | Path) -> Path:

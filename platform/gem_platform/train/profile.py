@@ -3,9 +3,10 @@
 A run's QPS and MFU say how fast it is, not why. This trains the recipe in-process for
 ``warmup + active`` steps (the warm-up absorbs autotuning and compilation), profiles the
 ``active`` ones, and reports per step: the wall time, the device's busy time (the sum of kernel
-times; far below the wall time means the host is the bottleneck), the busy time by kind of
-kernel (matmul, our attention, element-wise, copy/fill, reduction, optimizer, FP8 quantize and
-GEMM, gather/scatter, other), as time and as a share of the step, and the costliest kernels.
+times; far below the wall time means the host is the bottleneck), the kernels launched, the
+busy time by kind of kernel (matmul, our attention, element-wise, copy/fill, reduction,
+optimizer, FP8 quantize and GEMM, gather/scatter, other), as time and as a share of the step,
+and the costliest kernels.
 Only device kernels (and copies) count: the profiler's own spans and user annotations such as
 ``Optimizer.step#AdamW.step`` cover kernels counted on their own and are left out. On a CPU run
 the same tables rank the operators by their own CPU time. With ``--trace``, the device's idle
@@ -92,6 +93,9 @@ class StepProfile:
     step_ms: float  # wall time of a whole step (forward, backward, optimizer)
     busy_ms: float  # sum of kernel times (CUDA) or operator self times (CPU)
     busy_fraction: float
+    # kernel launches (CUDA) or operator calls (CPU) per step: a launch-bound step's host cost
+    # grows with them
+    calls_per_step: float = 0.0
     by_kind: dict[str, float] = field(default_factory=dict)  # ms per step
     by_kind_of_step: dict[str, float] = field(default_factory=dict)  # fraction of step_ms
     top: list[KernelRow] = field(default_factory=list)
@@ -169,6 +173,7 @@ def summarize_profile(prof, recipe: Recipe, device: str, cuda: bool, active: int
         recipe=recipe.name, precision=_precision_label(recipe), device=device,
         environment=device_info(), active_steps=active, step_ms=step_ms, busy_ms=busy,
         busy_fraction=busy / step_ms if step_ms > 0 else float("nan"),
+        calls_per_step=sum(calls for _, _, calls in rows),
         by_kind=dict(sorted(by_kind.items(), key=lambda kv: kv[1], reverse=True)),
         by_kind_of_step={k: ms / step_ms if step_ms > 0 else float("nan")
                          for k, ms in sorted(by_kind.items(), key=lambda kv: -kv[1])},
@@ -195,7 +200,8 @@ def render_profile(result: StepProfile, console=None) -> None:
     console.print(f"[bold]{escape(result.recipe)}[/] ({escape(result.precision)}, "
                   f"{escape(result.device)}): "
                   f"step {result.step_ms:.1f} ms, {unit}s busy {result.busy_ms:.1f} ms "
-                  f"({result.busy_fraction:.0%}) over {result.active_steps} steps")
+                  f"({result.busy_fraction:.0%}), {result.calls_per_step:,.0f} {unit}s a step, "
+                  f"over {result.active_steps} steps")
     kinds = Table("kind", "ms / step", "share of busy", "share of step")
     for kind, ms in result.by_kind.items():
         kinds.add_row(escape(kind), f"{ms:.2f}",
