@@ -23,13 +23,19 @@ device give bitwise-identical losses and metrics.
   compilations of one graph make the same kernels (recent torch turns it on with
   ``use_deterministic_algorithms``; setting it keeps older builds in step);
 - ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` (the workspace setting cuBLAS needs to be reproducible)
-  unless it already holds ``:4096:8`` or ``:16:8``. PyTorch reads it at the process's first
-  cuBLAS call, so it must be entered before any CUDA matmul runs in the process;
+  unless it already holds ``:4096:8`` or ``:16:8``. PyTorch checks it at the process's first
+  cuBLAS call, so the mode must be entered before any CUDA matmul runs in the process. Given
+  the CUDA ``device`` it trains on, the mode makes that first call itself and then removes the
+  variable it set: torch keeps the check's answer, but while the variable is set it parses it
+  with a regular expression at every cuBLAS call (torch 2.11), which cost a host-bound step
+  milliseconds; unset, each (handle, stream) keeps one workspace of torch's default size, so
+  results stay reproducible. Where a torch build checks at every call instead, the variable
+  stays set;
 - Python's, NumPy's and torch's global RNGs (CPU and every GPU) seeded with ``seed``.
 
 On exit the torch (the fill included), cuDNN, Inductor and kernel switches return to what
 they were (the kernel switch to ``None``: following torch's setting); the RNGs stay seeded
-and the environment variable stays.
+and the environment variable stays as the mode left it.
 The data order needs nothing here: the batcher's permutation is a function of
 (``loader.seed``, rank, epoch), and synthetic data of ``data.synthetic.seed``.
 """
@@ -58,23 +64,46 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _cublas_workspace() -> None:
+def _cublas_workspace() -> bool:
+    """Set the cuBLAS workspace variable where it is unset; True where this call set it."""
     value = os.environ.get(CUBLAS_ENV)
     if value is None:
         os.environ[CUBLAS_ENV] = CUBLAS_DETERMINISTIC[0]
-    elif value not in CUBLAS_DETERMINISTIC:
+        return True
+    if value not in CUBLAS_DETERMINISTIC:
         raise GemError(
             f"train.deterministic is on but {CUBLAS_ENV}={value!r} in the environment; cuBLAS "
             f"is reproducible only with {' or '.join(CUBLAS_DETERMINISTIC)}.",
             f"Unset {CUBLAS_ENV} (training sets {CUBLAS_DETERMINISTIC[0]}) or set it to one "
             "of those values, or turn train.deterministic off.")
+    return False
+
+
+def _unset_once_checked(device: torch.device) -> None:
+    """Make torch check the cuBLAS variable now, on ``device``, then unset it (see the module
+    docstring); set it back where this torch refuses a deterministic matmul without it."""
+    probe = torch.ones(2, 2, device=device)
+    try:
+        probe @ probe  # torch's first cuBLAS call checks the variable and keeps the answer
+    except RuntimeError as err:
+        del os.environ[CUBLAS_ENV]
+        raise GemError(
+            f"train.deterministic: torch refuses cuBLAS ({str(err).splitlines()[0][:200]}): a "
+            f"CUDA matmul ran in this process before deterministic mode set {CUBLAS_ENV}.",
+            f"Start the deterministic run in a fresh process, or export {CUBLAS_ENV}="
+            f"{CUBLAS_DETERMINISTIC[0]} before anything runs on the GPU.") from err
+    del os.environ[CUBLAS_ENV]
+    try:
+        probe @ probe
+    except RuntimeError:  # this torch checks at every call
+        os.environ[CUBLAS_ENV] = CUBLAS_DETERMINISTIC[0]
 
 
 @contextmanager
-def deterministic_mode(seed: int) -> Iterator[None]:
-    """Deterministic algorithms everywhere and seeded RNGs for the block's duration (see the
-    module docstring for what it sets and what it restores)."""
-    _cublas_workspace()
+def deterministic_mode(seed: int, device: torch.device | None = None) -> Iterator[None]:
+    """Deterministic algorithms everywhere and seeded RNGs for the block's duration, for
+    training on ``device`` (see the module docstring for what it sets and what it restores)."""
+    cublas_set = _cublas_workspace()
     before = (torch.are_deterministic_algorithms_enabled(),
               torch.is_deterministic_algorithms_warn_only_enabled(),
               torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
@@ -90,6 +119,8 @@ def deterministic_mode(seed: int) -> Iterator[None]:
     set_deterministic_backward(True)
     seed_everything(seed)
     try:
+        if cublas_set and device is not None and device.type == "cuda":
+            _unset_once_checked(device)
         yield
     finally:
         enabled, warn_only, cudnn_deterministic, cudnn_benchmark = before

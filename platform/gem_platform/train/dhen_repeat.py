@@ -66,7 +66,7 @@ def _layer(gram: str) -> DhenLayer:
 
 def measure(gram: str = "self", compiled: bool = True) -> dict[str, Any]:
     """The three runs compared with each other and with fp32 eager (see the module doc)."""
-    with deterministic_mode(0):
+    with deterministic_mode(0, torch.device("cuda")):
         layer = _layer(gram)
         gen = torch.Generator(device="cuda").manual_seed(1)
         x0 = torch.randn(SAMPLES, TOKENS, DIM, device="cuda", generator=gen)

@@ -615,8 +615,8 @@ def train(recipe: Recipe, sink: MetricSink | None = None,
     whether it did (1.0) or not (0.0).
     """
     report = Reporter(RankInfo.current().is_chief, sink, echo, published_through)
-    mode = (deterministic_mode(recipe.train.seed) if recipe.train.deterministic
-            else contextlib.nullcontext())
+    mode = (deterministic_mode(recipe.train.seed, pick_device(recipe))
+            if recipe.train.deterministic else contextlib.nullcontext())
     with mode:
         return _train(recipe, report, checkpoints, on_step)
 
