@@ -23,14 +23,13 @@ device give bitwise-identical losses and metrics.
   compilations of one graph make the same kernels (recent torch turns it on with
   ``use_deterministic_algorithms``; setting it keeps older builds in step);
 - ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` (the workspace setting cuBLAS needs to be reproducible)
-  unless it already holds ``:4096:8`` or ``:16:8``. PyTorch checks it at the process's first
-  cuBLAS call, so the mode must be entered before any CUDA matmul runs in the process. Given
-  the CUDA ``device`` it trains on, the mode makes that first call itself and then removes the
-  variable it set: torch keeps the check's answer, but while the variable is set it parses it
-  with a regular expression at every cuBLAS call (torch 2.11), which cost a host-bound step
-  milliseconds; unset, each (handle, stream) keeps one workspace of torch's default size, so
-  results stay reproducible. Where a torch build checks at every call instead, the variable
-  stays set;
+  unless it already holds ``:4096:8`` or ``:16:8``. PyTorch checks it at the first cuBLAS
+  call made with deterministic algorithms on, and keeps the answer (torch 2.11). Given the
+  CUDA ``device`` it trains on, the mode makes that call itself and then removes the variable
+  it set: while the variable is set, torch parses it with a regular expression at every cuBLAS
+  call, which costs a host-bound step milliseconds; unset, each (handle, stream) keeps one
+  workspace of torch's default size, so results stay reproducible. Where a torch build checks
+  at every call instead, the variable stays set;
 - Python's, NumPy's and torch's global RNGs (CPU and every GPU) seeded with ``seed``.
 
 On exit the torch (the fill included), cuDNN, Inductor and kernel switches return to what
@@ -83,15 +82,7 @@ def _unset_once_checked(device: torch.device) -> None:
     """Make torch check the cuBLAS variable now, on ``device``, then unset it (see the module
     docstring); set it back where this torch refuses a deterministic matmul without it."""
     probe = torch.ones(2, 2, device=device)
-    try:
-        probe @ probe  # torch's first cuBLAS call checks the variable and keeps the answer
-    except RuntimeError as err:
-        del os.environ[CUBLAS_ENV]
-        raise GemError(
-            f"train.deterministic: torch refuses cuBLAS ({str(err).splitlines()[0][:200]}): a "
-            f"CUDA matmul ran in this process before deterministic mode set {CUBLAS_ENV}.",
-            f"Start the deterministic run in a fresh process, or export {CUBLAS_ENV}="
-            f"{CUBLAS_DETERMINISTIC[0]} before anything runs on the GPU.") from err
+    probe @ probe  # torch checks the variable at its first deterministic cuBLAS call
     del os.environ[CUBLAS_ENV]
     try:
         probe @ probe
