@@ -98,6 +98,29 @@ def test_mode_restores_switches_and_seeds_every_rng(monkeypatch):
         assert (random.random(), float(np.random.rand()), float(torch.rand(1))) == draws
 
 
+@pytest.mark.parametrize("checks_every_call", [False, True])
+def test_cublas_variable_is_unset_only_where_torch_keeps_its_check(monkeypatch,
+                                                                    checks_every_call):
+    """torch 2.11 checks the variable once (the GPU test runs that); a build that checks at
+    every deterministic cuBLAS call would refuse one without it, so the variable is set back.
+    torch's check is stood in for here: on CPU no matmul goes through cuBLAS."""
+    from gem_platform.train.determinism import _unset_once_checked
+
+    seen = []
+
+    def matmul(a, b):  # noqa: ANN001, ANN202
+        seen.append(os.environ.get(CUBLAS_ENV))
+        if checks_every_call and CUBLAS_ENV not in os.environ:
+            raise RuntimeError("this operation is not deterministic because it uses CuBLAS")
+        return a
+
+    monkeypatch.setattr(torch.Tensor, "__matmul__", matmul)
+    monkeypatch.setenv(CUBLAS_ENV, ":4096:8")
+    _unset_once_checked(torch.device("cpu"))
+    assert seen == [":4096:8", None]
+    assert os.environ.get(CUBLAS_ENV) == (":4096:8" if checks_every_call else None)
+
+
 def test_a_nondeterministic_cublas_setting_is_refused(monkeypatch):
     monkeypatch.setenv(CUBLAS_ENV, ":0:0")
     with pytest.raises(GemError, match=r"CUBLAS_WORKSPACE_CONFIG=':0:0'.*Unset"):
