@@ -72,6 +72,8 @@ def test_cli_writes_json(tiny):
 
 
 def test_a_failed_arm_is_recorded_not_lost(tmp_path):
+    from dataclasses import replace
+
     from rich.console import Console
 
     from gem_platform.train.bench_e2e import E2EResult, failed_arm, render
@@ -86,6 +88,15 @@ def test_a_failed_arm_is_recorded_not_lost(tmp_path):
     console = Console(record=True, width=200)
     render(result, console)
     assert "out of memory" in console.export_text()
+    # in an 80-column log, beside arms with long names, every figure stays whole
+    ok = replace(arm, name="ours_deterministic", error=None, samples_per_s=25862.0,
+                 mfu_e2e=0.132, step_ms=39.6)
+    wide = replace(result, arms=[replace(ok, name="ours"), ok, replace(ok, name="ours_fp8_wgrad"),
+                                 arm])
+    console = Console(record=True, width=80)
+    render(wide, console)
+    text = console.export_text()
+    assert text.count("25,862") == 3 and text.count("13.2%") == 3 and "39.6" in text
     data = json.loads(write(result, tmp_path).read_text())
     assert data["arms"][0]["error"].startswith("RuntimeError")
 
@@ -110,6 +121,7 @@ def test_repeats_report_the_median_run(tiny):
     render(result, console)
     text = console.export_text()
     assert "median of 2 runs per arm" in text and "1.00x" in text
+    assert "vs ours, same round" in text and "median" in text
     # three runs, one failed: the median of the two that finished, the failure left out
     runs = [replace(ours, name="ours (run 1 of 3)", samples_per_s=30.0),
             failed_arm("ours", [], RuntimeError("died")),

@@ -40,8 +40,9 @@ differences worth measuring (docs/bench has the small recipe's spread on the H20
 ``--repeats N`` trains every arm N times, in rounds that take
 the arms in turn (so a drift of the machine reaches every arm alike), each run in a fresh
 process; an arm then reports the median run's figures with every run's samples/s and host ms
-beside them. "vs ours" compares medians; "by round" divides each round's run by ours in the same
-round, which cancels the machine's drift from round to round, and takes those ratios' median.
+in a table of runs. "vs ours" compares medians; the runs table divides each run by ours in the
+same round, which cancels the machine's drift from round to round, and gives those ratios'
+median (the lower middle where the count is even).
 
     gemctl bench e2e recipes/h200_gem.yaml --set model.attention=block64 --out docs/bench
     python -m gem_platform.train.bench_e2e recipes/h200_gem.yaml --out docs/bench
@@ -305,8 +306,21 @@ def bench(recipe: Recipe, warmup: int = 10, steps: int = 20, profiled: int = 3,
         repeats=repeats)
 
 
+_ARM_ROWS: tuple[tuple[str, Callable[[ArmResult], str]], ...] = (
+    ("samples/s", lambda a: f"{a.samples_per_s:,.0f}"),
+    ("E2E MFU", lambda a: f"{a.mfu_e2e:.1%}"),
+    ("peak GB", lambda a: "-" if a.peak_memory_gb is None else f"{a.peak_memory_gb:.1f}"),
+    ("ms / step", lambda a: f"{a.step_ms:.1f}"),
+    ("host ms / step", lambda a: f"{a.host_thread_ms:.1f}"),
+    ("busy", lambda a: f"{a.busy_fraction:.0%}"),
+    ("warm-up s", lambda a: f"{a.warmup_s:.0f}"),
+    ("late compiles", lambda a: str(a.compiles_after_warmup)),
+)
+
+
 def render(result: E2EResult, console=None) -> None:  # noqa: ANN001 (rich Console)
-    """The arms side by side, then each kind of kernel's time per step."""
+    """The arms side by side, then (with repeats) every run, then each kind of kernel's time
+    per step."""
     from rich.console import Console
     from rich.table import Table
 
@@ -318,41 +332,44 @@ def render(result: E2EResult, console=None) -> None:  # noqa: ANN001 (rich Conso
     console.print(escape(f"{result.recipe} ({result.attention}, {result.precision}, "
                          f"{result.device}, batch {result.local_batch}){ratio}{runs}"))
     base = next((a.samples_per_s for a in result.arms if a.name == "ours" and not a.error), None)
-    by_round = result.repeats > 1 and base is not None
-    extra = ((["runs samples/s", "host ms, each run"] if result.repeats > 1 else [])
-             + (["vs ours"] if base else []) + (["vs ours, by round (median)"] if by_round else []))
-    arms = Table("arm", "samples/s", "E2E MFU", "peak GB", "ms / step", "host ms", "busy",
-                 "warm-up s", "late compiles", *extra)
-    for a in result.arms:
-        if a.error:
-            arms.add_row(a.name, escape(a.error[:60]), *[""] * (7 + len(extra)))
-            continue
-        mem = "-" if a.peak_memory_gb is None else f"{a.peak_memory_gb:.1f}"
-        more = (([" ".join(f"{q:,.0f}" for q in a.runs_samples_per_s),
-                  " ".join(f"{h:.1f}" for h in a.runs_host_thread_ms)]
-                 if result.repeats > 1 else [])
-                + ([f"{a.samples_per_s / base:.2f}x"] if base else [])
-                + ([_by_round(a.vs_ours_by_round)] if by_round else []))
-        arms.add_row(a.name, f"{a.samples_per_s:,.0f}", f"{a.mfu_e2e:.1%}", mem,
-                     f"{a.step_ms:.1f}", f"{a.host_thread_ms:.1f}", f"{a.busy_fraction:.0%}",
-                     f"{a.warmup_s:.0f}",
-                     str(a.compiles_after_warmup), *more)
+    # arms as columns, as in the kinds table below: fits a narrow terminal however many figures
+    arms = Table("", *[a.name for a in result.arms])
+    for label, cell in _ARM_ROWS + ((("vs ours", lambda a: f"{a.samples_per_s / base:.2f}x"),)
+                                    if base else ()):
+        arms.add_row(label, *[(escape(a.error[:60]) if label == "samples/s" else "")
+                              if a.error else cell(a) for a in result.arms])
     console.print(arms)
+    if result.repeats > 1:
+        console.print(_runs_table(result))
     kinds = sorted({k for a in result.arms for k in a.by_kind_ms},
                    key=lambda k: -max(a.by_kind_ms.get(k, 0.0) for a in result.arms))
-    table = Table("kind", *[f"{a.name} ms (of step)" for a in result.arms])
+    table = Table("kind", *[a.name for a in result.arms],
+                  title="kernel time, ms a step (share of the step)")
     for k in kinds:
         table.add_row(escape(k), *[f"{a.by_kind_ms.get(k, 0.0):.2f} "
                                    f"({a.by_kind_of_step.get(k, 0.0):.0%})" for a in result.arms])
     console.print(table)
 
 
-def _by_round(ratios: list[float]) -> str:
-    """Each round's ratio, then their median (the lower middle where the count is even)."""
-    if not ratios:
-        return "-"
-    middle = sorted(ratios)[(len(ratios) - 1) // 2]
-    return " ".join(f"{q:.2f}" for q in ratios) + f" ({middle:.2f}x)"
+def _runs_table(result: E2EResult):  # noqa: ANN202 (a rich Table)
+    """Every finished run of every arm, in order, with its ratio to ours in the same round
+    (where no round of the two failed) and the median of those ratios."""
+    from rich.table import Table
+
+    runs = Table("arm", "run", "samples/s", "host ms", "vs ours, same round")
+    for a in result.arms:
+        if a.error:
+            continue
+        by_round = (a.vs_ours_by_round if len(a.vs_ours_by_round) == len(a.runs_samples_per_s)
+                    else [])
+        for i, (q, h) in enumerate(zip(a.runs_samples_per_s, a.runs_host_thread_ms,
+                                       strict=True)):
+            runs.add_row(a.name if i == 0 else "", str(i + 1), f"{q:,.0f}", f"{h:.1f}",
+                         f"{by_round[i]:.2f}x" if by_round else "-")
+        if a.vs_ours_by_round:
+            middle = sorted(a.vs_ours_by_round)[(len(a.vs_ours_by_round) - 1) // 2]
+            runs.add_row("", "median", "", "", f"{middle:.2f}x")
+    return runs
 
 
 def write(result: E2EResult, out: str | Path) -> Path:
