@@ -122,6 +122,12 @@ class ArmResult:
     vs_ours_by_round: list[float] = field(default_factory=list)
 
 
+def lower_middle(items: list, key: Callable | None = None):  # noqa: ANN202 (an item)
+    """The median item, the lower of the two middle ones where the count is even: always one
+    that was measured, never an average of two."""
+    return sorted(items, key=key)[(len(items) - 1) // 2]
+
+
 def median_run(name: str, runs: list[ArmResult]) -> ArmResult:
     """An arm trained several times, reported by its median run (the lower of the two middle
     runs where the count is even) with every finished run's samples/s in
@@ -130,7 +136,7 @@ def median_run(name: str, runs: list[ArmResult]) -> ArmResult:
     done = [r for r in runs if r.error is None]
     if not done:
         return runs[0]
-    middle = sorted(done, key=lambda r: r.samples_per_s)[(len(done) - 1) // 2]
+    middle = lower_middle(done, key=lambda r: r.samples_per_s)
     return replace(middle, name=name, runs_samples_per_s=[r.samples_per_s for r in done],
                    runs_host_thread_ms=[r.host_thread_ms for r in done])
 
@@ -367,8 +373,7 @@ def _runs_table(result: E2EResult):  # noqa: ANN202 (a rich Table)
             runs.add_row(a.name if i == 0 else "", str(i + 1), f"{q:,.0f}", f"{h:.1f}",
                          f"{by_round[i]:.2f}x" if by_round else "-")
         if a.vs_ours_by_round:
-            middle = sorted(a.vs_ours_by_round)[(len(a.vs_ours_by_round) - 1) // 2]
-            runs.add_row("", "median", "", "", f"{middle:.2f}x")
+            runs.add_row("", "median", "", "", f"{lower_middle(a.vs_ours_by_round):.2f}x")
     return runs
 
 
