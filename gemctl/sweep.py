@@ -110,10 +110,11 @@ def verdict_table(cmp) -> Table:
                      "left")
     for v in cmp.verdicts:
         digits = 4 if v.unit == "" else 3
-        reg = f"{v.regression:+.{digits}f}{v.unit}"
+        reg = f"{v.regression:+.{digits}f}{v.unit}" if math.isfinite(v.regression) else "-"
         if not math.isnan(v.low):
             reg += f" [{v.low:+.{digits}f},{v.high:+.{digits}f}]"
         settle = "" if v.verdict != "inconclusive" else (
+            "a finite value in every run" if v.unmeasured else
             f"~{v.seeds_needed} seeds" if v.seeds_needed else
             "needs 2+ seeds" if math.isnan(v.low) else "unknown")
         t.add_row(render.esc(v.arm), render.esc(v.metric.removeprefix("eval/")), reg,
@@ -128,7 +129,12 @@ def _render_comparison(cmp, uri: str, plot: Path | None, as_json: bool,
 
     plot_paths: list[Path] = []
     if plot is not None:
-        plot_paths = plot_comparison(uri, cmp, ids or [], plot, gates)
+        try:  # the charts are a by-product: an unwritable folder must not cost the verdicts
+            plot_paths = plot_comparison(uri, cmp, ids or [], plot, gates)
+        except OSError as err:
+            render.error(f"The plots were not written: {err.strerror or err} "
+                         f"({err.filename or plot}).", "Pass --plot PATH in a writable "
+                         "folder, or --no-plot.")
         if uri:
             for path in plot_paths:
                 log_plot(uri, cmp.parent_run_ids, path)
@@ -144,15 +150,16 @@ def _render_comparison(cmp, uri: str, plot: Path | None, as_json: bool,
         console.print(verdict_table(cmp))
     commits = {c for arm in cmp.arms for c in arm.commits.values()}
     if len(commits) > 1:
-        console.print(f"[yellow]runs from {len(commits)} commits[/]: " + "; ".join(
+        console.print(f"[yellow]runs from {len(commits)} commits[/]: " + render.esc("; ".join(
             f"{arm.arm} seed {s}: {c[:10]}" for arm in cmp.arms
-            for s, c in arm.commits.items()), highlight=False)
+            for s, c in arm.commits.items())), highlight=False)
     if cmp.skipped:
         console.print(f"[yellow]left out {len(cmp.skipped)} unfinished run(s)[/]: "
-                             + ", ".join(cmp.skipped), highlight=False)
+                      + render.esc(", ".join(cmp.skipped)), highlight=False)
     if plot_paths:
         where = " (logged to the parent run)" if cmp.parent_run_ids and uri else ""
-        console.print(f"plots: {', '.join(map(str, plot_paths))}{where}", highlight=False)
+        console.print(f"plots: {render.esc(', '.join(map(str, plot_paths)))}{where}",
+                      highlight=False)
 
 
 def _default_plot(ids: list[str]) -> Path:
@@ -383,8 +390,11 @@ def compare(
     if not as_json:
         for v in cmp.verdicts:
             if v.verdict != "pass":
-                (render.error if v.verdict == "fail" else console.print)(
-                    f"gate {v.verdict.upper()}: {v.message}")
+                if v.verdict == "fail":
+                    render.error(f"gate FAIL: {v.message}")
+                else:
+                    console.print(f"gate {v.verdict.upper()}: {render.esc(v.message)}",
+                                  highlight=False, soft_wrap=True)
         summary = {0: "[green]gates passed[/]", 1: "[red]gates FAILED[/]",
                    3: "[yellow]gates INCONCLUSIVE[/] (no gate failed)"}[code]
         console.print(summary, highlight=False)

@@ -71,18 +71,24 @@ class Comparison:
         return [v for v in self.verdicts if v.verdict == FAIL]
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON form (``gemctl compare --json``); ``results.load_results`` reads it back."""
+        """JSON form (``gemctl compare --json``); ``results.load_results`` reads it back.
+        Strict JSON: a run's non-finite value is the string "nan" / "inf" / "-inf", any other
+        non-finite number null."""
 
         def clean(obj: Any) -> Any:
             if isinstance(obj, float):
-                return None if math.isnan(obj) else obj
+                return obj if math.isfinite(obj) else None
             if isinstance(obj, dict):
                 return {k: clean(v) for k, v in obj.items()}
             if isinstance(obj, list):
                 return [clean(v) for v in obj]
             return obj
 
-        return {"format": COMPARISON_FORMAT, **clean(asdict(self)),
+        body = asdict(self)
+        for arm in body["arms"]:  # a run's NaN or infinity stays readable (strict JSON)
+            arm["per_seed"] = {k: [v if v is None or math.isfinite(v) else str(v) for v in vs]
+                               for k, vs in arm["per_seed"].items()}
+        return {"format": COMPARISON_FORMAT, **clean(body),
                 "exit_code": exit_code(self.verdicts)}
 
 

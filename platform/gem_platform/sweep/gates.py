@@ -10,6 +10,12 @@ worse):
   verdict then says how many seeds the observed spread would need to settle it, if the mean
   and spread stayed as they are.
 
+A gate is never dropped because its metric can't be measured. Where a run of the arm or of the
+baseline holds NaN, an infinity or no value at all for the gated metric (a diverged model; an
+eval split without positives, whose NE a run does not record), the verdict names the arm, the
+seeds and the values: fail when the arm's value is not finite where the baseline's is (the
+arm broke), inconclusive otherwise (nothing to compare).
+
 A pipeline reads the verdicts by exit code (``EXIT_CODES``) or from ``gemctl compare --json``.
 """
 
@@ -27,7 +33,9 @@ class GatedArm(Protocol):
     """What a gate reads of one arm of a comparison (compare.ArmResult)."""
 
     arm: str
+    seeds: Sequence[str]
     deltas: Mapping[str, Delta]
+    per_seed: Mapping[str, Sequence[float | None]]
 
 
 class GatedComparison(Protocol):
@@ -40,9 +48,12 @@ class GatedComparison(Protocol):
     @property
     def arms(self) -> Sequence[GatedArm]: ...
 
+
 PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
 VerdictWord = Literal["pass", "fail", "inconclusive"]
 
+# The tasks every run evaluates (data.batch.TASKS): gated when no run recorded any task.
+DEFAULT_TASKS = ("ctr", "cvr")
 # Exit codes of `gemctl compare` with gates; 2 is bad input (every gemctl command).
 EXIT_PASS, EXIT_FAIL, EXIT_INCONCLUSIVE = 0, 1, 3
 EXIT_CODES = {EXIT_PASS: "every gate passed (or none was set)",
@@ -81,6 +92,8 @@ class Verdict:
     seeds: int
     seeds_needed: int | None
     message: str
+    # the runs whose value is NaN, infinite or missing, in words (None: every value finite)
+    unmeasured: str | None = None
 
 
 def judge(arm: str, metric: str, delta: Delta, limit: float, worse_if: Literal[1, -1],
@@ -116,24 +129,93 @@ def judge(arm: str, metric: str, delta: Delta, limit: float, worse_if: Literal[1
                    f"arm '{arm}': {shown}: {word.upper()}, {why}")
 
 
+def _gate_checks(tasks: Sequence[str], gates: Gates
+                 ) -> list[tuple[str, float, Literal[1, -1], str, str, str]]:
+    """(metric, limit, direction, unit, label, option) of every gate that is set."""
+    checks: list[tuple[str, float | None, Literal[1, -1], str, str, str]] = []
+    for task in tasks or DEFAULT_TASKS:
+        checks.append((f"eval/ne_{task}", gates.max_ne_regression_pct, 1, "%", f"NE {task}",
+                       "--max-ne-regression"))
+        checks.append((f"eval/auc_{task}", gates.max_auc_drop, -1, "", f"AUC {task}",
+                       "--max-auc-drop"))
+    checks.append(("perf/qps", gates.max_qps_drop_pct, -1, "%", "QPS", "--max-qps-drop"))
+    return [(m, limit, w, u, lab, o) for m, limit, w, u, lab, o in checks if limit is not None]
+
+
+def _value_word(value: float | None) -> str | None:
+    """'missing', 'nan', 'inf' or '-inf' for a value no gate can use; None for a finite one."""
+    if value is None:
+        return "missing"
+    return None if math.isfinite(value) else str(float(value))
+
+
+def _unusable(res: GatedArm, metric: str) -> dict[str, str]:
+    """seed -> 'missing' / 'nan' / 'inf' for the runs of ``res`` without a finite ``metric``."""
+    values = list(res.per_seed.get(metric) or [])
+    values += [None] * (len(res.seeds) - len(values))
+    return {seed: word for seed, v in zip(res.seeds, values, strict=False)
+            if (word := _value_word(v)) is not None}
+
+
+def _listed(words: Mapping[str, str]) -> str:
+    return ", ".join(f"seed {seed}: {word}" for seed, word in words.items())
+
+
+def judge_unmeasured(res: GatedArm, base: GatedArm | None, metric: str, limit: float,
+                     unit: str, label: str, option: str) -> Verdict | None:
+    """The verdict of a gate some of whose runs lack a finite value (None when all have one):
+    FAIL where the arm's value is NaN or infinite and the baseline's in the same seed is
+    finite, else INCONCLUSIVE; the message names the arm, the seeds and the values."""
+    arm_bad = _unusable(res, metric)
+    base_bad = _unusable(base, metric) if base is not None else {}
+    if not arm_bad and not base_bad:
+        return None
+    base_seeds = set(base.seeds) if base is not None else set()
+    broke = {s: w for s, w in arm_bad.items()
+             if w != "missing" and s in base_seeds and s not in base_bad}
+    parts = []
+    if arm_bad:
+        parts.append(f"arm '{res.arm}' {_listed(arm_bad)}")
+    if base_bad:
+        parts.append(f"baseline '{base.arm}' {_listed(base_bad)}")  # type: ignore[union-attr]
+    unmeasured = "; ".join(parts)
+    if broke:
+        word: VerdictWord = FAIL
+        why = (f"the arm's {label} is not finite ({_listed(broke)}) where the baseline's is: "
+               "the arm diverged or broke its evaluation")
+    else:
+        word = INCONCLUSIVE
+        why = (f"{label} can't be compared: a run records no value it could not compute (an "
+               "eval split without positives, a diverged model); rerun those seeds or fix "
+               "their data")
+    finite = len(res.seeds) - len(arm_bad)
+    return Verdict(res.arm, metric, word, math.nan, math.nan, math.nan, limit, unit, finite,
+                   None, f"arm '{res.arm}': {label} is not finite in every run "
+                   f"({unmeasured}): {word.upper()}, {why} ({option} {limit:g}{unit})",
+                   unmeasured)
+
+
 def check_gates(cmp: GatedComparison, gates: Gates) -> list[Verdict]:
-    """A verdict per gated (arm, metric), arms in the comparison's order."""
+    """A verdict per gated (arm, metric), arms in the comparison's order; a gate whose metric
+    is not finite in some run gets a FAIL or INCONCLUSIVE verdict that says so."""
+    base = next((res for res in cmp.arms if res.arm == cmp.baseline), None)
     out: list[Verdict] = []
     for res in cmp.arms:
         if res.arm == cmp.baseline:
             continue
-        checks: list[tuple[str, float | None, Literal[1, -1], str, str, str]] = []
-        for task in cmp.tasks:
-            checks.append((f"eval/ne_{task}", gates.max_ne_regression_pct, 1, "%",
-                           f"NE {task}", "--max-ne-regression"))
-            checks.append((f"eval/auc_{task}", gates.max_auc_drop, -1, "", f"AUC {task}",
-                           "--max-auc-drop"))
-        checks.append(("perf/qps", gates.max_qps_drop_pct, -1, "%", "QPS", "--max-qps-drop"))
-        for metric, limit, worse_if, unit, label, option in checks:
+        for metric, limit, worse_if, unit, label, option in _gate_checks(cmp.tasks, gates):
+            verdict = judge_unmeasured(res, base, metric, limit, unit, label, option)
             delta = res.deltas.get(metric)
-            if limit is None or delta is None or math.isnan(delta.value):
-                continue
-            out.append(judge(res.arm, metric, delta, limit, worse_if, unit, label, option))
+            if verdict is not None:
+                out.append(verdict)
+            elif delta is None or not math.isfinite(delta.value):  # e.g. a baseline mean of 0
+                out.append(Verdict(res.arm, metric, INCONCLUSIVE, math.nan, math.nan, math.nan,
+                                   limit, unit, 0, None,
+                                   f"arm '{res.arm}': {label}: INCONCLUSIVE, no finite "
+                                   f"difference to the baseline ({option} {limit:g}{unit})",
+                                   "no finite difference to the baseline"))
+            else:
+                out.append(judge(res.arm, metric, delta, limit, worse_if, unit, label, option))
     return out
 
 

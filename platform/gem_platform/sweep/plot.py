@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gem_platform.sweep.compare import Comparison
-from gem_platform.sweep.gates import Gates
+from gem_platform.sweep.gates import DEFAULT_TASKS, Gates
 from gem_platform.sweep.results import is_results_file, load_results
 
 CURVES = (("train/ne_ctr", "train NE (ctr)"), ("eval/ne_ctr", "eval NE (ctr)"))
@@ -59,6 +59,12 @@ def _band(runs: list[Points]) -> tuple[list[int], list[float], list[float], list
             [max(v) for v in vals])
 
 
+def _label(text: str) -> str:
+    """``text`` as matplotlib shows it literally: a '$' would start mathtext (and a lone one
+    fails to parse)."""
+    return text.replace("$", r"\$")
+
+
 def _pyplot() -> Any:
     import matplotlib
 
@@ -85,7 +91,7 @@ def plot_ne_vs_step(cmp: Comparison, runs: dict[str, dict[str, Points]], path: s
                 continue
             base = arm.arm == cmp.baseline
             line, = ax.plot(steps, mean, "-" if base else "--", marker="o", markersize=3,
-                            label=f"{arm.arm} (n={len(arm.run_ids)})"
+                            label=f"{_label(arm.arm)} (n={len(arm.run_ids)})"
                                   f"{' baseline' if base else ''}")
             if len(arm.run_ids) > 1:
                 ax.fill_between(steps, low, high, color=line.get_color(), alpha=0.2,
@@ -100,7 +106,7 @@ def plot_ne_vs_step(cmp: Comparison, runs: dict[str, dict[str, Points]], path: s
         if drawn:
             ax.legend(fontsize=8)
     fig.suptitle(f"NE vs step per arm, mean and seed range "
-                 f"({', '.join(cmp.sweep_ids) or 'selected runs'})", fontsize=10)
+                 f"({_label(', '.join(cmp.sweep_ids)) or 'selected runs'})", fontsize=10)
     return _save(fig, path)
 
 
@@ -108,8 +114,9 @@ def plot_deltas(cmp: Comparison, path: str | Path, gates: Gates | None = None) -
     """Write the chart of each arm's delta to the baseline (NE in %, AUC absolute, one panel
     per metric) with its 95% interval and, where set, the gate's limit."""
     plt = _pyplot()
-    metrics = [(f"eval/ne_{t}", f"Δ NE {t} (% of baseline)") for t in cmp.tasks]
-    metrics += [(f"eval/auc_{t}", f"Δ AUC {t}") for t in cmp.tasks]
+    tasks = cmp.tasks or DEFAULT_TASKS  # no task recorded anywhere: empty panels, no crash
+    metrics = [(f"eval/ne_{t}", f"Δ NE {_label(t)} (% of baseline)") for t in tasks]
+    metrics += [(f"eval/auc_{t}", f"Δ AUC {_label(t)}") for t in tasks]
     arms = [a for a in cmp.arms if a.arm != cmp.baseline]
     fig, axes = plt.subplots(1, len(metrics), figsize=(4 * len(metrics), 1.2 + 0.5 * len(arms)),
                              squeeze=False)
@@ -131,11 +138,11 @@ def plot_deltas(cmp: Comparison, path: str | Path, gates: Gates | None = None) -
         if limit is not None:
             ax.axvline(limit, color="red", linestyle=":", label="gate")
             ax.legend(fontsize=8)
-        ax.set_yticks(range(len(arms)), [a.arm for a in arms])
+        ax.set_yticks(range(len(arms)), [_label(a.arm) for a in arms])
         ax.set_ylim(-0.5, max(len(arms) - 0.5, 0.5))
         ax.set_xlabel(label)
         ax.grid(alpha=0.3, axis="x")
-    fig.suptitle(f"Δ vs baseline '{cmp.baseline}' with 95% intervals (x: one seed, no "
+    fig.suptitle(f"Δ vs baseline '{_label(cmp.baseline)}' with 95% intervals (x: one seed, no "
                  "interval)", fontsize=10)
     return _save(fig, path)
 

@@ -1,0 +1,127 @@
+"""A gate whose metric is NaN, infinite or missing in some run is never dropped: it is FAIL
+(the arm's value is not finite where the baseline's is) or INCONCLUSIVE (a value is missing,
+or the baseline's is not finite), naming the arm, the seeds and the values. Where no NE is
+finite at all, compare neither crashes in plotting nor loses its --json verdicts, and arm names
+that look like rich markup or matplotlib mathtext are shown as written."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from gem_platform.sweep.compare import compare
+from gem_platform.sweep.gates import Gates
+from gemctl.main import app
+
+BASE_NE = [0.900, 0.910, 0.920]
+
+
+def results(path: Path, arm_ne: list[float | None], base_ne: list[float | None] | None = None,
+            arm: str = "arm") -> Path:
+    """A results file (gem-sweep-results/1) of a baseline and one arm; None = not recorded."""
+    trials = []
+    for seed, (base, ne) in enumerate(zip(base_ne or BASE_NE, arm_ne, strict=True)):
+        for name, value in (("base", base), (arm, ne)):
+            metrics = {"eval/auc_ctr": 0.7, "perf/qps": 1000.0}
+            if value is not None:
+                metrics["eval/ne_ctr"] = value
+            trials.append({"arm": name, "seed": str(seed), "run_id": f"{name}{seed}",
+                           "metrics": metrics})
+    path.write_text(json.dumps({"format": "gem-sweep-results/1", "sweep": path.stem,
+                                "baseline": "base", "trials": trials}))
+    return path
+
+
+def gemctl(*args: str):
+    return CliRunner().invoke(app, list(args), catch_exceptions=True, terminal_width=200,
+                              prog_name="gemctl")
+
+
+def no_traceback(result, code: int) -> str:
+    out = result.output + result.stderr
+    assert result.exit_code == code, (result.exit_code, out, result.exception)
+    assert result.exception is None or isinstance(result.exception, SystemExit), \
+        repr(result.exception)
+    assert "Traceback" not in out
+    return " ".join(out.split())
+
+
+NAN, INF = math.nan, math.inf
+CASES = {  # arm's NE per seed, baseline's NE per seed, verdict, exit code, words it names
+    "arm_nan": ([NAN, NAN, NAN], None, "fail", 1, ["seed 0: nan", "seed 2: nan"]),
+    "arm_inf_one_seed": ([0.9, INF, 0.92], None, "fail", 1, ["seed 1: inf"]),
+    "arm_missing": ([None, None, None], None, "inconclusive", 3, ["seed 0: missing"]),
+    "arm_missing_one": ([0.9, 0.91, None], None, "inconclusive", 3, ["seed 2: missing"]),
+    "base_nan": ([0.9, 0.91, 0.92], [NAN, 0.91, 0.92], "inconclusive", 3,
+                 ["baseline 'base'", "seed 0: nan"]),
+    "all_nan": ([NAN] * 3, [NAN] * 3, "inconclusive", 3, ["baseline 'base'"]),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_unmeasured_gate_is_judged_and_named(tmp_path: Path, name: str):
+    arm_ne, base_ne, verdict, code, words = CASES[name]
+    path = results(tmp_path / f"{name}.json", arm_ne, base_ne)
+    cmp = compare("", [str(path)], gates=Gates(max_ne_regression_pct=0.1))
+    (v,) = [v for v in cmp.verdicts if v.metric == "eval/ne_ctr"]
+    assert (v.arm, v.verdict) == ("arm", verdict), v.message
+    for word in words:
+        assert word in v.message, v.message
+    result = gemctl("compare", str(path), "--max-ne-regression", "0.1%", "--no-plot")
+    out = no_traceback(result, code)
+    assert "gates passed" not in out and f"gate {verdict.upper()}" in out
+    body = json.loads(gemctl("compare", str(path), "--max-ne-regression", "0.1%", "--no-plot",
+                             "--json").stdout)
+    assert body["exit_code"] == code
+    assert [v["verdict"] for v in body["verdicts"] if v["metric"] == "eval/ne_ctr"] == [verdict]
+
+
+def test_no_quality_metric_recorded_at_all(tmp_path: Path, monkeypatch):
+    """No run recorded any NE (an eval split without positives drops it): the NE gate is still
+    judged, the plots are written, and --json prints the verdicts."""
+    monkeypatch.chdir(tmp_path)
+    path = results(tmp_path / "none.json", [None] * 3, [None] * 3)
+    result = gemctl("compare", str(path), "--max-ne-regression", "0.1%", "--json")
+    no_traceback(result, 3)
+    body = json.loads(result.stdout)
+    assert {v["metric"] for v in body["verdicts"]} >= {"eval/ne_ctr"}
+    assert {v["verdict"] for v in body["verdicts"]} == {"inconclusive"}
+    assert all(Path(p).is_file() for p in body["plots"])
+
+
+def test_json_keeps_non_finite_values_and_reads_them_back(tmp_path: Path):
+    """--json is strict JSON (no NaN/Infinity tokens) and a saved comparison reads back to the
+    same verdict."""
+    path = results(tmp_path / "r.json", [0.9, INF, 0.92])
+    first = gemctl("compare", str(path), "--max-ne-regression", "0.1%", "--no-plot", "--json")
+    no_traceback(first, 1)
+    json.loads(first.stdout, parse_constant=lambda c: pytest.fail(f"non-JSON token {c}"))
+    saved = tmp_path / "cmp.json"
+    saved.write_text(first.stdout)
+    again = gemctl("compare", str(saved), "--max-ne-regression", "0.1%", "--no-plot")
+    assert "seed 1: inf" in no_traceback(again, 1)
+
+
+@pytest.mark.parametrize("arm", ["[bold]x", "[/]", "a[/red]b", "$\\frac{$", "x\\"])
+def test_arm_names_shown_as_written(tmp_path: Path, monkeypatch, arm: str):
+    """Markup-like or mathtext-like arm names in tables, gate messages and plots."""
+    monkeypatch.chdir(tmp_path)
+    for i, ne in enumerate(([NAN] * 3, [0.91, 0.92, 0.93])):
+        path = results(tmp_path / f"r{i}.json", ne, arm=arm)
+        result = gemctl("compare", str(path), "--max-ne-regression", "0.1%")
+        out = no_traceback(result, 1)
+        assert f"arm '{arm}'" in out
+
+
+def test_an_unwritable_plot_path_keeps_the_verdicts(tmp_path: Path):
+    path = results(tmp_path / "r.json", [0.91, 0.92, 0.93])
+    (tmp_path / "file").write_text("not a folder")
+    result = gemctl("compare", str(path), "--max-ne-regression", "0.1%", "--json", "--plot",
+                    str(tmp_path / "file" / "ne.png"))
+    no_traceback(result, 1)
+    assert "plots were not written" in " ".join(result.stderr.split())
+    assert json.loads(result.stdout)["verdicts"][0]["verdict"] == "fail"
