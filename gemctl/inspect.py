@@ -47,6 +47,22 @@ def planning_meta(r: Recipe, meta_file: Path | None) -> tuple[DatasetMeta, str]:
         "the real dataset)")
 
 
+def check_cluster_size(**options: int | None) -> None:
+    """Refuse, before anything loads, a cluster larger than any run can be: ``options`` maps
+    an option's spelling (``world``) to its value."""
+    from gem_platform.errors import GemError
+    from gem_platform.topology.config import MAX_WORLD
+
+    for name, value in options.items():
+        if value is not None and value > MAX_WORLD:
+            flag = "--" + name.replace("_", "-")
+            raise GemError(
+                f"{flag} {value:,} is beyond the largest cluster gemctl plans for ({MAX_WORLD:,} "
+                "ranks: more than any cluster trains one model on, and every rank's groups "
+                "and batches are computed one by one).",
+                f"Pass the cluster's real size, at most {MAX_WORLD:,} (e.g. {flag} 4096).")
+
+
 def plan_tables(p: Plan, world: int, gph: int, hosts_per_zone: int | None) -> list[Table]:
     """Process groups, collectives per step, and the flat baseline, as rich tables."""
     from gem_platform.topology import COLUMNS, GROUP_COLUMNS
@@ -82,6 +98,7 @@ def plan(
 ) -> None:
     """Print every process group, the network tier each collective crosses and its bytes per
     step, for the recipe's model on a cluster of the given shape."""
+    check_cluster_size(world=world, gpus_per_host=gpus_per_host, hosts_per_zone=hosts_per_zone)
     from gem_platform.recipe import load_recipe
     from gem_platform.topology import ClusterShape, build_plan
     from gem_platform.topology.plan import human_bytes
@@ -148,6 +165,7 @@ def profile_data(
 ) -> None:
     """Padding waste and straggler overhead of the recipe's data, without training: no
     balancing vs BBS vs a global balanced partition (the upper bound)."""
+    check_cluster_size(world=world)
     from gem_platform.recipe import load_recipe
 
     r = load_recipe(recipe, set_ or [])

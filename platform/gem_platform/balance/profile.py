@@ -151,6 +151,12 @@ def profile_lengths(
     (global minimum of samples per rank // local_batch). ``include_global=False`` skips the
     upper bound (its row is then absent and shares of its gain are None).
     """
+    if isinstance(lengths, np.ndarray) and lengths.ndim == 1 and \
+            lengths.size < world * local_batch:  # before dealing to ranks: O(world) work
+        raise RecipeError(
+            f"{lengths.size:,} training samples can't give {world:,} ranks a local batch of "
+            f"{local_batch:,} each: one step needs {world * local_batch:,}.",
+            "Profile fewer ranks (--world), a smaller --local-batch, or a larger dataset.")
     per_rank = _per_rank(lengths, world, cfg.seed)
     try:
         base = LoaderConfig.model_validate({**cfg.model_dump(), "local_batch_size": local_batch})

@@ -17,9 +17,18 @@ EmbeddingSharding = Literal["auto", "table_wise", "row_wise", "column_wise", "ta
 Backend = Literal["auto", "gloo", "nccl"]
 
 
+# Ranks a run or a plan may span: more than any cluster trains one model on together. A plan
+# lists every rank's process groups and a run starts a worker per rank, so a larger size is a
+# typo (an extra digit), refused at once rather than planned for minutes.
+MAX_WORLD = 131_072
+MAX_CPUS_PER_WORKER = 4096
+
+
 def divisors(n: int) -> list[int]:
-    """All positive divisors of ``n``, ascending (used to suggest valid sizes in errors)."""
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """All positive divisors of ``n``, ascending (used to suggest valid sizes in errors); in
+    sqrt(n) steps, so an error about a huge size is still immediate."""
+    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 def _suggest(n: int, limit: int = 12) -> str:
@@ -55,22 +64,24 @@ class ParallelConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    workers: int = Field(2, ge=1, description="World size of the run.")
+    workers: int = Field(2, ge=1, le=MAX_WORLD, description="World size of the run.")
     gpus_per_host: int | None = Field(
-        None, ge=1, description="Ranks per host; None = discover (CPU workers: 1 per host)."
+        None, ge=1, le=MAX_WORLD,
+        description="Ranks per host; None = discover (CPU workers: 1 per host)."
     )
     hosts_per_zone: int | None = Field(
-        None, ge=1, description="Hosts per network zone; None = discover (or one zone)."
+        None, ge=1, le=MAX_WORLD,
+        description="Hosts per network zone; None = discover (or one zone)."
     )
-    hsdp_shard_group: int | None = Field(None, ge=1)
-    expert_parallel: int = Field(1, ge=1)
-    expert_shard_hosts: int | None = Field(None, ge=1)
-    embedding_group: int | None = Field(None, ge=1)
+    hsdp_shard_group: int | None = Field(None, ge=1, le=MAX_WORLD)
+    expert_parallel: int = Field(1, ge=1, le=MAX_WORLD)
+    expert_shard_hosts: int | None = Field(None, ge=1, le=MAX_WORLD)
+    embedding_group: int | None = Field(None, ge=1, le=MAX_WORLD)
     embedding_host_split: bool = False
     embedding_sharding: EmbeddingSharding = "auto"
     backend: Backend = "auto"
     use_gpu: bool = False
-    cpus_per_worker: int = Field(1, ge=1)
+    cpus_per_worker: int = Field(1, ge=1, le=MAX_CPUS_PER_WORKER)
     zone_label: str = "gem.zone"
 
     def resolved_backend(self) -> Literal["gloo", "nccl"]:

@@ -1,0 +1,64 @@
+"""Sizes no cluster has are refused at once, with the limit and why: `gemctl plan --world
+1000000000` and `gemctl profile-data --world 100000000` answer in well under a second instead
+of computing for minutes, and so do the recipe's own parallel sizes."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from gem_platform.balance.config import LoaderConfig
+from gem_platform.balance.profile import profile_lengths
+from gem_platform.errors import RecipeError
+from gem_platform.topology.config import MAX_WORLD, ParallelConfig, divisors
+from tests.cli.conftest import REPO, clean_exit
+
+DEMO = str(REPO / "recipes" / "demo.yaml")
+
+
+def timed(gemctl, *args: str):
+    start = time.perf_counter()
+    result = gemctl(*args)
+    return result, time.perf_counter() - start
+
+
+@pytest.mark.parametrize("args, flag", [
+    (("plan", DEMO, "--world", "1000000000"), "--world"),
+    (("plan", DEMO, "--gpus-per-host", "99999999999"), "--gpus-per-host"),
+    (("plan", DEMO, "--world", "64", "--hosts-per-zone", "10000000"), "--hosts-per-zone"),
+    (("profile-data", DEMO, "--world", "100000000"), "--world"),
+])
+def test_impossible_cluster_options(gemctl, args, flag):
+    result, seconds = timed(gemctl, *args)
+    clean_exit(result, 2)
+    assert seconds < 1.0, seconds
+    text = " ".join(result.stderr.split())
+    assert flag in text and f"{MAX_WORLD:,}" in text and "largest cluster" in text
+
+
+@pytest.mark.parametrize("override", ["parallel.workers=1000000000",
+                                      "parallel.hsdp_shard_group=999999999",
+                                      "parallel.cpus_per_worker=100000000"])
+def test_impossible_recipe_sizes(gemctl, override):
+    result, seconds = timed(gemctl, "validate", DEMO, "--set", override)
+    clean_exit(result, 2)
+    assert seconds < 1.0, seconds
+    assert override.split("=")[0] in result.stderr and "less than or equal" in result.stderr
+
+
+def test_a_size_that_does_not_divide_a_huge_world_is_named_at_once():
+    start = time.perf_counter()
+    with pytest.raises(RecipeError, match="does not divide"):
+        ParallelConfig(workers=MAX_WORLD - 1, hsdp_shard_group=2).validate_against_world()
+    assert time.perf_counter() - start < 0.5
+    assert divisors(36) == [1, 2, 3, 4, 6, 9, 12, 18, 36]
+    assert divisors(1) == [1] and divisors(13) == [1, 13]
+
+
+def test_more_ranks_than_samples_is_refused_before_dealing():
+    start = time.perf_counter()
+    with pytest.raises(RecipeError, match="100,000,000 ranks"):
+        profile_lengths(np.ones(5000), world=100_000_000, local_batch=8, cfg=LoaderConfig())
+    assert time.perf_counter() - start < 0.5
