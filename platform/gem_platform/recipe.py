@@ -83,6 +83,12 @@ class TrainConfig(_Strict):
     steps: int = Field(200, ge=1, le=10**9, description="training steps")
     lr: float = Field(2e-3, gt=0, le=10, description="AdamW learning rate of the dense part")
     sparse_lr: float = Field(0.05, gt=0, le=100, description="Adagrad learning rate of embeddings")
+    sparse_eps: float = Field(
+        1e-10, gt=0, le=1.0,
+        description="Adagrad epsilon of the embedding tables: update = lr * g / (sqrt(sum g^2) + "
+        "eps). At 1e-10 a row's first update is lr per element whatever its gradient, so a row "
+        "seen once takes a full step from one sample; an eps near the size of one sample's "
+        "gradient keeps rarely seen rows quiet while frequent rows train as plain Adagrad")
     weight_decay: float = Field(0.01, ge=0, le=10, description="AdamW weight decay")
     warmup_steps: int = Field(20, ge=0, le=10**9, description="linear learning-rate warm-up steps")
     grad_clip: float | None = Field(1.0, gt=0, le=1e6,

@@ -132,7 +132,7 @@ def _single_process(model: nn.Module, recipe: Recipe, choice: StrategyChoice) ->
 
     layout = recipe.parallel.embedding_sharding
     spec = EmbeddingShardingSpec("table_wise" if layout == "auto" else layout, 1,
-                                 recipe.train.sparse_lr, device.type)
+                                 recipe.train.sparse_lr, device.type, recipe.train.sparse_eps)
     inner = shard_embeddings(model, spec, ensure_process_group(device), device)
     table_ids = {id(p) for p in inner.module.embedding_parameters()}
     dense = [p for p in inner.module.parameters() if id(p) not in table_ids]
@@ -212,7 +212,7 @@ def _shard_tables(model: nn.Module, recipe: Recipe, groups: RankGroups, world: i
 
     size = len(groups.ranks(GroupKind.EMBEDDING))
     spec = EmbeddingShardingSpec(recipe.parallel.embedding_sharding, size,
-                                 recipe.train.sparse_lr, device.type)
+                                 recipe.train.sparse_lr, device.type, recipe.train.sparse_eps)
     replica_sync = None
     if size == world:
         dmp = shard_embeddings(model, spec, groups.group(GroupKind.EMBEDDING), device)

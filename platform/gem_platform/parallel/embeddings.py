@@ -32,7 +32,7 @@ from gem_platform.topology.config import EmbeddingSharding
 # TorchRec offers row-wise layouts only for CUDA and MTIA devices; on CPU the row-wise lookup
 # (bucketize ids by row range, all_to_all, fused CPU kernel) works all the same.
 _ROW_TYPES = [ShardingType.ROW_WISE.value, ShardingType.TABLE_ROW_WISE.value]
-ADAGRAD_EPS = 1e-10  # torch.optim.Adagrad's default: the unsharded tables train identically
+ADAGRAD_EPS = 1e-10  # torch.optim.Adagrad's default; recipes set train.sparse_eps
 
 
 class _CpuRowWiseMixin:
@@ -57,10 +57,11 @@ class EmbeddingShardingSpec:
     group_size: int
     learning_rate: float
     compute_device: str = "cpu"
+    eps: float = ADAGRAD_EPS
 
     def fused_params(self) -> dict[str, object]:
         return {"optimizer": EmbOptimType.EXACT_ADAGRAD, "learning_rate": self.learning_rate,
-                "eps": ADAGRAD_EPS}
+                "eps": self.eps}
 
     def sharders(self) -> list:
         fused = self.fused_params()

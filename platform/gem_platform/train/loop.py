@@ -334,8 +334,8 @@ def setup(recipe: Recipe, info: RankInfo) -> Run:
     par = parallelize(build_model(recipe, meta, device), recipe)
     dense_opt = dense_optimizer(par.dense_params, recipe.train, device)
     # Sharded tables (TorchRec) train with their fused optimizer; replicated ones with Adagrad.
-    sparse_opt = par.sparse_optimizer or torch.optim.Adagrad(par.sparse_params,
-                                                             lr=recipe.train.sparse_lr)
+    sparse_opt = par.sparse_optimizer or torch.optim.Adagrad(
+        par.sparse_params, lr=recipe.train.sparse_lr, eps=recipe.train.sparse_eps)
     optimizers = [dense_opt, sparse_opt]
     schedules = [torch.optim.lr_scheduler.LambdaLR(o, lr_factor(recipe)) for o in optimizers]
 
