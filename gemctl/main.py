@@ -4,6 +4,7 @@ own modules (inspect, sweep, runs, jobs, ui, bench) and are registered here."""
 
 from __future__ import annotations
 
+import sys
 import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -281,7 +282,13 @@ for _module in (inspect, sweep, runs, jobs, ui, bench):
 
 
 def main() -> None:
-    app()
+    try:
+        app()
+    except SystemExit as done:
+        remote = sys.modules.get("gem_platform.data.remote")  # loaded only if data was read
+        if remote is not None:
+            remote.exit_now_if_calls_hang(done.code)  # don't wait on a hung storage request
+        raise
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from gem_platform.data.remote import bounded_on
 from gem_platform.data.source import filesystem, is_remote
 from gem_platform.errors import GemError
 from gem_platform.recipe import Recipe
@@ -53,11 +54,7 @@ def check_storage(recipe: Recipe) -> None:
     root = storage_root(recipe)
     try:
         fs, path = filesystem(root)
-        fs.create_dir(path, recursive=True)
-        probe = f"{path}/.gem-write-probe"
-        with fs.open_output_stream(probe) as f:
-            f.write(b"ok")
-        fs.delete_file(probe)
+        bounded_on(fs, lambda: _write_probe(fs, path), f"writing to {root}")
     except (OSError, pa.ArrowException, GemError) as e:
         raise StorageError(
             f"train.storage {root!r} can't be written ({e}).",
@@ -66,13 +63,21 @@ def check_storage(recipe: Recipe) -> None:
             "AWS_ENDPOINT_URL).") from None
 
 
+def _write_probe(fs: pafs.FileSystem, path: str) -> None:
+    fs.create_dir(path, recursive=True)
+    probe = f"{path}/.gem-write-probe"
+    with fs.open_output_stream(probe) as f:
+        f.write(b"ok")
+    fs.delete_file(probe)
+
+
 def latest_checkpoint(directory: str) -> str | None:
     """The complete checkpoint with the highest step under ``directory`` (local or remote),
     or None."""
     fs, path = filesystem(directory)
     try:
-        infos = fs.get_file_info(pafs.FileSelector(path, recursive=True,
-                                                   allow_not_found=True))
+        infos = bounded_on(fs, lambda: fs.get_file_info(pafs.FileSelector(
+            path, recursive=True, allow_not_found=True)), f"listing {directory}")
     except (OSError, pa.ArrowException):
         return None
     best: tuple[int, str] | None = None

@@ -130,3 +130,32 @@ class Handmade:
 @pytest.fixture
 def hand() -> type[Handmade]:
     return Handmade
+
+
+@pytest.fixture
+def gemctl():
+    """Run ``gemctl ARGS...`` in this process (typer's CliRunner); returns the click Result."""
+    from typer.testing import CliRunner
+
+    from gemctl.main import app
+
+    runner = CliRunner()
+
+    def run(*args: str):
+        return runner.invoke(app, list(args), catch_exceptions=True, terminal_width=120,
+                             prog_name="gemctl")
+
+    return run
+
+
+def refused(result, *needles: str) -> str:
+    """The command ended with exit code 2 and one paragraph (no traceback) holding every
+    needle; returns its stderr."""
+    assert result.exit_code == 2, (result.exit_code, result.output, result.stderr)
+    assert result.exception is None or isinstance(result.exception, SystemExit), \
+        repr(result.exception)
+    text = result.output + result.stderr
+    assert "Traceback" not in text
+    for needle in needles:
+        assert needle in " ".join(text.split()), (needle, text)
+    return text

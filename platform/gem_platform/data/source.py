@@ -10,7 +10,6 @@ what batchers and tables exchange.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -19,7 +18,8 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from gem_platform.data.meta import META_FILE, DatasetMeta, SparseFeatureSpec
+from gem_platform.data.meta import META_FILE, DatasetMeta, parse_meta_text
+from gem_platform.data.remote import bounded_on, open_remote
 from gem_platform.errors import DataError
 
 SPLITS: tuple[str, ...] = ("train", "eval")
@@ -37,7 +37,8 @@ def filesystem(path: str) -> tuple[pafs.FileSystem, str]:
 
     Local paths use the local filesystem; URIs go through ``pyarrow.fs.FileSystem.from_uri``,
     which takes credentials and endpoints from the environment (AWS_* variables,
-    AWS_ENDPOINT_URL for an S3-compatible server, GOOGLE_APPLICATION_CREDENTIALS, HADOOP_HOME).
+    AWS_ENDPOINT_URL for an S3-compatible server, GOOGLE_APPLICATION_CREDENTIALS, HADOOP_HOME),
+    with connect and request timeouts added (remote.py).
     """
     text = str(path)
     scheme = text.partition("://")[0]
@@ -49,7 +50,7 @@ def filesystem(path: str) -> tuple[pafs.FileSystem, str]:
         local = text.removeprefix("file://")
         return pafs.LocalFileSystem(), str(pafs.LocalFileSystem().normalize_path(local))
     try:
-        fs, inner = pafs.FileSystem.from_uri(text)
+        fs, inner = open_remote(text)
     except (pa.ArrowException, OSError, ValueError) as e:
         raise DataError(f"Can't open the filesystem of {text!r} ({e}).",
                         "Check the URI and the credentials in the environment.") from e
@@ -60,9 +61,13 @@ def read_meta(path: str) -> DatasetMeta:
     """meta.json of the dataset at ``path`` (local or remote), or a DataError naming it."""
     fs, root = filesystem(path)
     where = f"{root}/{META_FILE}"
-    try:
+
+    def read() -> bytes:
         with fs.open_input_stream(where) as f:
-            raw = json.loads(f.read().decode())
+            return f.read()
+
+    try:
+        blob = bounded_on(fs, read, f"reading {path}/{META_FILE}")
     except FileNotFoundError:
         raise DataError(f"{path}/{META_FILE} is missing: {path!r} is not a dataset directory.",
                         "Point data.path at a directory written by the synthetic generator or "
@@ -70,15 +75,12 @@ def read_meta(path: str) -> DatasetMeta:
     except (OSError, pa.ArrowException) as e:
         raise DataError(f"Can't read {path}/{META_FILE} ({e}).",
                         "Check the path and the storage credentials.") from e
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    try:
+        text = blob.decode()
+    except UnicodeDecodeError as e:
         raise DataError(f"{path}/{META_FILE} is not valid JSON ({e}).",
                         "Regenerate the dataset; meta.json is written by the generator.") from e
-    try:
-        raw["sparse_features"] = [SparseFeatureSpec(**s) for s in raw["sparse_features"]]
-        return DatasetMeta(**raw)
-    except (TypeError, KeyError, ValueError) as e:
-        raise DataError(f"{path}/{META_FILE} is not a valid dataset description ({e}).",
-                        "Regenerate the dataset; meta.json is written by the generator.") from e
+    return parse_meta_text(text, f"{path}/{META_FILE}")
 
 
 @dataclass(frozen=True)
@@ -125,7 +127,8 @@ class SplitIndex:
             raise DataError(f"Unknown split {split!r}.", f"Use one of {', '.join(SPLITS)}.")
         fs, root = filesystem(path)
         try:
-            infos = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
+            infos = bounded_on(fs, lambda: fs.get_file_info(
+                pafs.FileSelector(root, allow_not_found=True)), f"listing {path}")
         except (OSError, pa.ArrowException) as e:
             raise DataError(f"Can't list {path!r} ({e}).",
                             "Check the path and the storage credentials.") from e
@@ -178,8 +181,10 @@ def piece_starts(pieces: list[Piece]) -> np.ndarray:
 
 
 def open_parquet(fs: pafs.FileSystem, name: str) -> pq.ParquetFile:
+    """The shard ``name`` with its footer read (a remote read is bounded, see remote.py)."""
     try:
-        return pq.ParquetFile(fs.open_input_file(name))
+        return bounded_on(fs, lambda: pq.ParquetFile(fs.open_input_file(name)),
+                          f"reading the footer of {name}")
     except (pa.ArrowException, OSError) as e:
         raise DataError(f"{name}: not a readable Parquet file ({e}).",
                         "The shard is corrupt or truncated; regenerate the dataset.") from e

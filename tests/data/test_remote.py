@@ -1,0 +1,156 @@
+"""Remote reads never hang: a server that accepts connections but never answers, and a bucket
+that can't be reached, end in a clear error within the timeout, and a signal interrupts the
+wait at once."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gem_platform.data.parquet import load_meta
+from gem_platform.data.remote import ENV_TIMEOUT, RemoteTimeouts, bounded, open_remote
+from gem_platform.errors import DataError
+from gem_platform.recipe import recipe_from_dict
+from gem_platform.storage import StorageError, check_storage
+from tests.data.conftest import refused
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class SilentServer:
+    """Accepts TCP connections on 127.0.0.1 and never sends a byte."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.port = self.sock.getsockname()[1]
+        self.accepted = threading.Event()
+        self.conns: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.conns.append(conn)
+            self.accepted.set()
+
+    def close(self) -> None:
+        self.sock.close()
+        for c in self.conns:
+            c.close()
+
+
+@pytest.fixture
+def silent_s3(monkeypatch) -> Iterator[SilentServer]:
+    """The environment's S3 endpoint is a server that never answers."""
+    server = SilentServer()
+    env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{server.port}", "AWS_ACCESS_KEY_ID": "test",
+           "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1",
+           "AWS_EC2_METADATA_DISABLED": "true"}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    yield server
+    server.close()
+
+
+def test_s3_filesystems_carry_connect_and_request_timeouts(silent_s3) -> None:
+    fs, inner = open_remote("s3://bucket/ds", RemoteTimeouts(7))
+    options = fs.__reduce__()[1][0]
+    assert (options["connect_timeout"], options["request_timeout"]) == (7, 7)
+    assert inner == "bucket/ds"
+
+
+def test_a_silent_s3_endpoint_fails_within_the_timeout(silent_s3, monkeypatch) -> None:
+    monkeypatch.setenv(ENV_TIMEOUT, "1")
+    start = time.monotonic()
+    with pytest.raises(DataError, match="s3://bucket/ds/meta.json"):
+        load_meta("s3://bucket/ds")
+    assert silent_s3.accepted.is_set()
+    assert time.monotonic() - start < RemoteTimeouts(1).deadline_s
+
+
+def test_storage_probe_of_a_silent_endpoint_fails_within_the_timeout(silent_s3,
+                                                                     monkeypatch) -> None:
+    monkeypatch.setenv(ENV_TIMEOUT, "1")
+    start = time.monotonic()
+    with pytest.raises(StorageError, match="train.storage 's3://bucket/runs'"):
+        check_storage(recipe_from_dict({"train": {"storage": "s3://bucket/runs"}}))
+    assert time.monotonic() - start < 2 * RemoteTimeouts(1).deadline_s
+
+
+def test_a_bounded_call_gives_up_at_its_deadline() -> None:
+    start = time.monotonic()
+    with pytest.raises(DataError, match="reading x: the storage did not answer within 5 s"):
+        bounded(lambda: time.sleep(60), "reading x", RemoteTimeouts(0.1))
+    assert time.monotonic() - start < 8
+
+
+def test_a_signal_interrupts_a_bounded_call_at_once() -> None:
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGALRM, interrupt)
+    start = time.monotonic()
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        with pytest.raises(KeyboardInterrupt):
+            bounded(lambda: time.sleep(60), "reading x", RemoteTimeouts(60))
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    assert time.monotonic() - start < 3
+
+
+@pytest.mark.parametrize("value", ["soon", "0", "-1", "nan", "1e9"])
+def test_a_bad_timeout_setting_is_refused(monkeypatch, value) -> None:
+    monkeypatch.setenv(ENV_TIMEOUT, value)
+    with pytest.raises(DataError, match=ENV_TIMEOUT):
+        RemoteTimeouts.from_env()
+
+
+def test_submit_of_an_unreachable_gcs_bucket_fails_clearly_within_30_s(gemctl, tmp_path,
+                                                                    monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(ENV_TIMEOUT, raising=False)  # the default timeouts
+    monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
+    start = time.monotonic()
+    result = gemctl("submit", str(REPO / "recipes/demo.yaml"), "--local", "--set",
+                    "data.source=parquet", "--set", "data.path=gs://nobucket/x")
+    refused(result, "gs://nobucket/x/meta.json")
+    assert time.monotonic() - start < 30
+
+
+def test_sigterm_stops_a_submit_waiting_on_a_silent_endpoint(silent_s3, tmp_path) -> None:
+    env = {**os.environ, ENV_TIMEOUT: "300",
+           "PYTHONPATH": os.pathsep.join(str(REPO / p) for p in ("platform", "kernels", ""))}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gemctl.main", "submit", str(REPO / "recipes/demo.yaml"),
+         "--local", "--set", "data.source=parquet", "--set", "data.path=s3://bucket/ds"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert silent_s3.accepted.wait(120), "submit never reached the endpoint"
+        time.sleep(0.5)
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+        assert time.monotonic() - sent < 10
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert "Interrupted" in err and "Traceback" not in err
+
