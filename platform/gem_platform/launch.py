@@ -20,7 +20,7 @@ from gem_platform.errors import ClusterError, GemError, RecipeError
 from gem_platform.net import connect_error
 from gem_platform.recipe import Recipe
 from gem_platform.topology import Placement
-from gem_platform.tracking import RunTracker, resolve_tracking_uri
+from gem_platform.tracking import RunTracker, check_run_inputs, resolve_tracking_uri
 
 NO_CHECKPOINT = "no checkpoint of this run was found: it restarts from step 0"
 
@@ -303,6 +303,9 @@ def submit(recipe: Recipe, *, local: bool = False, address: str | None = None,
     address = address or os.environ.get("RAY_ADDRESS") or None
     if address and not local:
         check_address(address)
+    # What the store would refuse is refused now, before the data is prepared or a run exists.
+    check_run_inputs(recipe.tracking.experiment, recipe.tracking.run_name, recipe.flat(),
+                     recipe.tracking.tags)
     from gem_platform.data.prepare import prepare_dataset  # generator: torch, TorchRec
 
     meta = prepare_dataset(recipe.data)

@@ -18,12 +18,20 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from gem_platform.balance.config import LoaderConfig
 from gem_platform.data.config import DataConfig
 from gem_platform.errors import RecipeError
 from gem_platform.topology.config import ParallelConfig
+from gem_platform.tracking_names import KEY_RULE, tag_problems
 
 AttentionKind = Literal["full", "sliding", "block64", "padded"]
 
@@ -196,7 +204,17 @@ class TrackingConfig(_Strict):
                             description="MLflow experiment the run goes into")
     run_name: str | None = Field(None, max_length=250,
                                  description="MLflow run name; default: MLflow picks one")
-    tags: dict[str, str] = Field(default_factory=dict, description="extra MLflow run tags")
+    tags: dict[str, str] = Field(default_factory=dict, description="extra MLflow run tags "
+                                 "(keys: letters, digits, '_', '-', '.', ' ', ':', '/')")
+
+    @field_validator("tags")
+    @classmethod
+    def _tags_the_store_accepts(cls, tags: dict[str, str]) -> dict[str, str]:
+        """Refused here, before a run exists, rather than by the store once it does."""
+        problems = tag_problems(tags, param_prefix="tracking.tags.")
+        if problems:
+            raise ValueError("; ".join(problems[:3]) + f" ({KEY_RULE})")
+        return tags
 
 
 class Recipe(_Strict):

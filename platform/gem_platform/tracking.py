@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
-from gem_platform.errors import GemError, TrackingError
+from gem_platform.errors import GemError, RecipeError, TrackingError
 from gem_platform.net import connect_error, redact
 
 PARAM_VALUE_LIMIT = 6000
@@ -159,27 +159,50 @@ class RunTracker:
     Every method raises TrackingError (naming the redacted store) when the store fails, and
     redacts credentials from what it records."""
 
-    def __init__(self, uri: str, run_id: str) -> None:
+    def __init__(self, uri: str, run_id: str, store_client: Any = None) -> None:
         self.uri, self.run_id = uri, run_id
-        self._client = _client(uri)
+        self._client = store_client or _client(uri)
         self._system_metrics: Any = None  # sampled on the driver that opened the run
 
     @classmethod
     def start(cls, uri: str, experiment: str, run_name: str | None, params: dict[str, Any],
               tags: dict[str, str] | None = None) -> RunTracker:
+        """Open a new run. What the store would refuse (a key, a name) is refused before the
+        run exists; a failure after it exists leaves it FAILED with the reason, never
+        RUNNING."""
+        tags = {k: redact(str(v)) for k, v in (tags or {}).items()}
+        check_run_inputs(experiment, run_name, params, tags)
         check_reachable(uri)
         c = _client(uri)
         try:
             exp = c.get_experiment_by_name(experiment)
             exp_id = exp.experiment_id if exp else c.create_experiment(experiment)
-            run = c.create_run(exp_id, run_name=run_name and redact(run_name),
-                               tags={k: redact(str(v)) for k, v in (tags or {}).items()})
+            run = c.create_run(exp_id, run_name=run_name and redact(run_name), tags=tags)
         except Exception as err:  # mlflow raises many types for an unusable store
             raise store_error(uri, err) from None
-        tracker = cls(uri, run.info.run_id)
-        tracker.log_params(params)
-        tracker._record_provenance(params, resumed=False)
+        tracker = cls(uri, run.info.run_id, c)
+        with tracker.closed_on_error():
+            tracker.log_params(params)
+            tracker._record_provenance(params, resumed=False)
         return tracker
+
+    @contextlib.contextmanager
+    def closed_on_error(self, interrupted: str = "FAILED") -> Iterator[RunTracker]:
+        """While active, an exception (an interrupt included) that leaves this run RUNNING
+        closes it FAILED (``interrupted`` on Ctrl-C/SIGTERM) with the reason, then
+        propagates. A run already closed by a handler inside keeps its status."""
+        try:
+            yield self
+        except BaseException as err:
+            stopped = isinstance(err, KeyboardInterrupt | SystemExit)
+            reason = "interrupted" if stopped else f"{type(err).__name__}: {err}"
+            with contextlib.suppress(Exception):  # the store may be what failed
+                if self._client.get_run(self.run_id).info.status == "RUNNING":
+                    self.set_tag("gem.failure_reason", reason[:5000])
+                    self.stop_system_metrics()
+                    self._client.set_terminated(self.run_id,
+                                                status=interrupted if stopped else "FAILED")
+            raise
 
     def _record_provenance(self, params: dict[str, Any], resumed: bool) -> None:
         """Code version, dataset input, environment and system metrics (provenance.py)."""
@@ -196,8 +219,6 @@ class RunTracker:
     @classmethod
     def reopen(cls, uri: str, run_id: str, params: dict[str, Any]) -> RunTracker:
         """Continue an existing run (resume): same recipe required, status back to RUNNING."""
-        from gem_platform.errors import RecipeError
-
         check_reachable(uri)
         c = _client(uri)
         try:
@@ -222,8 +243,14 @@ class RunTracker:
             c.update_run(run_id, status="RUNNING")
         except Exception as err:
             raise store_error(uri, err) from None
-        tracker = cls(uri, run_id)
-        tracker._record_provenance(params, resumed=True)
+        try:
+            tracker = cls(uri, run_id, c)
+            tracker._record_provenance(params, resumed=True)
+        except BaseException:  # the run is not resumed after all: its status as it was
+            if run.info.status != "RUNNING":
+                with contextlib.suppress(Exception):
+                    c.set_terminated(run_id, status=run.info.status)
+            raise
         return tracker
 
     @_tracked
@@ -277,6 +304,37 @@ class RunTracker:
     @_tracked
     def status(self) -> str:
         return self._client.get_run(self.run_id).info.status
+
+
+def check_run_inputs(experiment: str, run_name: str | None, params: dict[str, Any],
+                     tags: dict[str, str]) -> None:
+    """Refuse, before a run is created, what the store would refuse once it exists: checked
+    with MLflow's own validation (experiment name, each param and tag key and value)."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.utils.validation import (
+        _validate_experiment_name,
+        _validate_param,
+        _validate_tag,
+    )
+
+    checks: list[tuple[str, Callable[[], Any]]] = [
+        (f"experiment name {experiment[:80]!r} (tracking.experiment)",
+         lambda: _validate_experiment_name(experiment))]
+    if run_name:
+        checks.append((f"run name {run_name[:80]!r} (tracking.run_name)",
+                       lambda: _validate_tag("mlflow.runName", redact(run_name))))
+    checks += [(f"param {k[:80]!r}", functools.partial(_validate_param, k, param_value(v)))
+               for k, v in params.items()]
+    checks += [(f"tag {k[:80]!r}", functools.partial(_validate_tag, k, v))
+               for k, v in tags.items()]
+    for what, check in checks:
+        try:
+            check()
+        except MlflowException as err:
+            raise RecipeError(
+                f"MLflow would refuse the run's {what}: {redact(err.message)[:300]}",
+                "Rename it (tracking.tags keys and arm names take letters, digits and "
+                "_ - . : / or space); `gemctl validate` checks a recipe the same way.") from None
 
 
 def param_value(value: Any) -> str:

@@ -21,6 +21,8 @@ from gem_platform.recipe import Recipe, apply_overrides, read_yaml_file, recipe_
 from gem_platform.sweep.gates import Gates
 from gem_platform.tracking import resolve_tracking_uri
 
+MAX_ARM_NAME = 200  # the parent run's param sweep.arm.<name> must fit MLflow's 250-char keys
+
 
 class SweepError(GemError):
     """The sweep spec is malformed, or a sweep can't be found, resumed or compared."""
@@ -106,6 +108,9 @@ class SweepSpec(BaseModel):
         for name in names:
             if not name or any(ch in name for ch in "/'\"\\"):
                 raise ValueError(f"arm name {name!r} must be non-empty, without / or quotes")
+            if len(name) > MAX_ARM_NAME:
+                raise ValueError(f"arm name {name[:40]!r}... is {len(name)} characters; at most "
+                                 f"{MAX_ARM_NAME} (it names the arm's runs and params)")
         if self.grid is not None:
             for key, values in self.grid.items():
                 if not values:

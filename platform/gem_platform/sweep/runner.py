@@ -10,6 +10,7 @@ finished is reported, not rerun (``new=True`` starts a fresh one).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import time
@@ -186,16 +187,23 @@ def _open_parent(plan: SweepPlan, uri: str, new: bool, echo: Callable[[str], Non
     params = {"sweep.name": plan.name, "sweep.base": plan.base_path,
               "sweep.seeds": ",".join(map(str, plan.seeds)),
               "sweep.max_concurrent": plan.max_concurrent, "sweep.baseline": plan.baseline,
-              **{f"sweep.arm.{a.name}": " ".join(a.overrides) or "(base)" for a in plan.arms}}
+              **{arm_param(a.name): " ".join(a.overrides) or "(base)" for a in plan.arms}}
     tags = {store.TAG_SWEEP: sweep_id, store.TAG_ROLE: store.ROLE_PARENT,
             store.TAG_BASELINE: plan.baseline, store.TAG_FINGERPRINT: fingerprint,
             "gem.recipe": plan.arms[0].recipe.name}
     tracker = RunTracker.start(uri, plan.experiment, sweep_id, params, tags)
-    tracker.log_json(plan.to_dict(), "sweep.json")
-    _record_parent(tracker, record)
+    with tracker.closed_on_error():
+        tracker.log_json(plan.to_dict(), "sweep.json")
+        _record_parent(tracker, record)
     echo(f"sweep {sweep_id}: {len(plan.arms)} arms x {len(plan.seeds)} seeds, parent run "
          f"{tracker.run_id}")
     return tracker, sweep_id, "", False
+
+
+def arm_param(arm: str) -> str:
+    """The parent run's param naming an arm's overrides: ``sweep.arm.<arm>``, with what
+    MLflow refuses in a key (',' and '=' of grid arm names, brackets) as '_'."""
+    return "sweep.arm." + re.sub(r"[^\w.\- :]", "_", arm)
 
 
 def _finished_children(uri: str, parent_run_id: str) -> dict[tuple[str, int], str]:
@@ -319,50 +327,52 @@ def run_sweep(plan: SweepPlan, *, new: bool = False, address: str | None = None,
     _prepare_data(plan)
     tracker, sweep_id, earlier_status, resumed = _open_parent(plan, uri, new, echo,
                                                               allow_code_change)
-    done = _finished_children(uri, tracker.run_id)
-    todo = [t for t in plan.trials() if t not in done]
-    outcome = SweepOutcome(sweep_id, tracker.run_id, uri, "FINISHED", resumed=resumed)
-    if earlier_status == "FINISHED" and not todo:
-        outcome.already_complete = True
-        outcome.child_run_ids = done
-        echo(f"sweep {sweep_id} is already complete ({len(done)} runs); pass --new to run it "
-             "again")
-        return outcome
-    if done:
-        echo(f"{len(done)} of {len(plan.trials())} trials already recorded; running "
-             f"{len(todo)}")
-    started = False
-    try:
-        started = _init_ray(plan, address)
-        results = _tuner(plan, sweep_id, tracker.run_id, todo, echo).fit()
-        outcome.errors = _trial_errors(results)
-    except BaseException as err:
-        interrupted = isinstance(err, KeyboardInterrupt | SystemExit)
-        reason = "interrupted" if interrupted else f"{type(err).__name__}: {err}"
-        _close(tracker, "KILLED" if interrupted else "FAILED",
-               f"{reason}; run the same command again to resume")
+    # Whatever escapes below leaves the parent FAILED (KILLED on an interrupt), never RUNNING.
+    with tracker.closed_on_error(interrupted="KILLED"):
+        done = _finished_children(uri, tracker.run_id)
+        todo = [t for t in plan.trials() if t not in done]
+        outcome = SweepOutcome(sweep_id, tracker.run_id, uri, "FINISHED", resumed=resumed)
+        if earlier_status == "FINISHED" and not todo:
+            outcome.already_complete = True
+            outcome.child_run_ids = done
+            echo(f"sweep {sweep_id} is already complete ({len(done)} runs); pass --new to run it "
+                 "again")
+            return outcome
+        if done:
+            echo(f"{len(done)} of {len(plan.trials())} trials already recorded; running "
+                 f"{len(todo)}")
+        started = False
+        try:
+            started = _init_ray(plan, address)
+            results = _tuner(plan, sweep_id, tracker.run_id, todo, echo).fit()
+            outcome.errors = _trial_errors(results)
+        except BaseException as err:
+            interrupted = isinstance(err, KeyboardInterrupt | SystemExit)
+            reason = "interrupted" if interrupted else f"{type(err).__name__}: {err}"
+            _close(tracker, "KILLED" if interrupted else "FAILED",
+                   f"{reason}; run the same command again to resume")
+            if started:
+                ray.shutdown()
+            if interrupted:
+                raise KeyboardInterrupt(reason) from None
+            if isinstance(err, GemError):
+                raise
+            raise RuntimeError(f"sweep {sweep_id} stopped: {reason}") from err
         if started:
             ray.shutdown()
-        if interrupted:
-            raise KeyboardInterrupt(reason) from None
-        if isinstance(err, GemError):
-            raise
-        raise RuntimeError(f"sweep {sweep_id} stopped: {reason}") from err
-    if started:
-        ray.shutdown()
-    outcome.child_run_ids = _finished_children(uri, tracker.run_id)
-    outcome.missing = [t for t in plan.trials() if t not in outcome.child_run_ids]
-    if outcome.child_run_ids:
-        _summarize(outcome, plan, echo)
-    if not outcome.missing:
-        _close(tracker, "FINISHED")
+        outcome.child_run_ids = _finished_children(uri, tracker.run_id)
+        outcome.missing = [t for t in plan.trials() if t not in outcome.child_run_ids]
+        if outcome.child_run_ids:
+            _summarize(outcome, plan, echo)
+        if not outcome.missing:
+            _close(tracker, "FINISHED")
+            return outcome
+        if outcome.errors:
+            outcome.status = "FAILED"
+            failed = "; ".join(f"{a} seed {s}: {e}" for (a, s), e in outcome.errors.items())
+            _close(tracker, "FAILED", f"{len(outcome.errors)} trial(s) failed: {failed}; run the "
+                   "same command again to retry them")
+        else:
+            outcome.status = "KILLED"
+            _close(tracker, "KILLED", "interrupted; run the same command again to resume")
         return outcome
-    if outcome.errors:
-        outcome.status = "FAILED"
-        failed = "; ".join(f"{a} seed {s}: {e}" for (a, s), e in outcome.errors.items())
-        _close(tracker, "FAILED", f"{len(outcome.errors)} trial(s) failed: {failed}; run the "
-               "same command again to retry them")
-    else:
-        outcome.status = "KILLED"
-        _close(tracker, "KILLED", "interrupted; run the same command again to resume")
-    return outcome

@@ -1,0 +1,125 @@
+"""What the MLflow store refuses is refused before a run exists, and no run is left RUNNING:
+
+- tag keys MLflow rejects ('[/]', an emoji, a path like 'a/../b') fail `gemctl validate` and
+  `gemctl submit` at once, naming tracking.tags and the key; the recipe's rule (no MLflow
+  import) agrees with MLflow's own validation on generated keys;
+- RunTracker.start checks params, tags and names with MLflow's functions before it creates
+  the run, and a failure after the run exists leaves it FAILED with the reason;
+- a sweep's arm names that MLflow refuses in a key still name the parent's params.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+from mlflow.utils.validation import _validate_param_name, _validate_tag_name
+from typer.testing import CliRunner
+
+from gem_platform.errors import GemError, RecipeError
+from gem_platform.tracking import RunTracker
+from gem_platform.tracking_names import key_problem
+from gemctl.main import app
+
+REPO = Path(__file__).resolve().parents[2]
+DEMO = str(REPO / "recipes" / "demo.yaml")
+REFUSED = ["[/]", "\U0001f642", "a/../b", "/lead", "trail/", "", "x" * 251, "a\nb", "q'uote"]
+
+
+def gemctl(*args: str):
+    return CliRunner().invoke(app, list(args), catch_exceptions=True, prog_name="gemctl")
+
+
+def mlflow_accepts(key: str) -> bool:
+    try:
+        _validate_tag_name(key)
+        _validate_param_name(key)
+    except MlflowException:
+        return False
+    return len(key) <= 250
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=12) | st.text(alphabet="ab./ :-_[]\n\U0001f642", max_size=8))
+@example("a//b")
+@example("./a")
+@example("abc\n")
+def test_the_recipe_rule_is_mlflows(key):
+    assert (key_problem(key) is None) == mlflow_accepts(key), key
+
+
+@pytest.mark.parametrize("key", REFUSED, ids=repr)
+def test_validate_and_submit_refuse_a_tag_key_mlflow_refuses(tmp_path, monkeypatch, key):
+    monkeypatch.chdir(tmp_path)
+    override = "tracking.tags=" + json.dumps({key: "x"})
+    for command in (["validate", DEMO], ["submit", DEMO, "--local", "--tracking-uri",
+                                         f"sqlite:///{tmp_path / 'm.db'}"]):
+        start = time.perf_counter()
+        result = gemctl(*command, "--set", override)
+        assert time.perf_counter() - start < 2.0
+        assert result.exit_code == 2, (result.output, result.exception)
+        assert "tracking.tags" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "m.db").exists()  # no store touched, no run
+
+
+def test_start_refuses_before_creating_the_run(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    for params, tags in (({"bad[key]": 1}, {}), ({}, {"\U0001f642": "x"}), ({"a/../b": 1}, {})):
+        with pytest.raises(RecipeError, match="MLflow would refuse"):
+            RunTracker.start(uri, "names", "r", params, tags)
+    c = MlflowClient(uri)
+    assert c.search_runs([e.experiment_id for e in c.search_experiments()]) == []
+
+
+def test_a_failure_after_the_run_exists_leaves_it_failed(tmp_path):
+    """The run's dataset meta.json is unreadable: recording provenance fails after create_run;
+    the run ends FAILED with the reason, not RUNNING."""
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "meta.json").write_text("{not json")
+    with pytest.raises(Exception, match="Expecting property name"):
+        RunTracker.start(uri, "names", "r", {"data.path": str(data)}, {})
+    c = MlflowClient(uri)
+    (run,) = c.search_runs([c.get_experiment_by_name("names").experiment_id])
+    assert run.info.status == "FAILED"
+    assert "JSONDecodeError" in run.data.tags["gem.failure_reason"]
+
+
+def test_closed_on_error_keeps_a_status_set_inside(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    tracker = RunTracker.start(uri, "names", "r", {}, {})
+    with pytest.raises(KeyboardInterrupt), tracker.closed_on_error(interrupted="KILLED"):
+        raise KeyboardInterrupt
+    assert tracker.status() == "KILLED"
+    tracker = RunTracker.start(uri, "names", "r2", {}, {})
+    with pytest.raises(GemError), tracker.closed_on_error():
+        tracker.finish(ok=True)
+        raise GemError("after finishing")
+    assert tracker.status() == "FINISHED"
+
+
+def test_sweep_arm_names_mlflow_refuses_still_name_params(tmp_path, monkeypatch):
+    from gem_platform.sweep.config import load_sweep
+    from gem_platform.sweep.runner import _close, _open_parent
+    from tests.sweep.test_spec import BASE
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "base.yaml").write_text(BASE)
+    (tmp_path / "s.yaml").write_text(
+        "name: s\nbase: base.yaml\narms: {'a[1]': [train.steps=3], 'b=2,c': []}\n")
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    plan = load_sweep(tmp_path / "s.yaml", tracking_uri=uri)
+    tracker, _, _, _ = _open_parent(plan, uri, new=True, echo=lambda line: None)
+    params = MlflowClient(uri).get_run(tracker.run_id).data.params
+    assert params["sweep.arm.a_1_"] == "train.steps=3" and params["sweep.arm.b_2_c"] == "(base)"
+    _close(tracker, "FINISHED")
+    (tmp_path / "long.yaml").write_text(f"name: s\nbase: base.yaml\narms: {{{'x' * 201}: []}}\n")
+    with pytest.raises(GemError, match="at most 200"):
+        load_sweep(tmp_path / "long.yaml")
