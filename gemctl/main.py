@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
-from gemctl import bench, inspect, jobs, render, runs, sweep, ui
+from gemctl import bench, inspect, jobs, reference, render, runs, sweep, ui
 from gemctl.errors import EXIT_CODES, run_failed, user_errors
 from gemctl.options import JsonOpt, RecipeArg, SetOpt, TrackingOpt, VerboseOpt, epilog
 from gemctl.progress import TrainingProgress
@@ -275,6 +275,30 @@ def data_generate(recipe: RecipeArg, set_: SetOpt = None,
     render.console.print(f"[green]ready[/] {render.esc(r.data.path)}: {meta.num_train} train / "
                          f"{meta.num_eval} eval samples; planted AUC "
                          f"{render.esc(meta.planted_auc)}.", highlight=False)
+
+
+@data_app.command("reference", epilog=epilog("gemctl data reference recipes/demo.yaml",
+                                              "gemctl data reference recipes/demo.yaml --json"))
+@user_errors
+def data_reference(recipe: RecipeArg, set_: SetOpt = None, as_json: JsonOpt = False,
+                   force: Annotated[bool, typer.Option(
+                       help="Retrain even if a cached reference is current.")] = False) -> None:
+    """Held-out NE and AUC of a logistic regression on hand-made features, trained on the
+    recipe's dataset (generated if missing) and cached beside it: the bar a model should beat."""
+    from gem_platform.recipe import load_recipe
+
+    r = load_recipe(recipe, set_ or [])
+    from gem_platform.data.prepare import prepare_dataset
+    from gem_platform.reference.linear import linear_reference
+
+    meta = prepare_dataset(r.data)
+    outcome = linear_reference(r.data.path, meta, force=force)
+    if as_json:
+        render.print_json(reference.reference_json(r.data.path, outcome, meta.planted_auc))
+        return
+    render.wide().print(reference.reference_table(outcome, meta.planted_auc))
+    render.console.print(reference.reference_origin(r.data.path, outcome), highlight=False,
+                         soft_wrap=True)
 
 
 for _module in (inspect, sweep, runs, jobs, ui, bench):

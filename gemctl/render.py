@@ -80,8 +80,8 @@ def duration(seconds: float) -> str:
 
 def summary_tables(run_id: str, summary: dict[str, Any], tracking_uri: str,
                    wall_s: float | None = None) -> list[Table]:
-    """NE and AUC per task with the planted ceiling; then throughput, MFU, balance, wall time
-    and where the run is recorded."""
+    """NE and AUC per task with the planted ceiling and the linear reference; then throughput,
+    MFU, balance, wall time and where the run is recorded."""
     table = Table(title="quality (held-out)", title_justify="left")
     table.add_column("metric")
     table.add_column("ctr", justify="right")
@@ -92,6 +92,9 @@ def summary_tables(run_id: str, summary: dict[str, Any], tracking_uri: str,
     if "planted/auc_ctr" in summary:
         table.add_row("planted auc (ceiling)", fmt(summary["planted/auc_ctr"]),
                       fmt(summary.get("planted/auc_cvr", float("nan"))))
+    for name in ("ne", "auc") if "reference/linear/ne_ctr" in summary else ():
+        table.add_row(f"linear reference {name}", fmt(summary[f"reference/linear/{name}_ctr"]),
+                      fmt(summary.get(f"reference/linear/{name}_cvr", float("nan"))))
     perf = Table(show_header=True)
     perf.add_column("efficiency")
     perf.add_column("value", justify="right")

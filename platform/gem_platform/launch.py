@@ -292,6 +292,18 @@ def _run_local(recipe: Recipe, tracker: RunTracker, echo: Callable[[str], None],
                  published_through=tracker.last_step() if resume else 0)
 
 
+def _linear_reference(recipe: Recipe, meta: DatasetMeta, tracker: RunTracker,
+                      echo: Callable[[str], None]) -> dict[str, float]:
+    """The dataset's linear reference (reference/linear/*), logged beside the run's own
+    held-out metrics; empty when it is neither cached nor quick to compute."""
+    from gem_platform.reference.linear import summary_metrics
+
+    metrics = summary_metrics(recipe.data.path, meta, echo)
+    if metrics:
+        tracker.log_metrics(metrics, step=recipe.train.steps)
+    return metrics
+
+
 def submit(recipe: Recipe, *, local: bool = False, address: str | None = None,
            echo: Callable[[str], None] = print, resume: str | None = None) -> RunOutcome:
     """Validate, open the MLflow run, train, record the summary, close the run.
@@ -332,6 +344,7 @@ def submit(recipe: Recipe, *, local: bool = False, address: str | None = None,
             summary = _run_local(recipe, tracker, echo, resume=bool(resume))
         else:
             summary = _run_on_ray(recipe, tracker, address, echo, resume=bool(resume))
+        summary.update(_linear_reference(recipe, meta, tracker, echo))
         tracker.log_json(summary, "summary.json")
         tracker.finish(ok=True)
         return RunOutcome(tracker.run_id, uri, summary)

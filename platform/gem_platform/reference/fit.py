@@ -1,0 +1,172 @@
+"""The linear reference's model and training: one logistic regression per task (CTR on every
+sample, CVR on clicked ones) over the same hand-made features, trained on CPU by streaming
+the train split in chunks, and scored on the eval split with the run's own metrics."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gem_platform.data.arrays import SampleArrays
+from gem_platform.data.batch import TASKS
+from gem_platform.data.meta import DatasetMeta
+from gem_platform.reference.chunks import iter_chunks
+from gem_platform.reference.config import LinearReferenceConfig
+from gem_platform.reference.features import Bags, DenseScale, FeatureLayout, encode
+from gem_platform.train.metrics import TaskEvaluator, TaskScores
+
+
+class _BagSum(torch.autograd.Function):
+    """Weighted bag sums (``F.embedding_bag``, mode sum) whose weight gradient is one
+    ``index_add_`` over the bags' entries: embedding_bag's own CPU backward sorts every
+    entry of every step first."""
+
+    @staticmethod
+    def forward(ctx: Any, weight: torch.Tensor, bags: TorchBags) -> torch.Tensor:
+        ctx.bags, ctx.rows = bags, weight.shape[0]
+        return F.embedding_bag(bags.indices, weight, bags.offsets, mode="sum",
+                               per_sample_weights=bags.weights)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        bags = ctx.bags
+        per_entry = bags.weights[:, None] * grad[bags.owner]
+        out = torch.zeros(ctx.rows, grad.shape[1], dtype=grad.dtype)
+        return out.index_add_(0, bags.indices, per_entry), None
+
+
+class LinearModel(nn.Module):
+    """Logits of every task: a bias plus the weighted sum of the sample's feature weights.
+    Each task has its own weights (so its own L2 strength); they share only the inputs."""
+
+    def __init__(self, num_features: int, base_rates: tuple[float, ...]) -> None:
+        super().__init__()
+        self.weights = nn.ParameterList(
+            nn.Parameter(torch.zeros(num_features, 1)) for _ in base_rates)
+        rates = torch.tensor(base_rates, dtype=torch.float64).clamp(1e-6, 1 - 1e-6)
+        self.bias = nn.Parameter(torch.log(rates / (1 - rates)).float())
+
+    def forward(self, bags: TorchBags) -> torch.Tensor:
+        logits = [_BagSum.apply(weight, bags) for weight in self.weights]
+        return torch.cat(logits, dim=1) + self.bias
+
+
+@dataclass
+class TorchBags:
+    """A slice of :class:`Bags` as tensors (offsets without the closing entry)."""
+
+    indices: torch.Tensor
+    weights: torch.Tensor
+    offsets: torch.Tensor
+    owner: torch.Tensor  # the sample of every entry
+
+    @classmethod
+    def of(cls, bags: Bags, start: int, stop: int) -> TorchBags:
+        a, b = int(bags.offsets[start]), int(bags.offsets[stop])
+        offsets = torch.from_numpy(bags.offsets[start:stop + 1] - a)
+        owner = torch.repeat_interleave(torch.arange(stop - start), offsets.diff())
+        return cls(torch.from_numpy(bags.indices[a:b]), torch.from_numpy(bags.weights[a:b]),
+                   offsets[:-1], owner)
+
+
+@dataclass
+class FitOutcome:
+    """The reference's held-out scores per task and how it was trained."""
+
+    scores: dict[str, TaskScores]
+    train_samples: int
+    num_features: int
+
+
+def _labels(arrays: SampleArrays) -> torch.Tensor:
+    return torch.from_numpy(np.stack([arrays.ctr, arrays.cvr], axis=1).astype(np.float32))
+
+
+def _loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean CTR log loss plus mean CVR log loss over the clicked samples."""
+    loss = F.binary_cross_entropy_with_logits(logits[:, 0], labels[:, 0])
+    clicked = labels[:, 0] > 0.5
+    if clicked.any():
+        loss = loss + F.binary_cross_entropy_with_logits(logits[clicked, 1], labels[clicked, 1])
+    return loss
+
+
+def _shuffled(chunks: Iterator[SampleArrays], rng: np.random.Generator
+              ) -> Iterator[SampleArrays]:
+    for arrays in chunks:
+        yield arrays.take(rng.permutation(len(arrays)))
+
+
+def _train_epoch(model: LinearModel, opt: torch.optim.Optimizer, chunks: Iterator[SampleArrays],
+                 layout: FeatureLayout, scale: DenseScale, cfg: LinearReferenceConfig) -> int:
+    seen = 0
+    for arrays in chunks:
+        bags, labels = encode(arrays, layout, scale), _labels(arrays)
+        for start in range(0, len(arrays), cfg.batch_size):
+            stop = min(start + cfg.batch_size, len(arrays))
+            opt.zero_grad(set_to_none=True)
+            _loss(model(TorchBags.of(bags, start, stop)), labels[start:stop]).backward()
+            opt.step()
+        seen += len(arrays)
+    return seen
+
+
+def _first_dense(path: str, meta: DatasetMeta, cfg: LinearReferenceConfig) -> DenseScale:
+    """The dense scale from the first chunk of the train split."""
+    first = next(iter_chunks(path, meta, "train", cfg.chunk_rows, truncate=True))
+    return DenseScale.fit(first.dense)
+
+
+@torch.no_grad()
+def evaluate(model: LinearModel, path: str, meta: DatasetMeta, layout: FeatureLayout,
+             scale: DenseScale, cfg: LinearReferenceConfig) -> dict[str, TaskScores]:
+    """Held-out NE, AUC and calibration per task on the eval split (CVR on clicked samples)."""
+    evaluators = {task: TaskEvaluator() for task in TASKS}
+    for arrays in iter_chunks(path, meta, "eval", cfg.chunk_rows, truncate=True):
+        bags, labels = encode(arrays, layout, scale), _labels(arrays)
+        logits = model(TorchBags.of(bags, 0, len(arrays)))
+        clicked = labels[:, 0] > 0.5
+        evaluators["ctr"].update(logits[:, 0], labels[:, 0])
+        evaluators["cvr"].update(logits[:, 1], labels[:, 1], clicked)
+    return {task: ev.compute() for task, ev in evaluators.items()}
+
+
+@contextmanager
+def _one_thread() -> Iterator[None]:
+    """Torch on one thread for the block: the steps are small, and extra threads on a busy
+    CPU cost more than they bring (and one thread keeps the sums in one order)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def fit_and_score(path: str, meta: DatasetMeta, cfg: LinearReferenceConfig) -> FitOutcome:
+    """Train the reference on ``path``'s train split and score it on its eval split.
+
+    Deterministic for a given dataset and config (seeded shuffles, one thread)."""
+    with _one_thread():
+        torch.manual_seed(cfg.seed)
+        rng = np.random.default_rng(cfg.seed)
+        layout = FeatureLayout.for_meta(meta, cfg)
+        scale = _first_dense(path, meta, cfg)
+        model = LinearModel(layout.size, (meta.ctr_base_rate, meta.cvr_base_rate))
+        groups = [{"params": [weight], "weight_decay": l2}
+                  for weight, l2 in zip(model.weights, (cfg.l2_ctr, cfg.l2_cvr), strict=True)]
+        opt = torch.optim.Adagrad([*groups, {"params": [model.bias], "weight_decay": 0.0}],
+                                  lr=cfg.lr)
+        seen = 0
+        for _ in range(cfg.epochs):
+            chunks = iter_chunks(path, meta, "train", cfg.chunk_rows, truncate=True)
+            seen += _train_epoch(model, opt, _shuffled(chunks, rng), layout, scale, cfg)
+        scores = evaluate(model, path, meta, layout, scale, cfg)
+    return FitOutcome(scores, seen, layout.size)
