@@ -18,10 +18,11 @@ class LinearReferenceConfig:
 
     ``recent_window``: history events, counted from the newest, that form the recent window
     (the older ones form the other window). ``chunk_rows``: samples read, featurized and
-    held at once while training streams the train split (bounds memory). ``epochs`` passes
-    over the train split in minibatches of ``batch_size`` with Adagrad at ``lr`` and an L2
-    penalty on every weight of each task (``l2_ctr``, ``l2_cvr``: CVR learns from the
-    clicked samples only, so it needs more).
+    held at once while training streams the train split (bounds memory); ``keep_mb``: the
+    featurized train split is kept for the later epochs when it fits in this many MiB, else
+    every epoch streams it again. ``epochs`` passes over the train split in minibatches of
+    ``batch_size`` with Adagrad at ``lr`` and an L2 penalty on every weight of each task
+    (``l2_ctr``, ``l2_cvr``: CVR learns from the clicked samples only, so it needs more).
     """
 
     recent_window: int = 8
@@ -32,6 +33,7 @@ class LinearReferenceConfig:
     l2_ctr: float = 1e-6
     l2_cvr: float = 1e-4
     chunk_rows: int = 8192
+    keep_mb: int = 256
     seed: int = 0
 
     def as_dict(self) -> dict[str, Any]:

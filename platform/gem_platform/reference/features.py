@@ -106,7 +106,7 @@ class DenseScale:
 class Bags:
     """Samples as weighted bags: sample i owns ``indices/weights[offsets[i]:offsets[i+1]]``."""
 
-    indices: np.ndarray  # int64
+    indices: np.ndarray  # int32 (int64 for tables of 2**31 features or more)
     weights: np.ndarray  # float32
     offsets: np.ndarray  # (n+1,) int64
 
@@ -221,6 +221,7 @@ def encode(arrays: SampleArrays, layout: FeatureLayout, scale: DenseScale) -> Ba
     order = np.argsort(rows, kind="stable")
     offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
     np.cumsum(np.bincount(rows, minlength=len(arrays)), out=offsets[1:])
-    indices = np.concatenate([p[1] for p in parts]).astype(np.int64, copy=False)[order]
+    index_type = np.int32 if layout.size < 2**31 else np.int64  # half the memory when kept
+    indices = np.concatenate([p[1] for p in parts]).astype(index_type)[order]
     weights = np.concatenate([p[2] for p in parts]).astype(np.float32, copy=False)[order]
     return Bags(indices, weights, offsets)

@@ -70,10 +70,11 @@ class TorchBags:
     @classmethod
     def of(cls, bags: Bags, start: int, stop: int) -> TorchBags:
         a, b = int(bags.offsets[start]), int(bags.offsets[stop])
+        indices = torch.from_numpy(bags.indices[a:b])
         offsets = torch.from_numpy(bags.offsets[start:stop + 1] - a)
         owner = torch.repeat_interleave(torch.arange(stop - start), offsets.diff())
-        return cls(torch.from_numpy(bags.indices[a:b]), torch.from_numpy(bags.weights[a:b]),
-                   offsets[:-1], owner)
+        return cls(indices, torch.from_numpy(bags.weights[a:b]),
+                   offsets[:-1].to(indices.dtype), owner)  # embedding_bag: one index type
 
 
 @dataclass
@@ -98,23 +99,65 @@ def _loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return loss
 
 
-def _shuffled(chunks: Iterator[SampleArrays], rng: np.random.Generator
-              ) -> Iterator[SampleArrays]:
-    for arrays in chunks:
-        yield arrays.take(rng.permutation(len(arrays)))
+@dataclass
+class _Encoded:
+    """One chunk of training samples, featurized."""
+
+    bags: Bags
+    labels: torch.Tensor
+
+    @property
+    def nbytes(self) -> int:
+        b = self.bags
+        return b.indices.nbytes + b.weights.nbytes + b.offsets.nbytes + self.labels.nbytes
 
 
-def _train_epoch(model: LinearModel, opt: torch.optim.Optimizer, chunks: Iterator[SampleArrays],
-                 layout: FeatureLayout, scale: DenseScale, cfg: LinearReferenceConfig) -> int:
+class _TrainChunks:
+    """The train split as featurized chunks, in a new order every epoch.
+
+    The first epoch streams the split (each chunk's samples shuffled) and keeps what it
+    featurized while it fits in ``cfg.keep_mb``; later epochs replay the kept chunks in a
+    shuffled order, or stream again when the split did not fit."""
+
+    def __init__(self, path: str, meta: DatasetMeta, layout: FeatureLayout, scale: DenseScale,
+                 cfg: LinearReferenceConfig, rng: np.random.Generator) -> None:
+        self.path, self.meta, self.layout, self.scale, self.cfg = path, meta, layout, scale, cfg
+        self.rng = rng
+        self.kept: list[_Encoded] | None = None
+
+    def epoch(self) -> Iterator[_Encoded]:
+        if self.kept is not None:
+            for i in self.rng.permutation(len(self.kept)):
+                yield self.kept[i]
+            return
+        kept: list[_Encoded] | None = []
+        held = 0
+        for arrays in iter_chunks(self.path, self.meta, "train", self.cfg.chunk_rows,
+                                  truncate=True):
+            arrays = arrays.take(self.rng.permutation(len(arrays)))
+            chunk = _Encoded(encode(arrays, self.layout, self.scale), _labels(arrays))
+            held += chunk.nbytes
+            if kept is not None and held > self.cfg.keep_mb * 2**20:
+                kept = None  # does not fit: the later epochs stream the split again
+            if kept is not None:
+                kept.append(chunk)
+            yield chunk
+        self.kept = kept
+
+
+def _train_epoch(model: LinearModel, opt: torch.optim.Optimizer, chunks: Iterator[_Encoded],
+                 batch_size: int, rng: np.random.Generator) -> int:
+    """One pass: every chunk's minibatches in a shuffled order; returns the samples seen."""
     seen = 0
-    for arrays in chunks:
-        bags, labels = encode(arrays, layout, scale), _labels(arrays)
-        for start in range(0, len(arrays), cfg.batch_size):
-            stop = min(start + cfg.batch_size, len(arrays))
+    for chunk in chunks:
+        n = len(chunk.bags)
+        for start in rng.permutation(np.arange(0, n, batch_size)).tolist():
+            stop = min(start + batch_size, n)
             opt.zero_grad(set_to_none=True)
-            _loss(model(TorchBags.of(bags, start, stop)), labels[start:stop]).backward()
+            _loss(model(TorchBags.of(chunk.bags, start, stop)),
+                  chunk.labels[start:stop]).backward()
             opt.step()
-        seen += len(arrays)
+        seen += n
     return seen
 
 
@@ -164,9 +207,9 @@ def fit_and_score(path: str, meta: DatasetMeta, cfg: LinearReferenceConfig) -> F
                   for weight, l2 in zip(model.weights, (cfg.l2_ctr, cfg.l2_cvr), strict=True)]
         opt = torch.optim.Adagrad([*groups, {"params": [model.bias], "weight_decay": 0.0}],
                                   lr=cfg.lr)
+        chunks = _TrainChunks(path, meta, layout, scale, cfg, rng)
         seen = 0
         for _ in range(cfg.epochs):
-            chunks = iter_chunks(path, meta, "train", cfg.chunk_rows, truncate=True)
-            seen += _train_epoch(model, opt, _shuffled(chunks, rng), layout, scale, cfg)
+            seen += _train_epoch(model, opt, chunks.epoch(), cfg.batch_size, rng)
         scores = evaluate(model, path, meta, layout, scale, cfg)
     return FitOutcome(scores, seen, layout.size)
