@@ -283,8 +283,7 @@ def data_generate(recipe: RecipeArg, set_: SetOpt = None,
 def data_reference(recipe: RecipeArg, set_: SetOpt = None, as_json: JsonOpt = False,
                    force: Annotated[bool, typer.Option(
                        help="Retrain even if a cached reference is current.")] = False) -> None:
-    """Held-out NE and AUC of a logistic regression on hand-made features, trained on the
-    recipe's dataset (generated if missing) and cached beside it: the bar a model should beat."""
+    """The bar to beat: held-out NE/AUC of a linear model on the recipe's data, cached there."""
     from gem_platform.recipe import load_recipe
 
     r = load_recipe(recipe, set_ or [])

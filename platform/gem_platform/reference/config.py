@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-VERSION = 1
+VERSION = 2
 
 
 @dataclass(frozen=True)
