@@ -31,8 +31,10 @@ def user_errors(fn: F) -> F:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from gem_platform import log_mask
         from gem_platform.errors import GemError
 
+        log_mask.install()  # no credential in any log line of this command
         signal.signal(signal.SIGTERM, _terminate_as_interrupt)
         try:
             return fn(*args, **kwargs)

@@ -7,6 +7,9 @@ Routing works on the file descriptors (1 and 2), so output from C++ code and fro
 created before the command started is caught too. gemctl's consoles keep writing to the
 terminal. Lines that a caller wants to see (a sweep's trial progress, which reaches the
 driver through Ray's log forwarding) can be picked out with ``on_line``.
+
+Either way (log file or ``--verbose``), credentials in library lines are masked: every log
+record and every line written to ``sys.stdout``/``sys.stderr`` (gem_platform.log_mask).
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import TextIO
 
+from gem_platform import log_mask
+from gem_platform.net import redact
 from gemctl import render
 
 LOG_DIR = Path("gem_runs/logs")
@@ -53,7 +58,7 @@ class _LineRouter(io.TextIOBase):
         self._partial += text
         *lines, self._partial = self._partial.split("\n")
         for line in lines:
-            clean = ANSI.sub("", line)
+            clean = redact(ANSI.sub("", line))
             try:
                 taken = self.on_line(clean)
             except Exception:  # a display problem must never lose the line
@@ -91,7 +96,9 @@ class LibraryOutput:
                 os.environ.setdefault(key, value)
 
     def __enter__(self) -> LibraryOutput:
+        log_mask.install()
         if self.verbose:
+            self._show_masked()
             return self
         assert self.path is not None
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -119,16 +126,30 @@ class LibraryOutput:
         sys.stderr = _LineRouter(self._log, self._route)  # type: ignore[assignment]
         return self
 
+    def _show_masked(self) -> None:
+        """--verbose: library lines stay on the terminal, their credentials masked; gemctl's
+        consoles and results keep the real streams."""
+        self._sys = (sys.stdout, sys.stderr)
+        self._consoles = [(c, c._file) for c in (render.console, render.err_console)]
+        render.console.file, render.err_console.file = self._sys
+        render.result_stream = self._sys[0]
+        sys.stdout = log_mask.MaskedLines(self._sys[0])  # type: ignore[assignment]
+        sys.stderr = log_mask.MaskedLines(self._sys[1])  # type: ignore[assignment]
+
     def _route(self, line: str) -> bool:
         """Offer a library line to ``on_line`` (settable while active); False: log it."""
         return bool(self.on_line and self.on_line(line))
 
     def __exit__(self, kind: type[BaseException] | None, err: BaseException | None,
                  tb: TracebackType | None) -> None:
-        if self.verbose:
-            return
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
+        if self.verbose:
+            sys.stdout, sys.stderr = self._sys
+            for console, file in self._consoles:
+                console._file = file
+            render.result_stream = None
+            return
         sys.stdout, sys.stderr = self._sys
         for fd, keep in self._saved_fds:
             os.dup2(keep, fd)

@@ -1,0 +1,93 @@
+"""Credentials never reach a log line: the password or token of any URI (``user:pass@``, a lone
+``token@``, query parameters named like secrets) is masked by :func:`gem_platform.net.redact`
+in every logging record this process creates and in every line written to its Python
+streams.
+
+Records are masked where they are made (the log record factory), so the mask holds for every
+logger and every handler: ours, the libraries' (MLflow, Ray, urllib3), and handlers that are
+configured after it is installed. Lines a library writes with ``print`` or
+``sys.stdout.write`` (MLflow's "View run ... at: URL") are masked by :class:`MaskedLines`, the
+stream gemctl puts in place of ``sys.stdout``/``sys.stderr`` while library output is shown or
+routed to a log file.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import threading
+from typing import Any, TextIO
+
+from gem_platform.net import redact
+
+_lock = threading.Lock()
+_installed: list[Any] = []  # the factory this module wrapped (once installed)
+
+
+def mask_record(record: logging.LogRecord) -> logging.LogRecord:
+    """``record`` with credentials masked in its message and its formatted exception."""
+    try:
+        message = record.getMessage()
+    except Exception:  # a record whose args don't fit its format: logging reports it itself
+        return record
+    masked = redact(message)
+    if masked != message:
+        record.msg, record.args = masked, None
+    if record.exc_info and not record.exc_text:
+        record.exc_text = redact(logging.Formatter().formatException(record.exc_info))
+    if record.stack_info:
+        record.stack_info = redact(record.stack_info)
+    return record
+
+
+def install() -> None:
+    """Mask credentials in every log record made in this process from now on (idempotent)."""
+    with _lock:
+        if _installed:
+            return
+        base = logging.getLogRecordFactory()
+
+        def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
+            return mask_record(base(*args, **kwargs))
+
+        logging.setLogRecordFactory(factory)
+        _installed.append(base)
+
+
+class MaskedLines(io.TextIOBase):
+    """A text stream that writes each complete line to ``sink`` with credentials masked; a
+    partial line waits for its end (a URI split over two writes is masked whole) or for
+    ``flush``."""
+
+    def __init__(self, sink: TextIO) -> None:
+        self.sink, self._partial = sink, ""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        if self.sink.closed:
+            return len(text)
+        self._partial += text
+        if "\n" in self._partial:
+            done, _, self._partial = self._partial.rpartition("\n")
+            self.sink.write(redact(done) + "\n")
+        return len(text)
+
+    def flush(self) -> None:
+        if self.sink.closed:
+            return
+        if self._partial:
+            self.sink.write(redact(self._partial))
+            self._partial = ""
+        self.sink.flush()
+
+    def isatty(self) -> bool:
+        return self.sink.isatty()
+
+    def fileno(self) -> int:
+        return self.sink.fileno()
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return getattr(self.sink, "encoding", "utf-8")

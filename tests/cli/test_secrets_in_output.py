@@ -1,0 +1,149 @@
+"""A password in the tracking URI never reaches the log file under gem_runs/logs/ nor the
+terminal with --verbose: MLflow's own "View run ... at: URL" line, library log records (from
+handlers made before or after the mask) and their tracebacks are masked. `gemctl ui` hands
+the store URI to the server through the environment (not the command line `ps` shows), and a
+busy port is refused with exit code 2."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from mlflow.tracking import MlflowClient
+
+from gemctl import render
+from gemctl.quiet import LibraryOutput
+from tests.cli.conftest import clean_exit
+from tests.conftest import free_port, run_gemctl
+
+SECRET = "pa55-w0rd"
+
+
+def _library_lines(uri_with_password: str, store: str) -> None:
+    """What libraries do with a URI while a command runs: MLflow writes its run link to
+    sys.stdout (as MlflowClient.set_terminated does for a server), loggers (one made before,
+    one after the mask) log it, one with a traceback; a print."""
+    early = logging.getLogger("early.lib")
+    client = MlflowClient(store)
+    run = client.create_run(client.create_experiment("secrets"))
+    client.set_terminated(run.info.run_id)
+    sys.stdout.write(f"\U0001f3c3 View run {run.info.run_name} at: {uri_with_password}/#/"
+                     f"experiments/1/runs/{run.info.run_id}\n")
+    early.warning("connecting to %s", uri_with_password)
+    late = logging.getLogger("late.lib")
+    late.addHandler(logging.StreamHandler(sys.stderr))
+    late.propagate = False
+    late.error(f"retrying {uri_with_password}?token={SECRET}")
+    try:
+        raise ConnectionError(f"refused: {uri_with_password}")
+    except ConnectionError:
+        early.exception("request failed")
+    print(f"plain print of {uri_with_password}")
+
+
+def test_log_file_holds_no_password(tmp_path, monkeypatch, capfd):
+    """(A handler made before the command holds the stream the test runner gave it, so its
+    lines land there rather than in the file: both are checked.)"""
+    monkeypatch.chdir(tmp_path)
+    logging.getLogger("early.lib").addHandler(logging.StreamHandler(sys.stderr))
+    uri = f"http://alice:{SECRET}@127.0.0.1:{free_port()}"
+    with LibraryOutput("secrets") as lib:
+        _library_lines(uri, f"sqlite:///{tmp_path / 'm.db'}")
+    text = Path(lib.path).read_text()
+    assert "View run" in text and "plain print" in text and "retrying" in text
+    assert SECRET not in text and "alice:***@127.0.0.1" in text
+    out, err = capfd.readouterr()
+    assert "request failed" in out + err and "ConnectionError: refused" in out + err
+    assert SECRET not in out + err
+
+
+def test_verbose_terminal_holds_no_password(tmp_path, monkeypatch, capfd):
+    monkeypatch.chdir(tmp_path)
+    uri = f"https://bob:{SECRET}@mlflow.example:443"
+    with LibraryOutput("secrets", verbose=True):
+        logging.getLogger("early.lib").addHandler(logging.StreamHandler(sys.stderr))
+        _library_lines(uri, f"sqlite:///{tmp_path / 'm.db'}")
+        render.console.print("our own console still prints", highlight=False)
+    out, err = capfd.readouterr()
+    assert "View run" in out + err and "our own console still prints" in out
+    assert SECRET not in out + err and "bob:***@mlflow.example" in out + err
+    assert not (tmp_path / "gem_runs").exists()
+
+
+@pytest.mark.slow
+def test_submit_with_a_password_in_the_uri(tmp_path, mlflow_server):
+    """The issue's case end to end: a live server, its URI with a password, with and without
+    --verbose."""
+    from tests.sweep.test_spec import BASE
+
+    (tmp_path / "base.yaml").write_text(
+        BASE + "loader: {local_batch_size: 64, base_batch_size: 16}\n")
+    uri = mlflow_server.replace("http://", f"http://carol:{SECRET}@")
+    for flags in ([], ["--verbose"]):
+        proc = run_gemctl("submit", "base.yaml", "--local", "--tracking-uri", uri, *flags,
+                          cwd=tmp_path)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert SECRET not in proc.stdout + proc.stderr
+        assert "carol:***@" in proc.stdout + proc.stderr
+    logs = list((tmp_path / "gem_runs" / "logs").glob("*.log"))
+    assert logs and any("View run" in p.read_text() for p in logs)
+    assert not any(SECRET in p.read_text() for p in logs)
+
+
+def _ui(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    import os
+
+    return subprocess.Popen([sys.executable, "-m", "gemctl.main", "ui", *args], cwd=cwd,
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path),
+                                 **(env or {})},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+@pytest.mark.slow
+def test_ui_store_uri_is_not_on_any_command_line(tmp_path):
+    store = f"sqlite:///{tmp_path / 'secret-store-name.db'}"
+    proc = _ui(["--port", str(free_port())], tmp_path, {"MLFLOW_TRACKING_URI": store})
+    try:
+        deadline = time.time() + 120
+        children: list[psutil.Process] = []
+        while not children:
+            assert proc.poll() is None, proc.stdout.read()
+            assert time.time() < deadline, "the MLflow UI did not start"
+            time.sleep(0.5)
+            children = psutil.Process(proc.pid).children(recursive=True)
+        time.sleep(2)  # let the server start its workers too
+        for p in [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]:
+            cmdline = Path(f"/proc/{p.pid}/cmdline").read_bytes().decode(errors="replace")
+            assert "secret-store-name" not in cmdline, cmdline
+        environ = Path(f"/proc/{children[0].pid}/environ").read_bytes().decode(errors="replace")
+        assert f"MLFLOW_BACKEND_STORE_URI={store}" in environ
+    finally:
+        for p in psutil.Process(proc.pid).children(recursive=True):
+            p.kill()
+        proc.kill()
+        proc.wait()
+
+
+def test_ui_on_a_busy_port(gemctl, tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = gemctl("ui", "--port", str(port), "--tracking-uri",
+                        f"sqlite:///{tmp_path / 'm.db'}")
+    clean_exit(result, 2)
+    text = " ".join(result.stderr.split())
+    assert f"Port {port} on 127.0.0.1 is already in use" in text and "--port" in text
+
+
+def test_ui_on_a_host_that_is_not_here(gemctl, tmp_path):
+    result = gemctl("ui", "--host", "no-such-host.invalid", "--tracking-uri",
+                    f"sqlite:///{tmp_path / 'm.db'}")
+    clean_exit(result, 2)
+    assert "--host" in result.stderr
