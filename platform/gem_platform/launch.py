@@ -8,12 +8,15 @@ code (torch, TorchRec) is imported by the functions that train, so bad input fai
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import shutil
+import time
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gem_platform.data.meta import DatasetMeta
 from gem_platform.errors import ClusterError, GemError, RecipeError
@@ -22,6 +25,10 @@ from gem_platform.recipe import Recipe
 from gem_platform.topology import Placement
 from gem_platform.tracking import RunTracker, check_run_inputs, resolve_tracking_uri
 
+if TYPE_CHECKING:
+    from gem_platform.train.intact import ResumePoint
+
+log = logging.getLogger(__name__)
 NO_CHECKPOINT = "no checkpoint of this run was found: it restarts from step 0"
 
 
@@ -123,7 +130,8 @@ def _ray_worker_loop(config: dict[str, Any]) -> None:
         progress.put(("line", line))
 
     progress.put(("location", worker_location(info.rank, recipe.parallel.zone_label)))
-    store = RayStore(recipe.train.checkpoint_every) if recipe.train.checkpoint_every else None
+    store = (RayStore(recipe.train.checkpoint_every, fallback=config.get("resume_from"))
+             if recipe.train.checkpoint_every else None)
     try:
         summary = train(recipe, sink=tracker.log_metrics if tracker else None, echo=echo,
                         checkpoints=store,
@@ -147,12 +155,12 @@ def ray_run_dir(recipe: Recipe, run_id: str) -> str:
 
 
 def _run_on_ray(recipe: Recipe, tracker: RunTracker, address: str | None,
-                echo: Callable[[str], None], resume: bool) -> dict[str, Any]:
+                echo: Callable[[str], None], resume: ResumePoint | None) -> dict[str, Any]:
     """Place ranks by topology (each host's ranks contiguous, each zone's hosts contiguous),
     pin every worker to its planned node, train, and check that Ray put them there."""
     from ray.util.queue import Queue
 
-    from gem_platform.storage import check_storage, latest_checkpoint
+    from gem_platform.storage import check_storage
     from gem_platform.topology import place_on_ray
 
     check_storage(recipe)
@@ -160,23 +168,22 @@ def _run_on_ray(recipe: Recipe, tracker: RunTracker, address: str | None,
     placement = place_on_ray(recipe.parallel)
     tracker.log_json({"planned": [asdict(slot) for slot in placement.slots]}, "placement.json")
     progress = Queue(actor_options={"num_cpus": 0})
-    start = None
-    if resume:
-        start = latest_checkpoint(ray_run_dir(recipe, tracker.run_id))
-        if start is None:
-            echo(NO_CHECKPOINT)
-    trainer = _build_trainer(recipe, tracker, placement, progress)
+    if resume is not None and resume.folder is None:
+        echo(NO_CHECKPOINT)
+    trainer = _build_trainer(recipe, tracker, placement, progress,
+                             resume.folder if resume is not None else None)
     reports = _WorkerReports(echo)
     _fit_while_draining(trainer, progress, reports)
     return _check_and_record(reports, placement, tracker)
 
 
-def _build_trainer(recipe: Recipe, tracker: RunTracker, placement: Placement, progress: Any
-                   ) -> Any:
+def _build_trainer(recipe: Recipe, tracker: RunTracker, placement: Placement, progress: Any,
+                   resume_from: str | None = None) -> Any:
     """Ray Train's TorchTrainer for the run: one worker per rank pinned by ``placement``'s
     label selectors, checkpoints under ``ray_run_dir``. A resumed run continues from the
     latest checkpoint in that folder: Ray Train V2 restores a run whose name and storage
-    already hold one (it refuses ``resume_from_checkpoint``)."""
+    already hold one (it refuses ``resume_from_checkpoint``); where that one is torn, the
+    workers load ``resume_from`` (the newest intact one) instead."""
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
@@ -186,7 +193,8 @@ def _build_trainer(recipe: Recipe, tracker: RunTracker, placement: Placement, pr
     return TorchTrainer(
         train_loop_per_worker=_ray_worker_loop,
         train_loop_config={"recipe": recipe.model_dump(mode="json"), "run_id": tracker.run_id,
-                           "tracking_uri": tracker.uri, "progress": progress},
+                           "tracking_uri": tracker.uri, "progress": progress,
+                           "resume_from": resume_from},
         torch_config=TorchConfig(backend=recipe.parallel.resolved_backend()),
         scaling_config=ScalingConfig(
             num_workers=recipe.parallel.workers, use_gpu=recipe.parallel.use_gpu,
@@ -276,20 +284,50 @@ def _check_and_record(reports: _WorkerReports, placement: Placement, tracker: Ru
 
 
 def _run_local(recipe: Recipe, tracker: RunTracker, echo: Callable[[str], None],
-               resume: bool) -> dict[str, Any]:
+               resume: ResumePoint | None) -> dict[str, Any]:
     from gem_platform.train.checkpoint import LOCAL_ROOT, LocalStore
     from gem_platform.train.loop import train
 
     root = LOCAL_ROOT.resolve() / tracker.run_id
-    if not resume and root.exists():
+    if resume is None and root.exists():
         shutil.rmtree(root)
     store = None
-    if recipe.train.checkpoint_every or resume:
-        store = LocalStore(root, recipe.train.checkpoint_every, recipe.train.keep_checkpoints)
-        if resume and store.latest() is None:
+    if recipe.train.checkpoint_every or resume is not None:
+        store = LocalStore(root, recipe.train.checkpoint_every, recipe.train.keep_checkpoints,
+                           start=resume)
+        if resume is not None and resume.folder is None:
             echo(NO_CHECKPOINT)
     return train(recipe, sink=tracker.log_metrics, echo=echo, checkpoints=store,
-                 published_through=tracker.last_step() if resume else 0)
+                 published_through=tracker.last_step() if resume is not None else 0)
+
+
+def resume_point(recipe: Recipe, run_id: str, local: bool) -> ResumePoint:
+    """The checkpoint a resume of ``run_id`` loads, found before the run's record is touched:
+    the newest intact one, with the newer torn ones it passes over. CheckpointError (bad
+    input: the run's status stays as it was) when the run has checkpoints and none is
+    intact."""
+    from gem_platform.train.checkpoint import LOCAL_ROOT
+    from gem_platform.train.intact import CheckpointError, ResumePoint, find_resume_point
+
+    if not re.fullmatch(r"[A-Za-z0-9_-]+", run_id):
+        return ResumePoint(run_id)  # not a run id: RunTracker.reopen refuses it
+    root = str(LOCAL_ROOT.resolve() / run_id) if local else ray_run_dir(recipe, run_id)
+    try:
+        return find_resume_point(root)
+    except CheckpointError as err:
+        log.warning("resume refused: %s", err.problem)
+        raise
+
+
+def _note_resume(point: ResumePoint, tracker: RunTracker, echo: Callable[[str], None]) -> None:
+    """Say which checkpoints the resume passed over and why (and a legacy one's note): in the
+    output, the command's log and the run's record (an artifact per resume)."""
+    for line in [*point.skip_lines(), *point.notes()]:
+        echo(line)
+        log.warning(line)
+    if point.folder:
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+        tracker.log_text("\n".join(point.lines()) + "\n", f"resume-{stamp}.log")
 
 
 def _linear_reference(recipe: Recipe, meta: DatasetMeta, tracker: RunTracker,
@@ -310,7 +348,9 @@ def submit(recipe: Recipe, *, local: bool = False, address: str | None = None,
 
     GemError (bad input) raised before the run is opened leaves nothing behind; any failure
     after it marks the run FAILED with the reason, and is re-raised. ``resume`` (an MLflow run
-    id) continues that run from its latest checkpoint, logging into the same run.
+    id) continues that run from its newest intact checkpoint, logging into the same run; the
+    checkpoints are checked before the run's status changes, so a resume refused for torn
+    checkpoints leaves a FINISHED run FINISHED.
     """
     address = address or os.environ.get("RAY_ADDRESS") or None
     if address and not local:
@@ -330,7 +370,9 @@ def submit(recipe: Recipe, *, local: bool = False, address: str | None = None,
             "gem.data_source": meta.source,
             "gem.deterministic": str(recipe.train.deterministic).lower(),
             **recipe.tracking.tags}
+    point = None
     if resume:
+        point = resume_point(recipe, resume, local)
         tracker = RunTracker.reopen(uri, resume, recipe.flat())
     else:
         tracker = RunTracker.start(uri, recipe.tracking.experiment, recipe.tracking.run_name,
@@ -340,10 +382,12 @@ def submit(recipe: Recipe, *, local: bool = False, address: str | None = None,
             tracker.log_text(recipe.to_yaml(), "recipe.yaml")
             if local:
                 tracker.log_json({"mode": "local", "workers": 1}, "placement.json")
+        if point is not None:
+            _note_resume(point, tracker, echo)
         if local:
-            summary = _run_local(recipe, tracker, echo, resume=bool(resume))
+            summary = _run_local(recipe, tracker, echo, resume=point)
         else:
-            summary = _run_on_ray(recipe, tracker, address, echo, resume=bool(resume))
+            summary = _run_on_ray(recipe, tracker, address, echo, resume=point)
         summary.update(_linear_reference(recipe, meta, tracker, echo))
         tracker.log_json(summary, "summary.json")
         tracker.finish(ok=True)

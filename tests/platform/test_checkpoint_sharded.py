@@ -6,6 +6,7 @@ run on different test workers)."""
 from __future__ import annotations
 
 import functools
+import json
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from gem_platform.data.prepare import prepare_dataset
 from gem_platform.recipe import recipe_from_dict
 from gem_platform.train.checkpoint import LocalStore, latest_checkpoint
 from gem_platform.train.loop import train
+from gem_platform.train.manifest import MANIFEST_FILE
 
 STEPS, STOP_AT = 5, 2  # straight: 5 steps; interrupted after the step-2 checkpoint, resumed
 LAYOUTS = {
@@ -87,6 +89,11 @@ def test_sharded_resume_equals_uninterrupted(tiny_recipe, tmp_path, monkeypatch,
     straight = spawn(functools.partial(_train_rank, tree, str(tmp_path / "a"), 0), world)[0]
     first = spawn(functools.partial(_train_rank, tree, str(tmp_path / "b"), STOP_AT), world)[0]
     assert latest_checkpoint(tmp_path / "b").name == f"step_{STOP_AT:08d}"
+    # rank 0's manifest lists every rank's files, and only them
+    folder = tmp_path / "b" / f"step_{STOP_AT:08d}"
+    listed = {f["name"] for f in json.loads((folder / MANIFEST_FILE).read_text())["files"]}
+    assert listed == {p.name for p in folder.iterdir()} - {MANIFEST_FILE}
+    assert {f"rank{r}.pt" for r in range(world)} <= listed
     resumed = spawn(functools.partial(_train_rank, tree, str(tmp_path / "b"), 0), world)[0]
 
     assert len(straight) == STEPS and len(set(straight)) == STEPS

@@ -8,6 +8,10 @@ Tables sharded by TorchRec train with its fused KeyedOptimizer, whose state
 (keyed by table name, ShardedTensor states) goes through DCP beside the model's; loading fills
 those tensors in place and ``load_state_dict`` copies them into the fused kernels' buffers.
 
+Every checkpoint ends with a manifest (manifest.py): each file's size and CRC-32, written once
+every rank's files are durable (the ranks gather their lists to rank 0). A resume loads the
+newest checkpoint that matches its manifest (intact.py) and names the torn ones it passes over.
+
 On Ray the folder is handed to Ray Train (``ray.train.report(checkpoint=...)``), which merges
 every rank's files into one checkpoint in the run's storage and gives it back after a restart
 (``ray.train.get_checkpoint()``). In-process runs keep the last K folders under
@@ -16,7 +20,6 @@ every rank's files into one checkpoint in the run's storage and gives it back af
 
 from __future__ import annotations
 
-import json
 import random
 import re
 import shutil
@@ -26,13 +29,30 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torchrec.optim.keyed import KeyedOptimizer
 
-STEP_FILE = "gem_step.json"
+from gem_platform.train.intact import (
+    DCP_INDEX,
+    CheckpointError,
+    ResumePoint,
+    check_checkpoint,
+    find_resume_point,
+)
+from gem_platform.train.manifest import (
+    STEP_FILE,
+    FileEntry,
+    durable_entry,
+    forget_completion,
+    fsync_dir,
+    write_manifest,
+    write_step_file,
+)
+
 LOCAL_ROOT = Path("gem_runs/local")
 
 
@@ -87,14 +107,25 @@ class Stateful:
 
     def save(self, directory: Path, step: int, rank: int, extras: object) -> None:
         """Collective over all ranks: write model + optimizer shards and this rank's extras
-        (any picklable object; the training loop's is a ``CheckpointExtras``)."""
+        (any picklable object; the training loop's is a ``CheckpointExtras``), then, on rank
+        0 once every rank's files are durable, the manifest that marks the folder complete."""
         directory.mkdir(parents=True, exist_ok=True)
+        if rank == 0:
+            forget_completion(directory)
         state, groups = self._state()
         dcp.save(state, checkpoint_id=str(directory))
+        rank_file = directory / f"rank{rank}.pt"
         torch.save({"extras": extras, "rng": rng_state(), "keyed_param_groups": groups},
-                   directory / f"rank{rank}.pt")
+                   rank_file)
+        mine = [rank_file, *sorted(directory.glob(f"__{rank}_*.distcp"))]
         if rank == 0:
-            (directory / STEP_FILE).write_text(json.dumps({"step": step}))
+            write_step_file(directory, step)
+            mine += [directory / DCP_INDEX, directory / STEP_FILE]
+        entries = [durable_entry(path) for path in mine]
+        fsync_dir(directory)
+        every = _gather_to_first(entries)
+        if rank == 0:
+            write_manifest(directory, step, every)
 
     def load(self, directory: Path, rank: int) -> object:
         """Collective: restore model + optimizers, RNG states; return this rank's extras as
@@ -131,14 +162,24 @@ class Stateful:
         return saved.get("extras")
 
 
-def checkpoint_step(directory: Path) -> int:
-    return int(json.loads((directory / STEP_FILE).read_text())["step"])
+def _gather_to_first(entries: list[FileEntry]) -> list[FileEntry]:
+    """Every rank's file entries on rank 0 (a rank's own elsewhere); returns once all ranks
+    have described their durable files, so rank 0's manifest comes after all of them."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return entries
+    gathered: list[list[FileEntry]] | None = (
+        [[] for _ in range(dist.get_world_size())] if dist.get_rank() == 0 else None)
+    dist.gather_object(entries, gathered, dst=0)
+    return [e for part in gathered for e in part] if gathered is not None else entries
 
 
 def latest_checkpoint(root: Path) -> Path | None:
-    """The complete checkpoint with the highest step under root (searched recursively)."""
-    found = [p.parent for p in root.rglob(STEP_FILE)] if root.exists() else []
-    return max(found, key=checkpoint_step, default=None)
+    """The newest intact checkpoint under root (searched recursively), or None."""
+    try:
+        point = find_resume_point(str(root))
+    except CheckpointError:
+        return None
+    return Path(point.folder) if point.folder else None
 
 
 class LocalCheckpoints:
@@ -158,14 +199,21 @@ class LocalCheckpoints:
 
 
 class LocalStore:
-    """Checkpoint store of an in-process run: step folders under ``root``, newest K kept."""
+    """Checkpoint store of an in-process run: step folders under ``root``, newest K kept.
 
-    def __init__(self, root: Path, every: int, keep: int) -> None:
+    ``start``: the resume point the driver chose (and reported) before it reopened the run;
+    without it the store picks the newest intact checkpoint itself (CheckpointError when
+    there are checkpoints and none is intact)."""
+
+    def __init__(self, root: Path, every: int, keep: int, start: ResumePoint | None = None
+                 ) -> None:
         self.every = every
         self.local = LocalCheckpoints(root, keep)
+        self.start = start
 
     def latest(self) -> Path | None:
-        return latest_checkpoint(self.local.root)
+        point = self.start or find_resume_point(str(self.local.root))
+        return Path(point.folder) if point.folder else None
 
     def folder(self, step: int) -> Path:
         return self.local.folder(step)
@@ -177,16 +225,33 @@ class LocalStore:
 
 class RayStore:
     """Checkpoint store of a Ray Train worker: each rank writes into a scratch folder that Ray
-    Train merges into the run's checkpoint (keeping the newest per its CheckpointConfig)."""
+    Train merges into the run's checkpoint (keeping the newest per its CheckpointConfig).
 
-    def __init__(self, every: int) -> None:
+    Ray Train hands back the newest checkpoint it registered, torn or not; ``fallback`` (the
+    folder or URI the driver found to be the newest intact one) replaces a torn one."""
+
+    def __init__(self, every: int, fallback: str | None = None) -> None:
         self.every = every
+        self.fallback = fallback
 
     def latest(self) -> Path | None:
         import ray.train
+        from ray.train import Checkpoint
 
         ckpt = ray.train.get_checkpoint()
-        return Path(ckpt.to_directory()) if ckpt is not None else None
+        if ckpt is not None:
+            folder = Path(ckpt.to_directory())
+            verdict = check_checkpoint(str(folder))
+            if verdict.intact:
+                return folder
+            if self.fallback is None:
+                raise CheckpointError(f"The run's latest checkpoint ({ckpt.path}) is torn: "
+                                      f"{verdict.reason}.",
+                                      "Resume the run (gemctl submit --resume RUN_ID), which "
+                                      "falls back to its newest intact checkpoint.")
+        if self.fallback is None:
+            return None
+        return Path(Checkpoint(self.fallback).to_directory())
 
     def folder(self, step: int) -> Path:
         import tempfile
