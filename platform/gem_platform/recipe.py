@@ -64,6 +64,12 @@ class ModelConfig(_Strict):
     gdpa_activation: Literal["silu", "gelu", "gelu_tanh", "identity"] = Field(
         "silu", description="element-wise activation of the cross and pooled attention (GDPA)")
     pooled_queries: int = Field(4, ge=1, le=4096, description="queries of the pooled attention")
+    pooled_base: Literal["mean", "none"] = Field(
+        "mean", description="what the pooled attention adds to its GDPA output: mean = each "
+        "sample's mean value vector, so the attention starts as a mean pool of the history and "
+        "learns to weight it (GDPA's SiLU/GELU is ~0 at the small scores of an untrained model, "
+        "so without it the history's path to the prediction starts nearly closed); none = GDPA "
+        "alone")
     sparse_dim: int = Field(16, ge=2, le=65536,
                             description="TorchRec embedding dim of sparse features")
     dhen_layers: int = Field(2, ge=1, le=256, description="DHEN interaction layers")

@@ -111,7 +111,7 @@ class GemModel(nn.Module):
         self.sequence = SequenceTower(d, cfg.num_heads, cfg.seq_layers, spec, cfg.qk_norm)
         self.cross = CrossAttention(d, cfg.num_heads, cfg.gdpa_activation, cfg.kernel)
         self.pooled = PooledAttention(d, cfg.num_heads, cfg.pooled_queries, cfg.gdpa_activation,
-                                      cfg.kernel)
+                                      cfg.kernel, mean_base=cfg.pooled_base == "mean")
         self.num_context = 2 + len(self.sparse_names)  # ad, dense, one per sparse feature
         num_tokens = cfg.pooled_queries + self.num_context
         self.dhen = nn.ModuleList(

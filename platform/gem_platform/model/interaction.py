@@ -45,14 +45,29 @@ class CrossAttention(nn.Module):
         return x + self.out(o.reshape(x.shape[0], d))
 
 
+def segment_mean(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """(B, ...) fp32 mean of each sample's rows of jagged ``values`` (T, ...); 0 for a sample
+    with no rows. A segmented sum on the device: no host sync, and its gradient is a gather."""
+    sums = torch.segment_reduce(values.float(), "sum", offsets=offsets, axis=0, initial=0)
+    lengths = (offsets[1:] - offsets[:-1]).clamp_min(1).to(sums.dtype)
+    return sums / lengths.view(-1, *([1] * (sums.dim() - 1)))
+
+
 class PooledAttention(nn.Module):
-    """A few queries per sample (learned, shifted by the candidate ad) summarize the history."""
+    """A few queries per sample (learned, shifted by the candidate ad) summarize the history.
+
+    With ``mean_base`` each query's output is GDPA's plus the sample's mean value vector:
+    weights (1 + act(score)) / L instead of act(score) / L. GDPA's activation is ~0 at the
+    small scores of an untrained model, so GDPA alone starts with an output and a gradient
+    near zero and the model can sit on a plateau that ignores the history for hundreds of
+    steps; with the mean it starts as a mean pool (as softmax attention does) and learns
+    where to look."""
 
     def __init__(self, dim: int, heads: int, num_queries: int, activation: str,
-                 kernel: str) -> None:
+                 kernel: str, mean_base: bool = True) -> None:
         super().__init__()
         self.heads, self.head_dim, self.nq = heads, dim // heads, num_queries
-        self.activation, self.kernel = activation, kernel
+        self.activation, self.kernel, self.mean_base = activation, kernel, mean_base
         self.queries = nn.Parameter(torch.randn(num_queries, dim) * dim**-0.5)
         self.ad_to_query = nn.Linear(dim, dim)
         self.kv = nn.Linear(dim, 2 * dim)
@@ -69,7 +84,10 @@ class PooledAttention(nn.Module):
         record_attention(float(self.nq * x.shape[0]), self.heads, self.head_dim)
         o = generalized_attention(q.to(v.dtype), k, v, q_offsets, x_offsets, self.nq, max_len,
                                   activation=self.activation, norm="kv_len", kernel=self.kernel)
-        return self.out(o.reshape(b, self.nq, d))
+        o = o.view(b, self.nq, d)
+        if self.mean_base:
+            o = o + segment_mean(v, x_offsets).view(b, 1, d).to(o.dtype)
+        return self.out(o)
 
 
 class MlpExpert(nn.Module):
