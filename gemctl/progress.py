@@ -1,11 +1,12 @@
-"""Training progress as a user watches it: step/total, loss, NE, samples/s, elapsed and ETA,
-per run, per sweep trial and for a sweep overall.
+"""Training progress as a user watches it: step/total, loss, train NE beside the latest
+held-out NE, samples/s, elapsed and ETA, per run, per sweep trial and for a sweep overall.
 
 It reads the progress lines the training loop prints on rank 0 (``step N/T loss L ne_ctr E
-samples/s S ...``), whether they arrive through the echo callback (``gemctl submit``, local
-or on Ray) or through Ray's log forwarding from sweep trials (``[arm seed S] step ...``). In a
-terminal it draws rich progress bars; elsewhere (a log, CI, a pipe) it prints plain lines
-without ANSI codes, each with elapsed time and ETA.
+samples/s S ...``, and at each scheduled evaluation ``eval step N/T held-out ne_ctr H ...``),
+whether they arrive through the echo callback (``gemctl submit``, local or on Ray) or through
+Ray's log forwarding from sweep trials (``[arm seed S] step ...``). In a terminal it draws rich
+progress bars; elsewhere (a log, CI, a pipe) it prints plain lines without ANSI codes, each
+with elapsed time and ETA. Evaluation lines and warnings are printed as they come, in both.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from gemctl.render import duration
 
 STEP = re.compile(r"\bstep\s+(?P<step>\d+)/(?P<total>\d+)\s+loss\s+(?P<loss>\S+)"
                   r"(?:\s+ne_ctr\s+(?P<ne>\S+))?(?:\s+samples/s\s+(?P<sps>[\d,.]+))?")
+EVAL = re.compile(r"\beval step\s+(?P<step>\d+)/(?P<total>\d+)\s+held-out ne_ctr\s+(?P<ne>\S+)")
 # A sweep trial's lines, possibly behind Ray's "(run_trial pid=123)" prefix.
 TRIAL = re.compile(r"^(?:\([^)]*\)\s*)?\[(?P<arm>[^\]\s]+) seed (?P<seed>-?\d+)\]\s?(?P<rest>.*)$")
 TRIAL_DONE = re.compile(r"\btrial (?P<arm>\S+) seed (?P<seed>-?\d+) "
@@ -48,10 +50,13 @@ class StepReport:
     ne: float | None = None
     samples_per_s: float | None = None
 
-    def stats(self) -> str:
+    def stats(self, held_out_ne: float | None = None) -> str:
+        """Loss, train NE and, once the run has evaluated, the latest held-out NE beside it."""
         parts = [f"loss {self.loss:.4f}"]
         if self.ne is not None:
-            parts.append(f"ne {self.ne:.4f}")
+            parts.append(f"train ne {self.ne:.4f}")
+        if held_out_ne is not None:
+            parts.append(f"held-out ne {held_out_ne:.4f}")
         if self.samples_per_s is not None:
             parts.append(f"{self.samples_per_s:,.0f} samples/s")
         return "  ".join(parts)
@@ -74,6 +79,12 @@ def parse_step(line: str) -> StepReport | None:
     loss = _number(m["loss"])
     return StepReport(int(m["step"]), int(m["total"]), math.nan if loss is None else loss,
                       _number(m["ne"]), _number(m["sps"]))
+
+
+def parse_eval(line: str) -> float | None:
+    """The held-out CTR NE of an evaluation line, or None for any other line."""
+    m = EVAL.search(line)
+    return None if m is None else _number(m["ne"])
 
 
 class _Clock:
@@ -114,6 +125,7 @@ class TrainingProgress:
         self.plain = not console.is_terminal if plain is None else plain
         self.clock = _Clock()
         self._clocks: dict[str, _Clock] = {}
+        self._held_out: dict[str, float] = {}  # the latest held-out NE ctr per run or trial
         self._tasks: dict[str, TaskID] = {}
         self._done: set[str] = set()
         self._overall: TaskID | None = None
@@ -172,6 +184,11 @@ class TrainingProgress:
         return False
 
     def _step(self, key: str, text: str, prefix: str) -> bool:
+        held_out = parse_eval(text)
+        if held_out is not None:
+            self._held_out[key] = held_out
+            self.print(prefix + text)
+            return True
         report = parse_step(text)
         if report is None:
             if prefix:  # a trial's other lines (resumed from ..., warnings it printed)
@@ -181,15 +198,16 @@ class TrainingProgress:
         # A run's clock starts with the command; a sweep trial's with its first line.
         clock = self.clock if key == self.label else self._clocks.setdefault(key, _Clock())
         eta = clock.eta(report.step, report.total)
+        stats = report.stats(self._held_out.get(key))
         if self._bars is None:
             self.print(f"{prefix}step {report.step:>{len(str(report.total))}}/{report.total}  "
-                       f"{report.stats()}  elapsed {duration(clock.elapsed())}  eta "
+                       f"{stats}  elapsed {duration(clock.elapsed())}  eta "
                        f"{'-' if eta is None else duration(eta)}")
             return True
         if key not in self._tasks:
             self._tasks[key] = self._bars.add_task(key, total=report.total, stats="")
         self._bars.update(self._tasks[key], completed=report.step, total=report.total,
-                          stats=report.stats())
+                          stats=stats)
         return True
 
     def _trial_done(self, key: str) -> None:

@@ -78,23 +78,100 @@ def duration(seconds: float) -> str:
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 
 
-def summary_tables(run_id: str, summary: dict[str, Any], tracking_uri: str,
-                   wall_s: float | None = None) -> list[Table]:
-    """NE and AUC per task with the planted ceiling and the linear reference; then throughput,
-    MFU, balance, wall time and where the run is recorded."""
+CURVE_ROWS = 12  # learning-curve rows shown; longer curves are thinned evenly (last kept)
+
+
+def _quality_table(summary: dict[str, Any]) -> Table:
+    """Held-out NE, AUC, calibration per task beside the planted ceiling, the share of its
+    AUC lift reached and the linear reference, the train NE of the last steps and the time to
+    the recipe's target."""
+    nan = float("nan")
     table = Table(title="quality (held-out)", title_justify="left")
     table.add_column("metric")
     table.add_column("ctr", justify="right")
     table.add_column("cvr", justify="right")
-    for name in ("ne", "auc", "logloss", "base_rate"):
-        table.add_row(f"eval {name}", fmt(summary.get(f"eval/{name}_ctr", float("nan"))),
-                      fmt(summary.get(f"eval/{name}_cvr", float("nan"))))
+    for name in ("ne", "auc", "logloss", "base_rate", "calibration"):
+        table.add_row(f"eval {name}", fmt(summary.get(f"eval/{name}_ctr", nan)),
+                      fmt(summary.get(f"eval/{name}_cvr", nan)))
+    if "train/ne_ctr_since_eval" in summary:
+        table.add_row("train ne (since the last eval)", fmt(summary["train/ne_ctr_since_eval"]),
+                      "-")
     if "planted/auc_ctr" in summary:
         table.add_row("planted auc (ceiling)", fmt(summary["planted/auc_ctr"]),
-                      fmt(summary.get("planted/auc_cvr", float("nan"))))
+                      fmt(summary.get("planted/auc_cvr", nan)))
     for name in ("ne", "auc") if "reference/linear/ne_ctr" in summary else ():
         table.add_row(f"linear reference {name}", fmt(summary[f"reference/linear/{name}_ctr"]),
-                      fmt(summary.get(f"reference/linear/{name}_cvr", float("nan"))))
+                      fmt(summary.get(f"reference/linear/{name}_cvr", nan)))
+    if "eval/auc_lift_share_ctr" in summary:
+        table.add_row("share of the ceiling's auc lift",
+                      fmt(summary["eval/auc_lift_share_ctr"]),
+                      fmt(summary.get("eval/auc_lift_share_cvr", nan)))
+    if "quality/target_ne" in summary:
+        table.add_row(f"time to ne <= {fmt(summary['quality/target_ne'])}", _to_target(summary),
+                      "-")
+    return table
+
+
+def _to_target(summary: dict[str, Any]) -> str:
+    if not summary.get("quality/reached_target"):
+        return "not reached"
+    seconds = summary.get("quality/train_s_to_target", float("nan"))
+    samples = summary.get("quality/samples_to_target", float("nan"))
+    if not all(isinstance(v, float | int) and math.isfinite(v) for v in (seconds, samples)):
+        return "-"
+    return f"{duration(seconds)} training, {samples:,.0f} samples"
+
+
+def _curve_table(summary: dict[str, Any]) -> Table | None:
+    """The held-out learning curve (summary quality/eval_curve): train beside held-out NE."""
+    curve = summary.get("quality/eval_curve")
+    if not isinstance(curve, list) or not curve:
+        return None
+    step = max(1, math.ceil(len(curve) / CURVE_ROWS))
+    shown = curve[::step] if (len(curve) - 1) % step == 0 else [*curve[::step], curve[-1]]
+    table = Table(title="learning curve (training time excludes evaluation)",
+                  title_justify="left")
+    columns = [("step", "step"), ("samples", "samples"), ("training time", "train_s"),
+               ("train ne ctr", "train_ne_ctr"), ("held-out ne ctr", "ne_ctr"),
+               ("auc ctr", "auc_ctr"), ("held-out ne cvr", "ne_cvr")]
+    for label, _ in columns:
+        table.add_column(label, justify="right")
+    for point in shown:
+        if not isinstance(point, dict):
+            continue
+        cells = []
+        for _, key in columns:
+            value = point.get(key, float("nan"))
+            finite = isinstance(value, float | int) and math.isfinite(value)
+            if key == "train_s" and finite:
+                cells.append(duration(value))
+            elif key in ("step", "samples") and finite:
+                cells.append(f"{value:,.0f}")
+            else:
+                cells.append(fmt(value))
+        table.add_row(*cells)
+    return table
+
+
+def _warnings_table(summary: dict[str, Any]) -> Table | None:
+    """The learning warnings of the finished run (summary quality/warnings)."""
+    warnings = summary.get("quality/warnings")
+    if not isinstance(warnings, list) or not warnings:
+        return None
+    table = Table(title="learning warnings", title_justify="left", show_header=False)
+    table.add_column("warning", overflow="fold")
+    for message in warnings:
+        table.add_row(esc(message))
+    return table
+
+
+def summary_tables(run_id: str, summary: dict[str, Any], tracking_uri: str,
+                   wall_s: float | None = None) -> list[Table]:
+    """NE and AUC per task with the planted ceiling and the linear reference, the learning
+    curve and its warnings; then throughput, MFU, balance, wall time and where the run is
+    recorded."""
+    tables = [_quality_table(summary)]
+    tables += [t for t in (_curve_table(summary), _warnings_table(summary)) if t is not None]
     perf = Table(show_header=True)
     perf.add_column("efficiency")
     perf.add_column("value", justify="right")
@@ -119,4 +196,4 @@ def summary_tables(run_id: str, summary: dict[str, Any], tracking_uri: str,
         perf.add_row("wall time", duration(wall_s))
     perf.add_row("MLflow run", esc(run_id))
     perf.add_row("MLflow store", esc(tracking_uri))
-    return [table, perf]
+    return [*tables, perf]

@@ -342,6 +342,14 @@ def _linear_reference(recipe: Recipe, meta: DatasetMeta, tracker: RunTracker,
     return metrics
 
 
+def learning_tag(summary: dict[str, Any]) -> str:
+    """The run's learning warnings (the summary's ``warn/*`` set to 1) as one tag value, e.g.
+    ``memorization_ctr,ne_above_one_ctr``; ``none`` when none fired."""
+    fired = sorted(key.removeprefix("warn/") for key, value in summary.items()
+                   if key.startswith("warn/") and value == 1.0)
+    return ",".join(fired) or "none"
+
+
 def submit(recipe: Recipe, *, local: bool = False, address: str | None = None,
            echo: Callable[[str], None] = print, resume: str | None = None) -> RunOutcome:
     """Validate, open the MLflow run, train, record the summary, close the run.
@@ -390,6 +398,7 @@ def submit(recipe: Recipe, *, local: bool = False, address: str | None = None,
             summary = _run_on_ray(recipe, tracker, address, echo, resume=point)
         summary.update(_linear_reference(recipe, meta, tracker, echo))
         tracker.log_json(summary, "summary.json")
+        tracker.set_tag("gem.learning_warnings", learning_tag(summary))
         tracker.finish(ok=True)
         return RunOutcome(tracker.run_id, uri, summary)
     except BaseException as err:

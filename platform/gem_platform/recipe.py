@@ -117,9 +117,26 @@ class TrainConfig(_Strict):
         "atomic-free attention backwards; costs throughput")
     log_every: int = Field(10, ge=1, le=10**9,
                            description="progress line and metrics every N steps")
-    eval_every: int = Field(0, ge=0, le=10**9, description="0 = evaluate only at the end")
-    eval_max_samples: int | None = Field(None, ge=1, le=MAX_INT,
-                                         description="cap on held-out samples; null = all")
+    eval_every: int | None = Field(
+        None, ge=0, le=10**9,
+        description="held-out evaluation every N steps on the fixed train.eval_sample (the "
+        "learning curve, its warnings and time to quality read it); null = about ten per run, "
+        "every max(steps // 10, log_every) steps; 0 = only the final evaluation")
+    eval_sample: int = Field(
+        2048, ge=1, le=MAX_INT,
+        description="held-out samples each scheduled evaluation scores: the first N of the "
+        "eval split (shared evenly by the workers), the same at every evaluation so the curve "
+        "compares like with like; capped by eval_max_samples. Each scheduled evaluation costs "
+        "a forward pass over these samples, outside the steps' time")
+    eval_max_samples: int | None = Field(
+        None, ge=1, le=MAX_INT,
+        description="held-out samples the final evaluation scores (the summary's eval/*); "
+        "null = all")
+    target_ne: float | None = Field(
+        None, gt=0, le=10,
+        description="held-out CTR NE to measure time to quality against: the summary's "
+        "quality/train_s_to_target and quality/samples_to_target (training time, evaluation "
+        "excluded); null = none (the curve in the summary still allows any target later)")
     device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="auto = CUDA when available, else CPU")
     checkpoint_every: int = Field(0, ge=0, le=10**9,
@@ -171,6 +188,13 @@ class TrainConfig(_Strict):
         2, ge=0, le=64,
         description="batches collated ahead on a background thread (pinned and copied on a "
         "side stream on CUDA); 0 = collate on the training thread")
+
+    def eval_interval(self) -> int:
+        """Steps between scheduled held-out evaluations (eval_every; 0 = none before the
+        final one)."""
+        if self.eval_every is None:
+            return max(self.steps // 10, self.log_every)
+        return self.eval_every
 
 
 class PrecisionConfig(_Strict):

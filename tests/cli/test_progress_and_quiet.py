@@ -11,7 +11,7 @@ import textwrap
 
 from rich.console import Console
 
-from gemctl.progress import TrainingProgress, parse_step
+from gemctl.progress import TrainingProgress, parse_eval, parse_step
 from tests.cli.conftest import REPO
 
 LINE = "step     4/10  loss 0.6931  ne_ctr 0.9876  samples/s 1234  straggler 3.0%"
@@ -35,9 +35,46 @@ def test_plain_lines_when_not_a_terminal():
     text = out.getvalue()
     assert not ANSI.search(text)
     lines = text.splitlines()
-    assert lines[0].startswith("step  4/10  loss 0.6931  ne 0.9876  1,234 samples/s  elapsed ")
+    assert lines[0].startswith(
+        "step  4/10  loss 0.6931  train ne 0.9876  1,234 samples/s  elapsed ")
     assert " eta " in lines[0] and lines[1] == "resumed from step 4"
     assert lines[2].startswith("step  6/10")
+
+
+EVAL_LINE = ("eval step     4/10  held-out ne_ctr 1.4700  train ne_ctr 0.3820  "
+             "held-out ne_cvr 1.3300  auc_ctr 0.5530 (17% of planted lift)  auc_cvr 0.5690  "
+             "calibration_ctr 1.45  calibration_cvr 1.20")
+
+
+def test_held_out_ne_beside_train_ne_in_plain_lines():
+    assert parse_eval(EVAL_LINE) == 1.47 and parse_eval(LINE) is None
+    assert parse_step(EVAL_LINE) is None
+    out = io.StringIO()
+    with TrainingProgress(Console(file=out, width=300), "run") as progress:
+        progress.echo(EVAL_LINE)
+        progress.echo("warning: held-out NE ctr 1.470 >= 1 at step 4: ...")
+        progress.echo(LINE.replace("4/10", "6/10"))
+    lines = out.getvalue().splitlines()
+    assert lines[:2] == [EVAL_LINE, "warning: held-out NE ctr 1.470 >= 1 at step 4: ..."]
+    assert lines[2].startswith("step  6/10  loss 0.6931  train ne 0.9876  held-out ne 1.4700  ")
+
+
+def test_held_out_ne_on_the_bars_and_per_trial():
+    out = io.StringIO()
+    with TrainingProgress(Console(file=out, force_terminal=True, width=200), "run") as progress:
+        progress.echo(EVAL_LINE)
+        progress.echo(LINE.replace("4/10", "6/10"))
+    text = ANSI.sub("", out.getvalue())
+    assert "held-out ne_ctr 1.4700" in text and "held-out ne 1.4700" in text
+    out = io.StringIO()
+    with TrainingProgress(Console(file=out, width=300), "sweep", trials=2) as progress:
+        assert progress.take(f"(run_trial pid=7) [bf16 seed 0] {EVAL_LINE}")
+        assert progress.take(f"[bf16 seed 0] {LINE}")
+        assert progress.take(f"[fp8 seed 0] {LINE}")
+    text = out.getvalue()
+    assert f"[bf16 seed 0] {EVAL_LINE}" in text
+    assert "[bf16 seed 0] step  4/10  loss 0.6931  train ne 0.9876  held-out ne 1.4700" in text
+    assert "[fp8 seed 0] step  4/10  loss 0.6931  train ne 0.9876  1,234" in text
 
 
 def test_bars_in_a_terminal():

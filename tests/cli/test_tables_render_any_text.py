@@ -62,6 +62,21 @@ def test_summary_tables(run_id, uri, peak_source, plain):
 
 
 @SETTINGS
+@given(TEXT, PLAIN)
+@example("[/bold]", "a[red]b")
+def test_summary_learning_tables(message, plain):
+    """The learning curve and warnings of a summary, whatever they hold (a summary JSON read
+    back, edited): no traceback, warnings shown as written."""
+    summary = {"quality/warnings": [message, plain],
+               "quality/eval_curve": [{"step": 1, "ne_ctr": message, "train_s": float("nan")},
+                                      message, {}],
+               "quality/target_ne": 0.9, "quality/reached_target": 1.0,
+               "quality/train_s_to_target": message}
+    out = rendered(*render.summary_tables("run", summary, "sqlite:///x.db"))
+    assert shown(plain) in out and "learning curve" in out
+
+
+@SETTINGS
 @given(st.lists(st.tuples(TEXT, TEXT, TEXT, TEXT), min_size=1, max_size=4), TEXT, PLAIN)
 @example([("evil[/bold]", "[/]", "[red]", "x\\")], "[/bold]", "evil[/bold]")
 def test_runs_table(fields, uri, plain):

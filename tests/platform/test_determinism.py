@@ -27,6 +27,13 @@ def _timing(key: str) -> bool:
     return key.startswith("perf/") and key != "perf/train_flops_per_step"
 
 
+def _untimed(summary: dict) -> dict:
+    """The summary with its learning curve's training seconds left out."""
+    curve = [{k: v for k, v in p.items() if k != "train_s"}
+             for p in summary["quality/eval_curve"]]
+    return {**summary, "quality/eval_curve": curve}
+
+
 def test_two_deterministic_runs_are_bitwise_identical(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     tree = yaml.safe_load(TINY.format(data=tmp_path / "data"))
@@ -54,6 +61,7 @@ def test_two_deterministic_runs_are_bitwise_identical(tmp_path, monkeypatch):
     # Whatever ran between the two (here: the first run) must not matter.
     random.random(), np.random.rand(), torch.rand(3)
     second_log, second = run()
+    first, second = _untimed(first), _untimed(second)
 
     losses = [(s, v) for s, k, v in first_log if k == "train/loss"]
     assert [s for s, _ in losses] == [1, 2, 3, 4]
@@ -61,6 +69,7 @@ def test_two_deterministic_runs_are_bitwise_identical(tmp_path, monkeypatch):
     assert first_log == second_log
     kept = {k: v for k, v in first.items() if not _timing(k) and k != "peak_source"}
     assert kept == {k: v for k, v in second.items() if not _timing(k) and k != "peak_source"}
+    assert len(kept["quality/eval_curve"]) == 4  # evaluated at every step, the last included
     assert first["train/deterministic"] == 1.0
     assert "eval/ne_ctr" in kept and "train/final_loss" in kept
     # The switches are restored after the run.

@@ -3,8 +3,10 @@ no Ray) or as a Ray Train worker; the same function serves both.
 
 ``train`` runs named stages: ``setup`` (data, model, parallelism, optimizers, batcher),
 ``resume`` (the latest checkpoint, if any), then for each batch of ``batch_stream``:
-``launch_step``, ``settle`` and ``account``, ``log_step``, periodic ``evaluate`` and
-``save_checkpoint``; last, ``summarize``. Progress lines and metrics leave through one
+``launch_step``, ``settle`` and ``account``, ``log_step``, scheduled ``evaluate`` (on the
+fixed held-out sample, ``scheduled_eval``) and ``save_checkpoint``; last, ``summarize`` (the
+final evaluation, on train.eval_max_samples). Each evaluation extends the run's learning curve
+and its warnings (gem_platform.train.learning). Progress lines and metrics leave through one
 ``Reporter``.
 
 The host does not wait for a step's kernels before it launches the next one: a step is read
@@ -59,6 +61,13 @@ from gem_platform.train.checkpoint import Stateful
 from gem_platform.train.compile_watch import CompileWatch
 from gem_platform.train.determinism import deterministic_mode
 from gem_platform.train.launched import LaunchedStep, StepClock, StepResult
+from gem_platform.train.learning_report import (
+    eval_line,
+    eval_metrics,
+    eval_point,
+    summary_entries,
+    warning_line,
+)
 from gem_platform.train.metrics import TaskEvaluator
 from gem_platform.train.mfu import Peak, mfu, resolve_peak
 from gem_platform.train.optim import dense_optimizer
@@ -79,8 +88,9 @@ from gem_platform.train.shared_grads import separate_shared_grads
 from gem_platform.train.state import CheckpointExtras, LoopState, Totals
 
 MetricSink = Callable[[dict[str, float], int], None]
-# The run summary: metrics (floats) plus "peak_source", where the MFU peak came from.
-RunSummary = dict[str, float | str]
+# The run summary: metrics (floats) plus "peak_source", where the MFU peak came from, and the
+# learning curve and warnings (lists; gem_platform.train.learning_report).
+RunSummary = dict[str, float | str | list]
 
 # The cosine schedule ends at this fraction of the base learning rate, not at zero, so the last
 # steps still move the weights (rarely seen embedding rows are updated late in a run too). The
@@ -185,16 +195,19 @@ def _eval_batch_count(n: int, batch_size: int, info: RankInfo) -> int:
 
 @torch.no_grad()
 def evaluate(model: nn.Module, table: SampleTable, recipe: Recipe, device: torch.device,
-             info: RankInfo) -> dict[str, float]:
+             info: RankInfo, max_samples: int | None = None) -> dict[str, float]:
     """NE and AUC per task on this rank's share of the eval split, reduced over ranks.
 
-    Every rank runs the same number of batches; past the end of its share a rank scores a
-    one-sample stand-in batch that is masked out of every metric, so the result is exact."""
+    ``max_samples`` caps the samples scored (all ranks together, the first of each rank's
+    share); default train.eval_max_samples. Every rank runs the same number of batches; past
+    the end of its share a rank scores a one-sample stand-in batch that is masked out of every
+    metric, so the result is exact."""
     model.eval()
     evaluators = {task: TaskEvaluator() for task in TASKS}
     n = len(table)
-    if recipe.train.eval_max_samples is not None:
-        n = min(n, max(recipe.train.eval_max_samples // info.world_size, 1))
+    cap = recipe.train.eval_max_samples if max_samples is None else max_samples
+    if cap is not None:
+        n = min(n, max(cap // info.world_size, 1))
     bs = recipe.loader.local_batch_size
     batches = _eval_batch_count(n, bs, info)
     if batches and n == 0:
@@ -467,6 +480,7 @@ def account(run: Run, state: LoopState, result: StepResult, num_samples: int,
     state.step = result.step
     state.last_loss = result.loss
     state.running.update(result.task_losses[0], result.positives, num_samples)
+    state.since_eval.update(result.task_losses[0], result.positives, num_samples)
     seq = run.train_table.seq_lengths
     work = batch_work(seq, indices, run.loader.cost, run.loader.model_dim)
     step_balance = state.balance.record(measure_step(seq[indices], work))
@@ -536,6 +550,35 @@ def log_step(run: Run, state: LoopState, result: StepResult, step_balance: dict[
     report.publish(metrics, state.step)
 
 
+def scheduled_eval_samples(recipe: Recipe) -> int:
+    """Held-out samples a scheduled evaluation scores: train.eval_sample, within
+    train.eval_max_samples."""
+    cap = recipe.train.eval_max_samples
+    return recipe.train.eval_sample if cap is None else min(recipe.train.eval_sample, cap)
+
+
+def record_eval(run: Run, state: LoopState, scores: dict[str, float], report: Reporter
+                ) -> dict[str, float]:
+    """Add an evaluation at the current step to the run's learning curve: report its line and
+    the warnings that start firing with it; return what it publishes (its scores included)."""
+    point = eval_point(scores, TASKS, state.step, state.totals.samples, state.totals.step_s,
+                       state.since_eval.pop())
+    firing, new = state.curve.add(point)
+    ceilings = run.meta.planted_auc
+    report.line(eval_line(point, run.recipe.train.steps, ceilings))
+    for warning in new:
+        report.line(warning_line(warning))
+    return {**scores, **eval_metrics(point, firing, ceilings)}
+
+
+def scheduled_eval(run: Run, state: LoopState, report: Reporter) -> None:
+    """Collective: score the fixed held-out sample (the same samples every time), extend the
+    learning curve and publish at the current step."""
+    scores = evaluate(run.model, run.eval_table, run.recipe, run.device, run.info,
+                      max_samples=scheduled_eval_samples(run.recipe))
+    report.publish(record_eval(run, state, scores, report), state.step)
+
+
 def save_checkpoint(run: Run, state: LoopState, checkpoints: CheckpointStore) -> None:
     """Collective: write the model, optimizers and this rank's extras, and commit the folder."""
     folder = checkpoints.folder(state.step)
@@ -567,13 +610,15 @@ def _truncated_histories(run: Run) -> float:
     return float(count.item())
 
 
-def summarize(run: Run, state: LoopState) -> dict[str, float]:
-    """Final eval, balance, throughput and MFU of the run (QPS and MFU over the steady steps)."""
+def summarize(run: Run, state: LoopState, report: Reporter) -> RunSummary:
+    """Final eval (the last point of the learning curve), the curve and its warnings, balance,
+    throughput and MFU of the run (QPS and MFU over the steady steps)."""
     steady, totals, peak = state.steady, state.totals, run.peak
     e2e = mfu(steady.flops, steady.step_s, peak)
     local = mfu(steady.flops, steady.compute_s, peak)
-    summary = {
-        **evaluate(run.model, run.eval_table, run.recipe, run.device, run.info),
+    scores = evaluate(run.model, run.eval_table, run.recipe, run.device, run.info)
+    summary: RunSummary = {
+        **record_eval(run, state, scores, report),
         **state.balance.summary(),
         "perf/qps": steady.samples / steady.step_s if steady.step_s else float("nan"),
         "perf/qps_all_steps": totals.samples / totals.step_s if totals.step_s else float("nan"),
@@ -594,6 +639,8 @@ def summarize(run: Run, state: LoopState) -> dict[str, float]:
     if run.meta.planted_auc:
         for task, value in run.meta.planted_auc.items():
             summary[f"planted/auc_{task}"] = float(value)
+    summary.update(summary_entries(state.curve, totals.step_s, run.recipe.train.target_ne,
+                                   run.meta.planted_auc))
     return summary
 
 
@@ -637,6 +684,7 @@ def _train(recipe: Recipe, report: Reporter, checkpoints: CheckpointStore | None
     steps = range(state.step + 1, cfg.steps + 1)
     checkpointing = bool(checkpoints and checkpoints.every)
     flight = InFlight(run, state, warm_until, checkpointing)
+    eval_every = cfg.eval_interval()
     with CompileWatch() as watch:
         for step, (batch, indices) in zip(steps, batch_stream(run, start_epoch), strict=False):
             # host lengths for the FLOP count (self-attention pairs), so it never waits on the GPU
@@ -649,15 +697,15 @@ def _train(recipe: Recipe, report: Reporter, checkpoints: CheckpointStore | None
                 report.line(f"step {step}: {compiled.describe()} after the warm-up (in this "
                             "step's time, so in QPS and MFU)")
             logs = step % cfg.log_every == 0 or step == cfg.steps
-            evals = bool(cfg.eval_every) and step % cfg.eval_every == 0 and step < cfg.steps
+            evals = bool(eval_every) and step % eval_every == 0 and step < cfg.steps
             saves = checkpointing and step % checkpoints.every == 0 and step < cfg.steps
             if logs or evals or saves:
                 settled = flight.settle()  # the host needs this step's values now
                 if logs and settled:
                     log_step(run, state, *settled, report)
                 if evals:
-                    report.publish(evaluate(run.model, run.eval_table, recipe, run.device, info),
-                                   step)
+                    scheduled_eval(run, state, report)
+                    watch.take()  # eval-mode graphs compile outside any step's time
                 if saves:
                     save_checkpoint(run, state, checkpoints)
                 flight.restart_clock()  # evaluation and saving are not the next step's time
@@ -665,8 +713,9 @@ def _train(recipe: Recipe, report: Reporter, checkpoints: CheckpointStore | None
                 on_step(step, run.model)
         flight.settle()
 
-    metrics = summarize(run, state)
-    report.publish(metrics, cfg.steps)
+    metrics = summarize(run, state, report)
+    # the curve and warnings (lists) stay in the summary; the sink takes numbers
+    report.publish({k: v for k, v in metrics.items() if isinstance(v, int | float)}, cfg.steps)
     return {**metrics, "peak_source": run.peak.source}
 
 

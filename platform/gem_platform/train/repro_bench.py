@@ -88,12 +88,22 @@ def first_differing(a: dict[str, str], b: dict[str, str]) -> dict[str, Any]:
             "differing_names": differ}
 
 
+def _untimed(value: Any) -> Any:
+    """A summary entry without its wall times: the learning curve's points keep everything
+    but their training seconds."""
+    if isinstance(value, list):
+        return [{k: v for k, v in p.items() if k != "train_s"} if isinstance(p, dict) else p
+                for p in value]
+    return value
+
+
 def _agree(a: dict[str, Any], b: dict[str, Any]) -> tuple[bool, list[str]]:
     """Bitwise agreement of two runs: step losses and non-timing summary entries; the
     entries that differ."""
     differ = [] if a["losses"] == b["losses"] else ["train/loss (per step)"]
     keys = sorted(k for k in set(a["summary"]) | set(b["summary"]) if not _timing(k))
-    differ += [k for k in keys if a["summary"].get(k) != b["summary"].get(k)]
+    differ += [k for k in keys
+               if _untimed(a["summary"].get(k)) != _untimed(b["summary"].get(k))]
     return not differ, differ
 
 

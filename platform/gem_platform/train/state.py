@@ -1,18 +1,19 @@
 """What the training loop carries from step to step, and what a checkpoint keeps of it.
 
 ``LoopState`` is the loop's own progress (step, last loss, time and FLOP totals, balance and
-running-NE accumulators); ``CheckpointExtras`` is everything a rank saves beside the model and
-optimizer state (see gem_platform.train.checkpoint) so that a resumed run continues exactly
-where the saved one stood.
+running-NE accumulators, the held-out learning curve); ``CheckpointExtras`` is everything a
+rank saves beside the model and optimizer state (see gem_platform.train.checkpoint) so that a
+resumed run continues exactly where the saved one stood.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 from gem_platform.balance.stats import BalanceTracker
+from gem_platform.train.learning import LearningCurve
 from gem_platform.train.metrics import normalized_entropy
 
 
@@ -72,6 +73,14 @@ class LoopState:
     balance: BalanceTracker = field(default_factory=BalanceTracker)
     running: RunningNE = field(default_factory=RunningNE)
     compiles_after_warmup: int = 0  # graphs and kernels compiled past the warm-up steps
+    since_eval: RunningNE = field(default_factory=RunningNE)  # train NE since the last eval
+    curve: LearningCurve = field(default_factory=LearningCurve)  # held-out evaluations
+
+    def __setstate__(self, saved: dict[str, Any]) -> None:
+        """Unpickle (a checkpoint); fields added since the checkpoint was written start fresh."""
+        fresh = {f.name: (f.default if f.default_factory is MISSING else f.default_factory())
+                 for f in fields(self) if f.name not in saved}
+        self.__dict__.update({**fresh, **saved})
 
 
 @dataclass

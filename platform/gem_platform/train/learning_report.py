@@ -1,0 +1,105 @@
+"""How a held-out evaluation is reported: the curve point it makes, the metrics it publishes
+(MLflow), its progress line and warning lines, and the run summary's learning entries.
+
+Names it writes (every evaluation, at its step):
+- ``eval/{ne,auc,logloss,base_rate,count,calibration}_{task}``: held-out scores;
+- ``eval/auc_lift_share_{task}``: (AUC - 0.5) / (planted ceiling - 0.5), synthetic data only;
+- ``perf/train_s``, ``eval/samples_seen``: training seconds (evaluation excluded) and samples
+  trained on (all workers) when the evaluation ran;
+- ``train/ne_ctr_since_eval``: train CTR NE over the steps since the previous evaluation;
+- ``warn/{ne_above_one,miscalibrated}_{task}``, ``warn/memorization_ctr``: 1 while a check
+  fires, else 0 (gem_platform.train.learning).
+The summary adds ``quality/eval_curve`` (every evaluation, EvalPoint.to_json),
+``quality/warnings`` (messages), ``perf/train_s`` (the run's) and, with train.target_ne,
+``quality/target_ne``, ``quality/reached_target`` and ``quality/{step,samples,train_s}_to_target``.
+
+Pure Python: the loop passes in the scores ``evaluate`` returned.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from gem_platform.train.learning import (
+    EvalPoint,
+    LearningCurve,
+    LearningWarning,
+    TaskQuality,
+    curve_for,
+    lift_share,
+    time_to_target,
+    warning_keys,
+)
+
+WARNING_PREFIX = "warning: "
+
+
+def eval_point(scores: dict[str, float], tasks: Sequence[str], step: int, samples: float,
+               train_s: float, train_ne: float) -> EvalPoint:
+    """The curve point of the scores ``evaluate`` returned at ``step``."""
+    quality = {task: TaskQuality(scores[f"eval/ne_{task}"], scores[f"eval/auc_{task}"],
+                                 scores[f"eval/calibration_{task}"]) for task in tasks}
+    count = int(scores.get(f"eval/count_{tasks[0]}", 0)) if tasks else 0
+    return EvalPoint(step, samples, train_s, train_ne, quality, count)
+
+
+def eval_metrics(point: EvalPoint, firing: Sequence[LearningWarning],
+                 ceilings: dict[str, float] | None) -> dict[str, float]:
+    """What an evaluation publishes beside its scores: lift shares, when it ran, the train NE
+    beside it, and every warning's state."""
+    out = {"perf/train_s": point.train_s, "eval/samples_seen": point.samples,
+           "train/ne_ctr_since_eval": point.train_ne}
+    for task, q in point.tasks.items():
+        if ceilings and task in ceilings:
+            out[f"eval/auc_lift_share_{task}"] = lift_share(q.auc, ceilings[task])
+    on = {w.key for w in firing}
+    out.update({key: float(key in on) for key in warning_keys(point.tasks)})
+    return out
+
+
+def eval_line(point: EvalPoint, total: int, ceilings: dict[str, float] | None) -> str:
+    """The progress line of an evaluation: held-out NE beside train NE first (the progress
+    display reads those two), then AUC (with the share of the planted lift) and calibration."""
+    parts = [f"eval step {point.step:>5}/{total}"]
+    for task, q in point.tasks.items():
+        parts.append(f"held-out ne_{task} {q.ne:.4f}")
+        if task == "ctr":
+            parts.append(f"train ne_ctr {point.train_ne:.4f}")
+    for task, q in point.tasks.items():
+        auc = f"auc_{task} {q.auc:.4f}"
+        if ceilings and task in ceilings:
+            share = lift_share(q.auc, ceilings[task])
+            if math.isfinite(share):
+                auc += f" ({share:.0%} of planted lift)"
+        parts.append(auc)
+    parts += [f"calibration_{task} {q.calibration:.2f}" for task, q in point.tasks.items()]
+    return "  ".join(parts)
+
+
+def warning_line(warning: LearningWarning) -> str:
+    """A warning as a progress line."""
+    return WARNING_PREFIX + warning.message
+
+
+def summary_entries(curve: LearningCurve, train_s: float, target_ne: float | None,
+                    ceilings: dict[str, float] | None) -> dict[str, Any]:
+    """The run summary's learning entries (the last curve point is the final evaluation)."""
+    final = curve.final_warnings()
+    out: dict[str, Any] = {
+        "quality/eval_curve": [p.to_json() for p in curve.points],
+        "quality/warnings": [w.message for w in final],
+        "quality/evals": float(len(curve.points)),
+        "perf/train_s": train_s,
+    }
+    if curve.points:
+        out.update(eval_metrics(curve.points[-1], final, ceilings))
+    if target_ne is not None:
+        reached = time_to_target(curve_for(curve.points), target_ne)
+        out.update({"quality/target_ne": target_ne,
+                    "quality/reached_target": float(reached is not None),
+                    "quality/step_to_target": reached.step if reached else math.nan,
+                    "quality/samples_to_target": reached.samples if reached else math.nan,
+                    "quality/train_s_to_target": reached.train_s if reached else math.nan})
+    return out

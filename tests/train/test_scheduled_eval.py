@@ -1,0 +1,103 @@
+"""Scheduled held-out evaluation in a real (tiny) run: by default a run evaluates the fixed
+held-out sample several times, and each evaluation lands in MLflow (eval/*, the train NE beside
+it, warnings), in the run summary (the curve, time to target) and on the progress display."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+from rich.console import Console
+
+from gem_platform.launch import submit
+from gem_platform.recipe import recipe_from_dict
+from gem_platform.train.loop import train
+from gemctl.progress import TrainingProgress
+from gemctl.render import summary_tables
+from tests.platform.tiny_training import tiny_tree
+
+
+def _history(client: MlflowClient, run_id: str, key: str) -> list[tuple[int, float]]:
+    return sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
+
+
+def test_default_schedule_records_the_learning_curve(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    # 6 steps, a progress line every 2: the default schedule evaluates at steps 2 and 4 on the
+    # first 64 held-out samples, and the final evaluation at 6 on eval_max_samples (128)
+    tree = tiny_tree(tmp_path / "data", seq_layers=1, steps=6, log_every=2, eval_sample=64,
+                     target_ne=5.0)
+    tree["tracking"] = {"uri": uri, "experiment": "learning"}
+    lines: list[str] = []
+    outcome = submit(recipe_from_dict(tree), local=True, echo=lines.append)
+    summary = outcome.summary
+
+    curve = summary["quality/eval_curve"]
+    assert [p["step"] for p in curve] == [2, 4, 6]
+    assert [p["eval_samples"] for p in curve] == [64, 64, 128]
+    assert curve[0]["samples"] < curve[1]["samples"] < curve[2]["samples"]
+    assert 0 < curve[0]["train_s"] < curve[1]["train_s"] < curve[2]["train_s"]
+    assert summary["perf/train_s"] == pytest.approx(curve[-1]["train_s"])
+    assert summary["eval/ne_ctr"] == pytest.approx(curve[-1]["ne_ctr"])
+    # a target every evaluation meets: reached at the first one
+    assert summary["quality/reached_target"] == 1.0
+    assert summary["quality/train_s_to_target"] == pytest.approx(curve[0]["train_s"])
+    share = (summary["eval/auc_ctr"] - 0.5) / (summary["planted/auc_ctr"] - 0.5)
+    assert summary["eval/auc_lift_share_ctr"] == pytest.approx(share)
+
+    client = MlflowClient(uri)
+    run_id = outcome.run_id
+    assert [s for s, _ in _history(client, run_id, "eval/ne_ctr")] == [2, 4, 6]
+    assert [s for s, _ in _history(client, run_id, "train/ne_ctr_since_eval")] == [2, 4, 6]
+    assert [s for s, _ in _history(client, run_id, "warn/memorization_ctr")] == [2, 4, 6]
+    assert [s for s, _ in _history(client, run_id, "eval/auc_lift_share_ctr")] == [2, 4, 6]
+    # the same samples at each scheduled evaluation: the same count and base rate
+    counts = _history(client, run_id, "eval/count_ctr")
+    rates = _history(client, run_id, "eval/base_rate_ctr")
+    assert counts[0][1] == counts[1][1] == 64 and rates[0][1] == rates[1][1]
+    seconds = _history(client, run_id, "perf/train_s")
+    assert [v for _, v in seconds] == pytest.approx([p["train_s"] for p in curve])
+    fired = [k.removeprefix("warn/") for k, v in summary.items()
+             if k.startswith("warn/") and v == 1.0]
+    tag = client.get_run(run_id).data.tags["gem.learning_warnings"]
+    assert tag == (",".join(sorted(fired)) or "none")
+    stored = json.loads(Path(client.download_artifacts(run_id, "summary.json")).read_text())
+    assert [(p["step"], p["ne_ctr"], p["train_s"]) for p in stored["quality/eval_curve"]] == \
+        [(p["step"], p["ne_ctr"], p["train_s"]) for p in curve]
+
+    # the progress display: held-out NE beside train NE, evaluation and warning lines shown
+    out = io.StringIO()
+    with TrainingProgress(Console(file=out, width=200), "run") as progress:
+        for line in lines:
+            progress.echo(line)
+    shown = out.getvalue()
+    assert "eval step     2/6  held-out ne_ctr" in shown
+    held_out_2 = f"held-out ne {curve[0]['ne_ctr']:.4f}"
+    assert any(row.startswith("step 4/6") and held_out_2 in row and "train ne " in row
+               for row in shown.splitlines())
+    warnings = [line for line in lines if line.startswith("warning: ")]
+    assert all(line in shown for line in warnings)  # printed as they come
+
+    # the summary tables: the curve and, if any, the warnings
+    text = io.StringIO()
+    for table in summary_tables(run_id, summary, uri):
+        Console(file=text, width=160).print(table)
+    rendered = text.getvalue()
+    assert "learning curve" in rendered and "held-out ne ctr" in rendered
+    assert "share of the ceiling's auc lift" in rendered and "time to ne <= 5.0000" in rendered
+    assert ("learning warnings" in rendered) == bool(summary["quality/warnings"])
+
+
+def test_eval_every_zero_evaluates_only_at_the_end(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    tree = tiny_tree(tmp_path / "data", seq_layers=1, steps=3, eval_every=0)
+    published: list[tuple[int, str]] = []
+    summary = train(recipe_from_dict(tree), echo=lambda _: None,
+                    sink=lambda m, s: published.extend((s, k) for k in m if k == "eval/ne_ctr"))
+    assert [p["step"] for p in summary["quality/eval_curve"]] == [3]
+    assert published == [(3, "eval/ne_ctr")]
+    assert "quality/target_ne" not in summary  # no target set
