@@ -104,7 +104,7 @@ def test_a_file_that_is_not_a_description_is_refused(tmp_path, text, needle) -> 
 
 def test_bytes_that_are_not_text_are_refused(tmp_path) -> None:
     (tmp_path / META_FILE).write_bytes(b"\xff\xfe{}")
-    with pytest.raises(DataError, match="Can't read"):
+    with pytest.raises(DataError, match="meta.json is not text"):
         load_meta(tmp_path)
 
 

@@ -8,13 +8,14 @@ import numpy as np
 import pytest
 import torch
 
+from gem_platform.data.ownership import Writer
 from gem_platform.data.parquet import (
     SampleArrays,
     SampleTable,
     load_meta,
-    staged_dataset,
     write_split,
 )
+from gem_platform.data.staging import staged_dataset
 from gem_platform.data.synthetic import PlantedWorld
 
 
@@ -117,19 +118,22 @@ def test_collate_of_a_generated_table_matches_its_rows(tiny_dataset: Path) -> No
     assert batch.dense.shape == (3, table.meta.dense_dim)
 
 
+ANY_WRITER = Writer("a test writer", lambda meta: None)  # owns every checked meta.json
+
+
 def test_failed_write_leaves_the_previous_dataset(tmp_path: Path, hand) -> None:
     out = tmp_path / "ds"
     out.mkdir()
     hand.meta(7).save(out)
     before = (out / "meta.json").read_bytes()
-    with pytest.raises(RuntimeError), staged_dataset(out) as tmp:
+    with pytest.raises(RuntimeError), staged_dataset(out, "output", ANY_WRITER) as tmp:
         (tmp / "train-00000.parquet").write_bytes(b"half")
         raise RuntimeError("crash while writing")
     assert (out / "meta.json").read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ds"]
     assert sorted(p.name for p in out.iterdir()) == ["meta.json"]
 
-    with staged_dataset(out) as tmp:
+    with staged_dataset(out, "output", ANY_WRITER) as tmp:
         hand.meta(9).save(tmp)
     assert load_meta(out).num_train == 9
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ds"]

@@ -69,7 +69,7 @@ def test_refuses_to_overwrite_a_directory_that_is_not_a_dataset(
     make_config, tmp_path: Path
 ) -> None:
     (tmp_path / "notes.txt").write_text("keep me")
-    with pytest.raises(DataError, match="not a dataset directory"):
+    with pytest.raises(DataError, match="holds notes.txt, which the synthetic generator did not"):
         generate_synthetic(make_config(tmp_path))
     assert (tmp_path / "notes.txt").read_text() == "keep me"
 

@@ -142,7 +142,7 @@ def test_directory_without_meta_or_shards(tmp_path: Path, hand) -> None:
     with pytest.raises(DataError, match="meta.json is missing"):
         load_meta(tmp_path)
     (tmp_path / "meta.json").write_text("{not json")
-    with pytest.raises(DataError, match="not a valid dataset description"):
+    with pytest.raises(DataError, match="meta.json is not valid JSON"):
         load_meta(tmp_path)
     hand.meta(1).save(tmp_path)
     with pytest.raises(DataError, match="No eval shards"):

@@ -14,6 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 # Names the synthetic generator adds on its own; configured features may not reuse them.
 BUILTIN_SPARSE_FEATURES: tuple[str, ...] = ("user_id",)
+NAME_MAX = 255  # bytes of one folder or file name on common filesystems (ext4, xfs, tmpfs)
+PATH_MAX = 4096  # bytes of a whole path (Linux)
 
 
 class SeqLenConfig(BaseModel):
@@ -172,6 +174,24 @@ class DataConfig(BaseModel):
         "stops with the file, row and column; 'truncate' keeps its newest max_seq_len events "
         "and counts the row in the run summary (data/truncated_histories)",
     )
+
+    @field_validator("path")
+    @classmethod
+    def _names_a_filesystem_allows(cls, path: str) -> str:
+        if "\0" in path:
+            raise ValueError("data.path holds a NUL character, which no filesystem allows")
+        if "://" in path:
+            return path
+        if len(path.encode()) > PATH_MAX:
+            raise ValueError(f"data.path is {len(path.encode())} bytes long; systems take at "
+                             f"most {PATH_MAX} bytes per path")
+        for part in path.split("/"):
+            if len(part.encode()) > NAME_MAX:
+                shown = part if len(part) <= 40 else part[:37] + "..."
+                raise ValueError(
+                    f"data.path holds the name {shown!r} of {len(part.encode())} bytes; "
+                    f"filesystems allow at most {NAME_MAX} bytes per folder or file name")
+        return path
 
     @model_validator(mode="after")
     def _synthetic_is_local(self) -> DataConfig:

@@ -58,13 +58,13 @@ class DatasetMeta:
 
     @classmethod
     def load(cls, directory: str | Path) -> DatasetMeta:
-        """The checked meta.json of a local dataset directory (DataError when it is unreadable
-        or malformed)."""
+        """The checked meta.json of a local dataset directory: a DataError when it is
+        malformed; OSError (missing, unreadable) for the caller to word."""
         path = Path(directory) / META_FILE
         try:
             text = path.read_bytes().decode()
-        except (OSError, UnicodeDecodeError) as e:
-            raise DataError(f"Can't read {path} ({e}).", _FIX) from None
+        except UnicodeDecodeError as e:
+            raise DataError(f"{path} is not text ({e}).", _FIX) from None
         return parse_meta_text(text, str(path))
 
 

@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from gem_platform.data.meta import DatasetMeta, SparseFeatureSpec
+from gem_platform.data.meta import DatasetMeta, SparseFeatureSpec, is_count
+from gem_platform.data.ownership import Writer
 from gem_platform.errors import DataError
 
 if TYPE_CHECKING:  # the Parquet writer (torch, TorchRec) loads once the input checks out
@@ -50,6 +51,21 @@ FILES = {
     "movielens-100k": ("u.data", "u.user", "u.item"),
     "movielens-1m": ("ratings.dat", "users.dat", "movies.dat"),
 }
+
+
+def _not_converted(meta: DatasetMeta) -> str | None:
+    """Why ``meta`` is not one this converter wrote, or None when it is."""
+    if meta.source not in FILES:
+        return f"its meta.json says source {meta.source!r}"
+    extra = meta.extra
+    fraction = extra.get("eval_fraction")
+    if not (is_count(extra.get("max_history")) and is_count(extra.get("seed"))
+            and type(fraction) is float and 0.0 < fraction < 1.0):
+        return "its meta.json lacks the converter's settings (max_history, eval_fraction, seed)"
+    return None
+
+
+MOVIELENS = Writer("the MovieLens converter", _not_converted)
 
 
 @dataclass
@@ -470,8 +486,9 @@ def convert_movielens(
 ) -> DatasetMeta:
     """Convert a MovieLens 100K or 1M directory ``src`` into a dataset directory ``out``.
 
-    The format is detected from the files present. ``out`` is written through a temporary
-    sibling directory and replaces an existing dataset there.
+    The format is detected from the files present. ``out`` is written through a staging
+    folder beside it and replaces a dataset there only if this converter wrote it
+    (ownership.py); anything else there is refused.
     """
     src_dir = _check_args(src, eval_fraction, max_history, rows_per_shard)
     fmt, ratings, _, users, movies = _read_release(src_dir)
@@ -483,9 +500,10 @@ def convert_movielens(
     split_rows = {
         s: rng.permutation(np.flatnonzero(m)) for s, m in (("train", ~is_eval), ("eval", is_eval))
     }
-    from gem_platform.data.parquet import staged_dataset
+    from gem_platform.data.staging import os_errors, staged_dataset
 
-    with staged_dataset(out, "output") as tmp:
+    with os_errors("output folder", Path(out)), \
+            staged_dataset(out, "output folder", MOVIELENS) as tmp:
         stats = _write_splits(tmp, split_rows, t, users, movies, dense, specs, max_history,
                               rows_per_shard)
         n_train = len(split_rows["train"])

@@ -20,11 +20,7 @@ Everything read is validated: a bad value raises ``DataError`` naming the file a
 
 from __future__ import annotations
 
-import os
-import shutil
-import uuid
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -157,44 +153,6 @@ def write_split(
     return out
 
 
-def check_replaceable(out: Path, what: str) -> None:
-    """Refuse to replace anything but a dataset directory or an empty/new one."""
-    if out.is_file() or (out.is_dir() and not (out / META_FILE).exists() and any(out.iterdir())):
-        raise DataError(
-            f"{what} {str(out)!r} exists and is not a dataset directory; refusing to overwrite it.",
-            "Point it at an empty or new directory.",
-        )
-
-
-@contextmanager
-def staged_dataset(out: str | Path, what: str = "output") -> Iterator[Path]:
-    """A temporary sibling directory that replaces ``out`` only once the block succeeds.
-
-    A crash or an exception leaves ``out`` as it was (old dataset or nothing), never half
-    written.
-    """
-    out = Path(out)
-    check_replaceable(out, what)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tag = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    tmp = out.parent / f".{out.name}.tmp-{tag}"
-    tmp.mkdir()
-    try:
-        yield tmp
-        old = out.parent / f".{out.name}.old-{tag}"
-        if out.exists():
-            os.rename(out, old)
-        try:
-            os.rename(tmp, out)
-        except OSError:
-            if old.exists() and not out.exists():
-                os.rename(old, out)  # put the previous dataset back
-            raise
-        shutil.rmtree(old, ignore_errors=True)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
 # ----------------------------------------------------------------------------- reading
 
 
@@ -204,7 +162,12 @@ def load_meta(path: str | Path) -> DatasetMeta:
     if is_remote(str(path)):
         return read_meta(str(path))
     directory = Path(path)
-    if not directory.is_dir():
+    try:
+        present = directory.is_dir()
+    except OSError as e:  # a name too long, a loop of links, no permission
+        raise DataError(f"Dataset directory {str(directory)!r} can't be read: {e.strerror}.",
+                        "Fix data.path in the recipe.") from None
+    if not present:
         raise DataError(
             f"Dataset directory {str(directory)!r} does not exist.",
             "Generate it (data.source: synthetic writes it on first use, or run the MovieLens "
@@ -217,7 +180,11 @@ def load_meta(path: str | Path) -> DatasetMeta:
             "Point data.path at a directory written by the synthetic generator or the "
             "MovieLens converter, or regenerate it.",
         )
-    return DatasetMeta.load(directory)
+    try:
+        return DatasetMeta.load(directory)
+    except OSError as e:
+        raise DataError(f"Can't read {meta_path}: {e.strerror}.",
+                        "Check the file's permissions or fix data.path.") from None
 
 
 def read_share(index: SplitIndex, meta: DatasetMeta, rank: int = 0, world_size: int = 1,

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import fcntl
 import logging
+import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -37,17 +38,18 @@ from pathlib import Path
 
 import numpy as np
 
+from gem_platform.data.budget import check_affordable, synthetic_cost
 from gem_platform.data.config import DataConfig, SeqLenConfig, SyntheticConfig
-from gem_platform.data.meta import META_FILE, DatasetMeta, SparseFeatureSpec
+from gem_platform.data.meta import META_FILE, DatasetMeta, SparseFeatureSpec, is_count
+from gem_platform.data.ownership import Writer, check_replaceable
 from gem_platform.data.parquet import (
     SPLITS,
     SampleArrays,
-    check_replaceable,
     load_meta,
     shard_name,
-    staged_dataset,
     write_shard,
 )
+from gem_platform.data.staging import os_errors, staged_dataset
 
 log = logging.getLogger(__name__)
 
@@ -368,6 +370,20 @@ def _fingerprint(syn: SyntheticConfig) -> str:
     return f"v{GENERATOR_VERSION}-{syn.fingerprint()}"
 
 
+def _not_generated(meta: DatasetMeta) -> str | None:
+    """Why ``meta`` is not one this generator wrote (any version), or None when it is."""
+    if meta.source != "synthetic":
+        return f"its meta.json says source {meta.source!r}"
+    version, digest = meta.extra.get("generator_version"), meta.extra.get("config_hash")
+    if not (is_count(version) and isinstance(digest, str)
+            and re.fullmatch(rf"v{version}-[0-9a-f]{{16}}", digest)):
+        return "its meta.json lacks the generator's fingerprint (config_hash, generator_version)"
+    return None
+
+
+SYNTHETIC = Writer("the synthetic generator", _not_generated)
+
+
 def _is_current(directory: Path, fingerprint: str) -> bool:
     if not (directory / META_FILE).is_file():
         return False
@@ -463,24 +479,33 @@ def _generation_lock(out: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def _mean_history(syn: SyntheticConfig) -> float:
+    """Mean history length of the configured distribution (from a fixed-seed draw)."""
+    return float(draw_lengths(_rng(syn.seed, 99), syn.seq_len, 4096).mean())
+
+
 def generate_synthetic(cfg: DataConfig, *, force: bool = False) -> DatasetMeta:
     """Make sure ``cfg.path`` holds the dataset of ``cfg.synthetic`` and return its meta.
 
     A directory already generated from the same config (hash in ``meta.extra``) is reused
-    unless ``force``. Otherwise the dataset is written to a temporary sibling directory and
-    renamed into place, so a crash never leaves half-written shards behind. Concurrent calls
-    on one host wait for each other, and the later ones reuse what the first wrote.
+    unless ``force``. Otherwise, only where the folder is new, empty or this generator's own
+    (ownership.py) and the dataset fits on disk and in memory (budget.py), it is written to a
+    staging folder and renamed into place, so a crash never leaves half-written shards behind.
+    Concurrent calls on one host wait for each other, and the later ones reuse what the first
+    wrote. Anything the system refuses (read-only folder, name too long) is a DataError.
     """
     syn = cfg.synthetic
     out = Path(cfg.path)
     fingerprint = _fingerprint(syn)
-    if not force and _is_current(out, fingerprint):
+    with os_errors("data.path", out):
+        if not force and _is_current(out, fingerprint):
+            return load_meta(out)
+        check_replaceable(out, "data.path", SYNTHETIC)
+        check_affordable(out, synthetic_cost(syn, _mean_history(syn)))
+        started = time.monotonic()
+        with _generation_lock(out):
+            if force or not _is_current(out, fingerprint):
+                with staged_dataset(out, "data.path", SYNTHETIC) as tmp:
+                    _write_dataset(tmp, syn, fingerprint)
+                log.info("generated %s in %.1f s", out, time.monotonic() - started)
         return load_meta(out)
-    check_replaceable(out, "data.path")
-    started = time.monotonic()
-    with _generation_lock(out):
-        if force or not _is_current(out, fingerprint):
-            with staged_dataset(out, "data.path") as tmp:
-                _write_dataset(tmp, syn, fingerprint)
-            log.info("generated %s in %.1f s", out, time.monotonic() - started)
-    return load_meta(out)
