@@ -18,6 +18,7 @@ from gem_platform.train.loop import train
 from gemctl.progress import TrainingProgress
 from gemctl.render import summary_tables
 from tests.platform.tiny_training import tiny_tree
+from tests.resume import crash_and_resume, losses_of
 
 
 def _history(client: MlflowClient, run_id: str, key: str) -> list[tuple[int, float]]:
@@ -101,3 +102,24 @@ def test_eval_every_zero_evaluates_only_at_the_end(tmp_path, monkeypatch):
     assert [p["step"] for p in summary["quality/eval_curve"]] == [3]
     assert published == [(3, "eval/ne_ctr")]
     assert "quality/target_ne" not in summary  # no target set
+
+
+def test_a_resumed_run_continues_its_learning_curve(tmp_path, monkeypatch):
+    """The curve is part of the checkpoint: after a crash at step 5 and a resume from step 4,
+    the summary's curve is the uninterrupted run's (evaluations at every step here)."""
+    monkeypatch.chdir(tmp_path)
+    recipe = recipe_from_dict(tiny_tree(tmp_path / "data", seq_layers=1, steps=6))
+    _, straight = losses_of(recipe)
+    _, resumed = crash_and_resume(recipe, tmp_path / "ckpts", every=2, keep=2, crash_after=5,
+                                  expect_checkpoint=4)
+
+    def untimed(summary: dict) -> list[tuple]:
+        return [(p["step"], p["samples"], p["ne_ctr"], p["auc_ctr"], p["train_ne_ctr"])
+                for p in summary["quality/eval_curve"]]
+
+    assert [p[0] for p in untimed(resumed)] == [1, 2, 3, 4, 5, 6]
+    for a, b in zip(untimed(resumed), untimed(straight), strict=True):
+        assert a == pytest.approx(b, rel=1e-5, abs=1e-6)
+    # training seconds keep counting from the checkpoint's
+    seconds = [p["train_s"] for p in resumed["quality/eval_curve"]]
+    assert seconds == sorted(seconds) and seconds[0] > 0
