@@ -82,6 +82,23 @@ def test_a_silent_s3_endpoint_fails_within_the_timeout(silent_s3, monkeypatch) -
     assert time.monotonic() - start < RemoteTimeouts(1).deadline_s
 
 
+def test_a_silent_endpoint_named_in_the_uri_fails_within_the_timeout(monkeypatch) -> None:
+    server = SilentServer()
+    for k, v in {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
+                 "AWS_EC2_METADATA_DISABLED": "true", ENV_TIMEOUT: "1"}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    uri = f"s3://bucket/ds?endpoint_override=127.0.0.1:{server.port}&scheme=http&region=x"
+    start = time.monotonic()
+    try:
+        with pytest.raises(DataError, match="meta.json"):
+            load_meta(uri)
+        assert server.accepted.is_set()
+    finally:
+        server.close()
+    assert time.monotonic() - start < RemoteTimeouts(1).deadline_s
+
+
 def test_storage_probe_of_a_silent_endpoint_fails_within_the_timeout(silent_s3,
                                                                      monkeypatch) -> None:
     monkeypatch.setenv(ENV_TIMEOUT, "1")
