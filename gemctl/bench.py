@@ -122,12 +122,40 @@ def _compile_check(
     raise typer.Exit(main(argv))
 
 
+def _quality(
+    recipe: Annotated[str, typer.Argument(help="Recipe YAML.")],
+    set_: Annotated[list[str] | None, typer.Option(
+        "--set", "-s", help="Override a recipe field (repeatable).")] = None,
+    arms: Annotated[str, typer.Option(
+        help="Comma-separated arms (as bench e2e's): ours, off_the_shelf, "
+             "off_the_shelf_compiled by default.")] = "ours,off_the_shelf,off_the_shelf_compiled",
+    target_ne: Annotated[float | None, typer.Option(
+        help="Held-out CTR NE to reach (default: the worst of the arms' best).")] = None,
+    evals: Annotated[int, typer.Option(help="Held-out evaluations per arm.")] = 10,
+    same_process: Annotated[bool, typer.Option(
+        help="Train every arm in this process (default: each in a fresh one).")] = False,
+    out: Annotated[str, typer.Option(help="Folder for the JSON result.")] = "bench_results",
+) -> None:
+    from gem_bench.quality import main
+
+    argv = [recipe, "--arms", arms, "--evals", str(evals), "--out", out, *_overrides(set_)]
+    argv += ["--target-ne", str(target_ne)] if target_ne is not None else []
+    argv += ["--same-process"] if same_process else []
+    raise typer.Exit(main(argv))
+
+
 # The commands that take recipes: (function, help, examples).
 RECIPE_COMMANDS = {
     "e2e": (_e2e, "A recipe trained by the platform's own build and by the same model from "
             "off-the-shelf parts, same run: samples/s, E2E MFU, peak memory, time by kind of "
             "kernel.", ("gemctl bench e2e recipes/h200_gem.yaml --set model.attention=block64",
                         "gemctl bench e2e --arms ours,ours_dense_tables,ours_fp8_saved")),
+    "quality": (_quality, "Time to a target held-out NE, ours against the builds a user "
+                "would run instead, same data, same run: each arm's learning curve, final NE "
+                "and AUC, samples/s, and training seconds and samples to the target.",
+                ("gemctl bench quality recipes/h200_gem.yaml --out docs/quality",
+                 "gemctl bench quality recipes/demo.yaml --arms ours,off_the_shelf "
+                 "--target-ne 0.9")),
     "repro": (_repro, "What train.deterministic costs and whether it holds: each recipe "
               "trained plain and twice deterministic, each run in a fresh process; samples/s, "
               "the cost, bitwise agreement.",

@@ -1,5 +1,6 @@
 """gemctl's modules import each other without cycles (imports inside functions included), and
-gemctl sits on top: nothing in gem_platform or gem_kernels imports it."""
+gemctl sits on top: nothing in gem_platform or gem_kernels imports it, nor the benchmarking
+package gem_bench (which only gemctl imports)."""
 
 from __future__ import annotations
 
@@ -46,3 +47,10 @@ def test_nothing_below_imports_gemctl():
         for path in (REPO / root).rglob("*.py"):
             assert not _imports(path, "gemctl"), path
             assert "import gemctl" not in path.read_text(), path
+
+
+def test_nothing_below_imports_the_benchmarks():
+    for root in ("platform", "kernels"):
+        for path in (REPO / root).rglob("*.py"):
+            assert not _imports(path, "gem_bench"), path
+            assert "import gem_bench" not in path.read_text(), path

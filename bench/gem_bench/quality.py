@@ -1,0 +1,241 @@
+"""gemctl bench quality: time to a target held-out NE, ours against the builds a user would
+run instead, on the same data in the same run (MLPerf's recommendation benchmark times
+training to a target AUC for the same reason: more samples per second is only worth having
+if the model reaches the same quality sooner).
+
+Each arm (gem_platform.train.bench_e2e.ARMS: ``ours``, ``off_the_shelf``,
+``off_the_shelf_compiled``, ...) trains the whole recipe in a fresh process, evaluating a fixed
+held-out sample ``--evals`` times along the way (train.eval_sample samples, the same ones every
+time and in every arm), then the recipe's full evaluation. From each arm's curve: the training
+seconds and samples at which held-out CTR NE first reaches the target (interpolated between
+evaluations; evaluation time is not training time), the final NE and AUC and the share of the
+planted ceiling's AUC lift on synthetic data, samples/s and E2E MFU.
+
+The target is ``--target-ne``, or by default the worst of the arms' best NEs: the best
+quality every arm reached, so each arm has a time to it.
+
+    gemctl bench quality recipes/h200_gem.yaml --out docs/quality
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import sys
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from gem_platform.errors import GemError
+from gem_platform.recipe import Recipe, apply_overrides, load_recipe, recipe_from_dict
+
+DEFAULT_ARMS = ("ours", "off_the_shelf", "off_the_shelf_compiled")
+
+
+@dataclass
+class QualityArm:
+    """One arm's learning curve and what it reached."""
+
+    name: str
+    overrides: list[str]
+    curve: list[dict] = field(default_factory=list)  # learning.EvalPoint.to_json() each
+    final: dict[str, float] = field(default_factory=dict)  # eval/* of the full evaluation
+    samples_per_s: float = math.nan
+    mfu_e2e: float = math.nan
+    train_s: float = math.nan  # training seconds of the whole run (evaluation excluded)
+    train_s_to_target: float | None = None
+    samples_to_target: float | None = None
+    error: str | None = None
+
+    def best_ne(self) -> float:
+        values = [p["ne_ctr"] for p in self.curve if not math.isnan(p.get("ne_ctr", math.nan))]
+        return min(values, default=math.nan)
+
+
+@dataclass
+class QualityResult:
+    recipe: str
+    target_ne: float | None
+    target_source: str  # "given" or "worst of the arms' best"
+    ceiling: dict[str, float]
+    arms: list[QualityArm]
+    resolved_recipe: dict
+    environment: dict = field(default_factory=dict)
+    code: dict = field(default_factory=dict)
+
+
+def arm_recipe(recipe: Recipe, overrides: list[str], evals: int) -> Recipe:
+    """The recipe with the arm's overrides, evaluated ``evals`` times, without checkpoints."""
+    tree = apply_overrides(recipe.model_dump(mode="json"), overrides)
+    r = recipe_from_dict(tree, f"{recipe.name} ({' '.join(overrides) or 'as is'})")
+    r.train.eval_every = max(r.train.steps // evals, 1)
+    r.train.checkpoint_every = 0
+    return r
+
+
+def run_arm(recipe: Recipe, name: str, evals: int, echo: Callable[[str], None] = print
+            ) -> QualityArm:
+    """Train one arm to the end of the recipe and keep its curve."""
+    from gem_platform.parallel.single import plain_tables
+    from gem_platform.train.bench_e2e import ARMS
+    from gem_platform.train.loop import train
+
+    arm = ARMS[name]
+    r = arm_recipe(recipe, list(arm.overrides), evals)
+    echo(f"[{name}] {r.train.steps} steps, held-out evaluation every {r.train.eval_every}")
+    tables = plain_tables() if arm.plain_tables else contextlib.nullcontext()
+    with tables:
+        summary = train(r, echo=lambda line: echo(f"[{name}] {line}"))
+    return QualityArm(
+        name=name, overrides=list(arm.overrides),
+        curve=list(summary.get("quality/eval_curve", [])),
+        final={k: float(v) for k, v in summary.items()
+               if k.startswith("eval/") and isinstance(v, float)},
+        samples_per_s=float(summary.get("perf/qps", math.nan)),
+        mfu_e2e=float(summary.get("perf/mfu_e2e", math.nan)),
+        train_s=float(summary.get("perf/train_s", math.nan)))
+
+
+def _one_arm(recipe: Recipe, name: str, evals: int, echo: Callable[[str], None],
+             isolate: bool) -> QualityArm:
+    from gem_platform.fresh_process import call_in_fresh_process
+    from gem_platform.train.bench_e2e import ARMS
+
+    try:
+        return (call_in_fresh_process(run_arm, recipe, name, evals, echo=echo) if isolate
+                else run_arm(recipe, name, evals, echo=echo))
+    except (RuntimeError, MemoryError) as err:  # out of memory, a child that died
+        echo(f"[{name}] failed: {err}")
+        return QualityArm(name=name, overrides=list(ARMS[name].overrides),
+                          error=f"{type(err).__name__}: {str(err).splitlines()[0][:300]}")
+
+
+def pick_target(arms: list[QualityArm], given: float | None) -> tuple[float | None, str]:
+    """The given target, else the worst of the finished arms' best held-out NEs."""
+    if given is not None:
+        return given, "given"
+    bests = [a.best_ne() for a in arms if a.error is None and not math.isnan(a.best_ne())]
+    return (max(bests), "worst of the arms' best") if bests else (None, "no arm evaluated")
+
+
+def place_target(arms: list[QualityArm], target: float | None) -> None:
+    """Each arm's training seconds and samples to ``target`` (None where never reached)."""
+    from gem_platform.train.learning import time_to_target
+
+    for a in arms:
+        if target is None or a.error:
+            continue
+        hit = time_to_target([(p["step"], p["samples"], p["train_s"], p["ne_ctr"])
+                              for p in a.curve], target)
+        a.train_s_to_target = hit.train_s if hit else None
+        a.samples_to_target = hit.samples if hit else None
+
+
+def bench(recipe: Recipe, arms: list[str] | None = None, target_ne: float | None = None,
+          evals: int = 10, echo: Callable[[str], None] = print,
+          isolate: bool = True) -> QualityResult:
+    """Every arm trained on ``recipe`` one after the other, then placed against the target."""
+    from gem_platform.data.parquet import load_meta
+    from gem_platform.provenance import code_version, environment
+    from gem_platform.train.bench_e2e import ARMS
+
+    names = arms or list(DEFAULT_ARMS)
+    unknown = [a for a in names if a not in ARMS]
+    if unknown or len(set(names)) < len(names):
+        raise GemError(f"Arms {names}: each must be one of {list(ARMS)}, named once.",
+                       "Pass --arms as a comma-separated list of distinct arm names.")
+    if evals < 2:
+        raise GemError(f"--evals {evals} gives no curve.", "Pass --evals of at least 2.")
+    results = [_one_arm(recipe, a, evals, echo, isolate) for a in names]
+    target, source = pick_target(results, target_ne)
+    place_target(results, target)
+    meta = load_meta(recipe.data.path)
+    return QualityResult(recipe=recipe.name, target_ne=target, target_source=source,
+                         ceiling=dict(meta.planted_auc or {}), arms=results,
+                         resolved_recipe=recipe.model_dump(mode="json"),
+                         environment=environment(), code=code_version())
+
+
+def _cells(a: QualityArm, ours: QualityArm | None, ceiling: dict[str, float]) -> list[str]:
+    """One arm's row: the error in place of its figures where it did not finish."""
+    if a.error:
+        return [a.error[:60], *[""] * 7]
+    def fmt(x: float | None, spec: str) -> str:  # noqa: E306
+        return "never" if x is None else ("-" if math.isnan(x) else format(x, spec))
+
+    ne, auc = a.final.get("eval/ne_ctr", math.nan), a.final.get("eval/auc_ctr", math.nan)
+    ceil = ceiling.get("ctr")
+    share = (auc - 0.5) / (ceil - 0.5) if ceil and ceil > 0.5 else math.nan
+    vs = "-"
+    if ours and ours.train_s_to_target and a.train_s_to_target:
+        vs = f"{a.train_s_to_target / ours.train_s_to_target:.2f}x"
+    return [fmt(ne, ".4f"), fmt(auc, ".4f"), fmt(share, ".0%"), fmt(a.samples_per_s, ",.0f"),
+            fmt(a.mfu_e2e, ".1%"), fmt(a.train_s_to_target, ".0f"),
+            fmt(a.samples_to_target, ",.0f"), vs]
+
+
+def render(result: QualityResult, console=None) -> None:  # noqa: ANN001 (rich Console)
+    """The arms side by side: final quality, speed, and time to the target NE."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from gem_platform.markup import escape_text as escape
+
+    console = console or Console()
+    target = ("no target (no arm evaluated)" if result.target_ne is None
+              else f"target held-out CTR NE {result.target_ne:.4f} ({result.target_source})")
+    ceiling = result.ceiling.get("ctr")
+    console.print(escape(f"{result.recipe}: {target}"
+                         + (f"; planted CTR ceiling AUC {ceiling:.4f}" if ceiling else "")))
+    rows = ("final NE", "final AUC", "share of ceiling lift", "samples/s", "E2E MFU",
+            "train s to target", "samples to target", "time vs ours")
+    ours = next((a for a in result.arms if a.name == "ours" and not a.error), None)
+    table = Table("", *[escape(a.name) for a in result.arms])
+    cells = [_cells(a, ours, result.ceiling) for a in result.arms]
+    for i, label in enumerate(rows):
+        table.add_row(label, *[escape(c[i]) for c in cells])
+    console.print(table)
+
+
+def write(result: QualityResult, out: str | Path) -> Path:
+    """JSON at ``out/quality_<recipe>_<attention>.json`` (folder created)."""
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    attention = result.resolved_recipe.get("model", {}).get("attention", "")
+    path = folder / f"quality_{result.recipe}_{attention}.json"
+    path.write_text(json.dumps(asdict(result), indent=1))
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("recipe", help="recipe YAML")
+    p.add_argument("--set", "-s", dest="overrides", action="append", default=[],
+                   help="override a recipe field (repeatable), e.g. train.steps=600")
+    p.add_argument("--arms", default=",".join(DEFAULT_ARMS), help="comma-separated arm names")
+    p.add_argument("--target-ne", type=float, default=None,
+                   help="held-out CTR NE to reach (default: the worst of the arms' best)")
+    p.add_argument("--evals", type=int, default=10, help="held-out evaluations per arm")
+    p.add_argument("--same-process", action="store_true",
+                   help="train every arm in this process (default: each in a fresh one)")
+    p.add_argument("--out", default="bench_results", help="folder for the JSON result")
+    args = p.parse_args(argv)
+    try:
+        if args.target_ne is not None and not 0 < args.target_ne < 10:
+            raise GemError(f"--target-ne {args.target_ne} is no NE a run can reach.",
+                           "Pass a held-out NE between 0 and 10, e.g. 0.9.")
+        recipe = load_recipe(args.recipe, args.overrides)
+        result = bench(recipe, args.arms.split(","), args.target_ne, args.evals,
+                       isolate=not args.same_process)
+    except GemError as err:
+        print(err.as_text(), file=sys.stderr)
+        return 2
+    render(result)
+    print(f"quality: {write(result, args.out)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

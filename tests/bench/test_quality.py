@@ -1,0 +1,71 @@
+"""gemctl bench quality: each arm's learning curve from a real (tiny) training, the target
+every arm reached, and the training seconds and samples to it."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from typer.testing import CliRunner
+
+from gem_bench.quality import QualityArm, pick_target, place_target
+from gemctl.main import app
+from tests.platform.tiny_training import tiny_tree
+
+
+def _arm(name: str, nes: list[float], error: str | None = None) -> QualityArm:
+    curve = [{"step": 10 * (i + 1), "samples": 100.0 * (i + 1), "train_s": 2.0 * (i + 1),
+              "ne_ctr": ne} for i, ne in enumerate(nes)]
+    return QualityArm(name=name, overrides=[], curve=curve, error=error)
+
+
+def test_default_target_is_the_worst_of_the_arms_best():
+    arms = [_arm("ours", [0.99, 0.90, 0.85]), _arm("off_the_shelf", [1.0, 0.95, 0.93]),
+            _arm("broken", [], error="RuntimeError: out of memory")]
+    assert pick_target(arms, None) == (0.93, "worst of the arms' best")
+    assert pick_target(arms, 0.9) == (0.9, "given")
+    assert pick_target([_arm("x", [], "boom")], None) == (None, "no arm evaluated")
+
+
+def test_time_to_target_is_interpolated_and_never_where_not_reached():
+    fast, slow = _arm("ours", [0.99, 0.90, 0.85]), _arm("base", [1.0, 0.95, 0.93])
+    place_target([fast, slow], 0.94)
+    # ours crosses 0.94 between its first two evaluations: (0.99 - 0.94) / (0.99 - 0.90)
+    frac = 0.05 / 0.09
+    assert fast.train_s_to_target == pytest.approx(2.0 + 2.0 * frac)
+    assert fast.samples_to_target == pytest.approx(100 + 100 * frac)
+    assert slow.train_s_to_target == pytest.approx(4.0 + 2.0 * 0.5)
+    place_target([slow], 0.5)
+    assert slow.train_s_to_target is None and slow.samples_to_target is None
+
+
+@pytest.mark.slow
+def test_quality_bench_trains_each_arm_and_writes_its_curve(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    tree = tiny_tree(tmp_path / "data", seq_layers=1, steps=8, log_every=2, eval_sample=64)
+    (tmp_path / "tiny.yaml").write_text(json.dumps(tree))
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["bench", "quality", "tiny.yaml", "--arms",
+                                      "ours,off_the_shelf", "--evals", "4", "--same-process",
+                                      "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "train s to target" in result.output
+    (path,) = out.glob("quality_tiny_*.json")
+    record = json.loads(path.read_text())
+    assert [a["name"] for a in record["arms"]] == ["ours", "off_the_shelf"]
+    for arm in record["arms"]:
+        assert arm["error"] is None
+        assert [p["step"] for p in arm["curve"]] == [2, 4, 6, 8]  # the last: the final eval
+        assert all(math.isfinite(p["ne_ctr"]) for p in arm["curve"])
+        assert arm["samples_per_s"] > 0
+    # the default target is reached by every arm, by construction
+    assert all(a["train_s_to_target"] is not None for a in record["arms"])
+    assert record["ceiling"]["ctr"] > 0.5
+
+
+def test_quality_bench_refuses_a_target_no_run_can_reach(tmp_path):
+    result = CliRunner().invoke(app, ["bench", "quality", "recipes/demo.yaml",
+                                      "--target-ne", "-1"])
+    assert result.exit_code == 2
+    assert "--target-ne" in result.output
