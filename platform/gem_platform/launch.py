@@ -116,6 +116,7 @@ def _ray_worker_loop(config: dict[str, Any]) -> None:
     """Body of each Ray Train worker: train, with rank 0 streaming progress to the driver."""
     import torch
 
+    from gem_platform.node_metrics import sampling_this_host
     from gem_platform.topology import worker_location
     from gem_platform.train.checkpoint import RayStore
     from gem_platform.train.loop import RankInfo, TrainingDiverged, train
@@ -133,9 +134,11 @@ def _ray_worker_loop(config: dict[str, Any]) -> None:
     store = (RayStore(recipe.train.checkpoint_every, fallback=config.get("resume_from"))
              if recipe.train.checkpoint_every else None)
     try:
-        summary = train(recipe, sink=tracker.log_metrics if tracker else None, echo=echo,
-                        checkpoints=store,
-                        published_through=tracker.last_step() if tracker else 0)
+        with sampling_this_host(config.get("node_metrics"), info.rank, config["tracking_uri"],
+                                config["run_id"], echo):
+            summary = train(recipe, sink=tracker.log_metrics if tracker else None, echo=echo,
+                            checkpoints=store,
+                            published_through=tracker.last_step() if tracker else 0)
     except TrainingDiverged as err:
         # Every rank stops at the same step; ending normally keeps Ray from retrying a run
         # that would diverge again from the same checkpoint.
@@ -160,6 +163,7 @@ def _run_on_ray(recipe: Recipe, tracker: RunTracker, address: str | None,
     pin every worker to its planned node, train, and check that Ray put them there."""
     from ray.util.queue import Queue
 
+    from gem_platform.node_metrics import NodeMetricsPlan
     from gem_platform.storage import check_storage
     from gem_platform.topology import place_on_ray
 
@@ -167,23 +171,27 @@ def _run_on_ray(recipe: Recipe, tracker: RunTracker, address: str | None,
     _init_ray(recipe, address)
     placement = place_on_ray(recipe.parallel)
     tracker.log_json({"planned": [asdict(slot) for slot in placement.slots]}, "placement.json")
+    node_metrics = NodeMetricsPlan.from_placement(placement)
+    for key, host in node_metrics.tags().items():
+        tracker.set_tag(key, host)
     progress = Queue(actor_options={"num_cpus": 0})
     if resume is not None and resume.folder is None:
         echo(NO_CHECKPOINT)
     trainer = _build_trainer(recipe, tracker, placement, progress,
-                             resume.folder if resume is not None else None)
+                             resume.folder if resume is not None else None, node_metrics)
     reports = _WorkerReports(echo)
     _fit_while_draining(trainer, progress, reports)
     return _check_and_record(reports, placement, tracker)
 
 
 def _build_trainer(recipe: Recipe, tracker: RunTracker, placement: Placement, progress: Any,
-                   resume_from: str | None = None) -> Any:
+                   resume_from: str | None = None, node_metrics: Any = None) -> Any:
     """Ray Train's TorchTrainer for the run: one worker per rank pinned by ``placement``'s
     label selectors, checkpoints under ``ray_run_dir``. A resumed run continues from the
     latest checkpoint in that folder: Ray Train V2 restores a run whose name and storage
     already hold one (it refuses ``resume_from_checkpoint``); where that one is torn, the
-    workers load ``resume_from`` (the newest intact one) instead."""
+    workers load ``resume_from`` (the newest intact one) instead. ``node_metrics`` (a
+    NodeMetricsPlan) names the rank that samples each host's system metrics."""
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
@@ -194,7 +202,7 @@ def _build_trainer(recipe: Recipe, tracker: RunTracker, placement: Placement, pr
         train_loop_per_worker=_ray_worker_loop,
         train_loop_config={"recipe": recipe.model_dump(mode="json"), "run_id": tracker.run_id,
                            "tracking_uri": tracker.uri, "progress": progress,
-                           "resume_from": resume_from},
+                           "resume_from": resume_from, "node_metrics": node_metrics},
         torch_config=TorchConfig(backend=recipe.parallel.resolved_backend()),
         scaling_config=ScalingConfig(
             num_workers=recipe.parallel.workers, use_gpu=recipe.parallel.use_gpu,
