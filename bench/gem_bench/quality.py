@@ -12,7 +12,8 @@ evaluations; evaluation time is not training time), the final NE and AUC and the
 planted ceiling's AUC lift on synthetic data, samples/s and E2E MFU.
 
 The target is ``--target-ne``, or by default the worst of the arms' best NEs: the best
-quality every arm reached, so each arm has a time to it.
+quality every arm reached, so each arm has a time to it. The JSON is rewritten after each arm,
+so a run stopped during a later arm keeps the finished ones.
 
     gemctl bench quality recipes/h200_gem.yaml --out docs/quality
 """
@@ -134,9 +135,11 @@ def place_target(arms: list[QualityArm], target: float | None) -> None:
 
 
 def bench(recipe: Recipe, arms: list[str] | None = None, target_ne: float | None = None,
-          evals: int = 10, echo: Callable[[str], None] = print,
-          isolate: bool = True) -> QualityResult:
-    """Every arm trained on ``recipe`` one after the other, then placed against the target."""
+          evals: int = 10, echo: Callable[[str], None] = print, isolate: bool = True,
+          on_arm: Callable[[QualityResult], None] | None = None) -> QualityResult:
+    """Every arm trained on ``recipe`` one after the other, then placed against the target.
+    ``on_arm`` receives the result so far after each arm (the finished arms placed against
+    their own target), so a run stopped during a later arm keeps the earlier ones."""
     from gem_platform.data.parquet import load_meta
     from gem_platform.provenance import code_version, environment
     from gem_platform.train.bench_e2e import ARMS
@@ -148,14 +151,19 @@ def bench(recipe: Recipe, arms: list[str] | None = None, target_ne: float | None
                        "Pass --arms as a comma-separated list of distinct arm names.")
     if evals < 2:
         raise GemError(f"--evals {evals} gives no curve.", "Pass --evals of at least 2.")
-    results = [_one_arm(recipe, a, evals, echo, isolate) for a in names]
-    target, source = pick_target(results, target_ne)
-    place_target(results, target)
-    meta = load_meta(recipe.data.path)
-    return QualityResult(recipe=recipe.name, target_ne=target, target_source=source,
-                         ceiling=dict(meta.planted_auc or {}), arms=results,
-                         resolved_recipe=recipe.model_dump(mode="json"),
-                         environment=environment(), code=code_version())
+    results: list[QualityArm] = []
+    context = {"resolved_recipe": recipe.model_dump(mode="json"), "environment": environment(),
+               "code": code_version()}
+    for name in names:
+        results.append(_one_arm(recipe, name, evals, echo, isolate))
+        target, source = pick_target(results, target_ne)
+        place_target(results, target)
+        result = QualityResult(recipe=recipe.name, target_ne=target, target_source=source,
+                               ceiling=dict(load_meta(recipe.data.path).planted_auc or {}),
+                               arms=list(results), **context)
+        if on_arm:
+            on_arm(result)
+    return result
 
 
 def _cells(a: QualityArm, ours: QualityArm | None, ceiling: dict[str, float]) -> list[str]:
@@ -228,7 +236,8 @@ def main(argv: list[str] | None = None) -> int:
                            "Pass a held-out NE between 0 and 10, e.g. 0.9.")
         recipe = load_recipe(args.recipe, args.overrides)
         result = bench(recipe, args.arms.split(","), args.target_ne, args.evals,
-                       isolate=not args.same_process)
+                       isolate=not args.same_process,
+                       on_arm=lambda partial: write(partial, args.out))
     except GemError as err:
         print(err.as_text(), file=sys.stderr)
         return 2
