@@ -32,4 +32,4 @@ lint: install
 	$(BIN)/ruff check .
 
 clean:
-	rm -rf $(VENV) gem_data gem_runs mlflow.db mlruns mlartifacts
+	rm -rf $(VENV) gem_data gem_runs mlflow.db mlflow.db.lock mlruns mlartifacts
