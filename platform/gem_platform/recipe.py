@@ -70,6 +70,11 @@ class ModelConfig(_Strict):
         "learns to weight it (GDPA's SiLU/GELU is ~0 at the small scores of an untrained model, "
         "so without it the history's path to the prediction starts nearly closed); none = GDPA "
         "alone")
+    newest_token: bool = Field(
+        False, description="the newest history event's token (after the causal sequence tower "
+        "it has attended to the whole history with softmax) joins the DHEN tokens: a "
+        "summary of the recent events whatever the history's length, which GDPA's pooled "
+        "mean over the whole history cannot give")
     sparse_dim: int = Field(16, ge=2, le=65536,
                             description="TorchRec embedding dim of sparse features")
     dhen_layers: int = Field(2, ge=1, le=256, description="DHEN interaction layers")

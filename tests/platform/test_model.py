@@ -251,3 +251,26 @@ def test_one_hot_embedding_is_a_lookup():
     (d_ours,) = torch.autograd.grad(ours(idx), ours.weight, g)
     (d_ref,) = torch.autograd.grad(ref(idx), ref.weight, g)
     torch.testing.assert_close(d_ours, d_ref)
+
+
+def test_newest_tokens_pick_each_samples_last_event_and_zero_for_none():
+    from gem_platform.model.gem import newest_tokens
+
+    x = torch.arange(16.0).view(8, 2)  # histories of 3, 0, 1 and 4 events
+    offsets = torch.tensor([0, 3, 3, 4, 8])
+    torch.testing.assert_close(newest_tokens(x, offsets),
+                               torch.tensor([[4.0, 5.0], [0.0, 0.0], [6.0, 7.0], [14.0, 15.0]]))
+    torch.testing.assert_close(newest_tokens(x[:0], torch.zeros(3, dtype=torch.int64)),
+                               torch.zeros(2, 2))
+
+
+def test_newest_token_joins_the_dhen_tokens(tiny_meta, batch_factory):
+    torch.manual_seed(0)
+    cfg = ModelConfig(d_model=16, num_heads=2, pooled_queries=2, newest_token=True)
+    model = GemModel(cfg, tiny_meta)
+    assert model.num_dhen_tokens == 2 + 1 + model.num_context
+    batch = batch_factory(tiny_meta, LENGTHS)
+    logits = model(batch)
+    assert logits.shape == (len(LENGTHS), 2) and torch.isfinite(logits).all()
+    logits.sum().backward()
+    assert all(p.grad is not None for p in model.parameters())

@@ -50,6 +50,16 @@ def recency_buckets(offsets: torch.Tensor, owner: torch.Tensor) -> torch.Tensor:
     return torch.where(from_end < EXACT_RECENCY, from_end, far).clamp_max(RECENCY_BUCKETS - 1)
 
 
+def newest_tokens(x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """(B, d) each sample's newest history token; zeros for an empty history."""
+    b = offsets.numel() - 1
+    if x.shape[0] == 0:
+        return x.new_zeros(b, x.shape[1])
+    ends = (offsets[1:] - 1).clamp_min(0)
+    present = (offsets[1:] > offsets[:-1]).to(x.dtype)
+    return x[ends] * present[:, None]
+
+
 def unit_norm_init(dim: int) -> dict[str, float]:
     """Uniform init whose rows have norm ~1 (TorchRec's default scales rows by 1/sqrt(rows),
     which for large tables starts item signals orders of magnitude below the other inputs)."""
@@ -113,7 +123,7 @@ class GemModel(nn.Module):
         self.pooled = PooledAttention(d, cfg.num_heads, cfg.pooled_queries, cfg.gdpa_activation,
                                       cfg.kernel, mean_base=cfg.pooled_base == "mean")
         self.num_context = 2 + len(self.sparse_names)  # ad, dense, one per sparse feature
-        num_tokens = cfg.pooled_queries + self.num_context
+        num_tokens = self.num_dhen_tokens
         self.dhen = nn.ModuleList(
             DhenLayer(num_tokens, d, cfg.num_experts, cfg.expert_hidden)
             for _ in range(cfg.dhen_layers)
@@ -122,6 +132,11 @@ class GemModel(nn.Module):
             nn.LayerNorm(num_tokens * d), nn.Linear(num_tokens * d, cfg.head_hidden), nn.SiLU(),
             nn.Linear(cfg.head_hidden, len(TASKS)),
         )
+
+    @property
+    def num_dhen_tokens(self) -> int:
+        """Tokens per sample into DHEN: pooled queries, the newest event (if on), context."""
+        return self.cfg.pooled_queries + int(self.cfg.newest_token) + self.num_context
 
     def embedding_parameters(self) -> list[nn.Parameter]:
         """Sparse (embedding-table) parameters: trained by the sparse optimizer."""
@@ -173,7 +188,10 @@ class GemModel(nn.Module):
         x = self.cross(x, offsets, max_len, context)
         pooled = self.pooled(x, offsets, max_len, ad)
 
-        tokens = torch.cat([pooled, context], dim=1)
+        parts = [pooled, context]
+        if self.cfg.newest_token:
+            parts.insert(1, newest_tokens(x, offsets)[:, None])
+        tokens = torch.cat(parts, dim=1)
         for layer in self.dhen:
             tokens = layer(tokens)
         return self.head(tokens.flatten(1))

@@ -62,7 +62,7 @@ def model_sizes(model: GemModel, recipe: Recipe) -> ModelSizes:
     # Pooled sparse features plus the (sequence) item lookups of history and candidate ad.
     pooled = len(model.sparse_names) * cfg.sparse_dim * act_bytes
     items = (mean_history_length(recipe) + 1) * cfg.d_model * act_bytes
-    dhen_tokens = cfg.pooled_queries + model.num_context
+    dhen_tokens = model.num_dhen_tokens
     return ModelSizes(
         dense_params=dense,
         expert_params=one_expert,

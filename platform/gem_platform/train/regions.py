@@ -89,7 +89,7 @@ def example_input(model: nn.Module, region: Region, units: int,
         offsets = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int64,
                                device=device)
         return torch.randn(units, d, device=device), offsets, max(lengths)
-    tokens = model.cfg.pooled_queries + model.num_context
+    tokens = model.num_dhen_tokens
     if region.name == "head":
         return (torch.randn(units, tokens * d, device=device),)
     return (torch.randn(units, tokens, d, device=device),)
