@@ -193,6 +193,12 @@ class TrainConfig(_Strict):
         2, ge=0, le=64,
         description="batches collated ahead on a background thread (pinned and copied on a "
         "side stream on CUDA); 0 = collate on the training thread")
+    pipeline_sparse: bool = Field(
+        True,
+        description="where TorchRec shards the embedding tables over several workers, start "
+        "the next batch's embedding input all-to-all before this batch's forward, so it runs "
+        "under this step's compute (losses unchanged); false = each step distributes its "
+        "own input")
 
     def eval_interval(self) -> int:
         """Steps between scheduled held-out evaluations (eval_every; 0 = none before the

@@ -142,8 +142,14 @@ class GemModel(nn.Module):
         """Sparse (embedding-table) parameters: trained by the sparse optimizer."""
         return [*self.item_embeddings.parameters(), *self.sparse_embeddings.parameters()]
 
-    def _item_lookup(self, batch: JaggedBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """(T, d) history and (B, d) candidate item embeddings (item + category rows)."""
+    def sparse_inputs(self, batch: JaggedBatch) -> dict[str, KeyedJaggedTensor]:
+        """What each embedding collection receives for ``batch``, by attribute name (a
+        pipeline starts their input distribution a step ahead from it)."""
+        return {"item_embeddings": self._item_features(batch),
+                "sparse_embeddings": batch.sparse}
+
+    def _item_features(self, batch: JaggedBatch) -> KeyedJaggedTensor:
+        """History and candidate items (and their categories) as one KeyedJaggedTensor."""
         keys, values = list(ITEM_FEATURES), [batch.seq_item_ids, batch.ad_item_id]
         if self.use_categories:
             if batch.seq_item_categories is None or batch.ad_category is None:
@@ -160,9 +166,13 @@ class GemModel(nn.Module):
         pairs = len(keys) // 2
         # Each key's total length is known on the host (T events, one ad per sample): given,
         # TorchRec need not read the lengths back from the device (a sync every step).
-        out = self.item_embeddings(KeyedJaggedTensor(
+        return KeyedJaggedTensor(
             keys=keys, values=torch.cat(values), lengths=torch.cat(per_key * pairs),
-            stride=samples, length_per_key=[batch.num_tokens, samples] * pairs))
+            stride=samples, length_per_key=[batch.num_tokens, samples] * pairs)
+
+    def _item_lookup(self, batch: JaggedBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """(T, d) history and (B, d) candidate item embeddings (item + category rows)."""
+        out = self.item_embeddings(self._item_features(batch))
         hist, ad = out["hist_item"].values(), out["ad_item"].values()
         if self.use_categories:
             hist = hist + out["hist_category"].values()

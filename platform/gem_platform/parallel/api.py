@@ -18,6 +18,7 @@ from gem_platform.topology import GroupKind, ParallelConfig
 
 if TYPE_CHECKING:
     from gem_platform.parallel.mesh import RankGroups
+    from gem_platform.parallel.sparse_pipeline import SparseInputPipeline
 
 
 @dataclass
@@ -31,7 +32,8 @@ class Parallelized:
     ``sparse_optimizer`` is set when TorchRec shards the embedding tables: they then train with
     its fused optimizer (updated inside backward; ``step``/``zero_grad`` are harmless) and
     ``sparse_params`` is empty. ``clip_grad_norm_`` clips by the global norm whatever mesh each
-    gradient lives on.
+    gradient lives on. ``sparse_pipeline``, where tables are sharded over several ranks,
+    starts a batch's input distribution one step ahead (train.pipeline_sparse).
     """
 
     model: nn.Module
@@ -44,6 +46,7 @@ class Parallelized:
     expert_params: list[nn.Parameter] = field(default_factory=list)
     expert_group: dist.ProcessGroup | None = None
     replica_sync: Callable[[], None] | None = None
+    sparse_pipeline: SparseInputPipeline | None = None
 
     @property
     def fused_sparse(self) -> bool:
@@ -193,11 +196,17 @@ def _compose(model: nn.Module, recipe: Recipe, choice: StrategyChoice,
     dense = [p for p in inner.parameters() if id(p) not in table_ids]
     plain_dense = [] if choice.hsdp else [p for p in dense if id(p) not in expert_ids]
     sparse = [] if choice.shard_embeddings else tables
+    pipeline = None
+    if choice.shard_embeddings and recipe.train.pipeline_sparse:
+        from gem_platform.parallel.sparse_pipeline import SparseInputPipeline
+
+        pipeline = SparseInputPipeline.for_model(inner)
     return Parallelized(
         model=inner, dense_params=dense, sparse_params=sparse,
         replicated_params=[*plain_dense, *sparse], world_size=world, strategy=choice.name,
         sparse_optimizer=sharded.optimizer, expert_params=expert_params,
-        expert_group=expert_group, replica_sync=sharded.replica_sync)
+        expert_group=expert_group, replica_sync=sharded.replica_sync,
+        sparse_pipeline=pipeline)
 
 
 def _shard_tables(model: nn.Module, recipe: Recipe, groups: RankGroups, world: int,

@@ -44,6 +44,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.profiler import record_function
 
 from gem_platform.balance import Batcher, LoaderConfig, make_batcher
 from gem_platform.balance.cost import batch_work
@@ -96,6 +97,8 @@ RunSummary = dict[str, float | str | list]
 # steps still move the weights (rarely seen embedding rows are updated late in a run too). The
 # same floor holds for the dense and the sparse optimizer.
 MIN_LR_FRACTION = 0.1
+# A training step's forward and backward, as named in a profiler trace.
+FORWARD, BACKWARD = "gem.forward", "gem.backward"
 
 
 @dataclass(frozen=True)
@@ -417,29 +420,55 @@ def batch_stream(run: Run, start_epoch: int) -> Iterator[tuple[JaggedBatch, np.n
             yield batch, indices
 
 
+def with_upcoming(run: Run, stream: Iterator[tuple[JaggedBatch, np.ndarray]]
+                  ) -> Iterator[tuple[JaggedBatch, np.ndarray, JaggedBatch | None]]:
+    """``stream``'s batches, each with the one after it (None at the end), for the sparse
+    input pipeline; ``run.loader_state`` stays that of the batch handed out, not of the one
+    looked ahead to (a checkpoint resumes after the batch it trained last)."""
+    current = next(stream, None)
+    state = run.loader_state
+    while current is not None:
+        upcoming = next(stream, None)
+        state, run.loader_state = run.loader_state, state
+        yield *current, (upcoming[0] if upcoming is not None else None)
+        current = upcoming
+
+
 def launch_step(run: Run, batch: JaggedBatch, step: int, meter: FlopMeter,
-                before_backward: Callable[[], None] = lambda: None) -> LaunchedStep:
+                before_backward: Callable[[], None] = lambda: None,
+                upcoming: JaggedBatch | None = None) -> LaunchedStep:
     """Queue forward, backward, gradient sync, clip and optimizer step on one batch, without
     waiting for the device (gem_platform.train.launched); read it back with ``settle``.
 
     ``before_backward`` runs once the forward is queued: the loop settles the previous step
     there, while this step's forward keeps the device busy. That is also why the dense
     gradients are cleared only then: the previous step's gradients stay readable for its
-    divergence report."""
+    divergence report. Where the tables are sharded and pipelined, ``upcoming`` (the next
+    batch) has its embedding input distribution started before this forward and advanced
+    before this backward (gem_platform.parallel.sparse_pipeline)."""
     clock, par = run.clock, run.par
     dense, sparse = run.optimizers
+    pipeline = par.sparse_pipeline
     launched_at = time.perf_counter()
     # Before the forward: TorchRec's fused optimizer hands its param groups' lr to the
     # kernel in zero_grad, and the lookup's forward captures it for the fused update.
     sparse.zero_grad(set_to_none=True)
     start = clock.mark()
+    if pipeline is not None and upcoming is not None:
+        pipeline.start(upcoming)
+    distributed = (pipeline.forward_with(batch) if pipeline is not None
+                   else contextlib.nullcontext())
     # train.saved_activations: what the forward keeps for the backward (fp8: compressed)
-    with saved_activations(run.recipe, run.model), meter, _autocast(run.recipe, run.device):
+    with (saved_activations(run.recipe, run.model), meter, _autocast(run.recipe, run.device),
+          distributed, record_function(FORWARD)):
         logits = run.model(batch)
     loss, task_losses = compute_loss(logits, batch)
     before_backward()
+    if pipeline is not None:
+        pipeline.advance(upcoming)
     dense.zero_grad(set_to_none=True)
-    loss.backward()
+    with record_function(BACKWARD):
+        loss.backward()
     # before any in-place update (sync, clip): a compiled backward may share one gradient
     separate_shared_grads(run.model.parameters())
     backward = clock.mark()
@@ -685,11 +714,15 @@ def _train(recipe: Recipe, report: Reporter, checkpoints: CheckpointStore | None
     checkpointing = bool(checkpoints and checkpoints.every)
     flight = InFlight(run, state, warm_until, checkpointing)
     eval_every = cfg.eval_interval()
+    stream = batch_stream(run, start_epoch)
+    batches = (with_upcoming(run, stream) if run.par.sparse_pipeline is not None
+               else ((batch, indices, None) for batch, indices in stream))
     with CompileWatch() as watch:
-        for step, (batch, indices) in zip(steps, batch_stream(run, start_epoch), strict=False):
+        for step, (batch, indices, upcoming) in zip(steps, batches, strict=False):
             # host lengths for the FLOP count (self-attention pairs), so it never waits on the GPU
             meter.seq_lengths = torch.as_tensor(run.train_table.seq_lengths[indices])
-            flight.hold(launch_step(run, batch, step, meter, before_backward=flight.settle),
+            flight.hold(launch_step(run, batch, step, meter, before_backward=flight.settle,
+                                    upcoming=upcoming if step < cfg.steps else None),
                         batch.num_samples, indices)
             compiled = watch.take()
             if compiled and step > warm_until:
