@@ -4,6 +4,7 @@ the user for any of them."""
 
 from __future__ import annotations
 
+import errno
 import functools
 import signal
 from collections.abc import Callable
@@ -44,6 +45,11 @@ def user_errors(fn: F) -> F:
         except KeyboardInterrupt:
             render.error("Interrupted.")
             raise typer.Exit(EXIT_INTERRUPTED) from None
+        except OSError as err:
+            if err.errno not in PATH_ERRNOS:
+                raise
+            render.error(*path_problem(err))
+            raise typer.Exit(EXIT_BAD_INPUT) from None
         except Exception as err:
             if not _from_the_store(err):
                 raise
@@ -55,6 +61,26 @@ def user_errors(fn: F) -> F:
             raise typer.Exit(EXIT_BAD_INPUT) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+# A file or folder the command was given or works in can't be used: the user's environment
+# (a read-only working folder, a full disk, a name too long, a missing folder), not a bug.
+PATH_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT,
+               errno.ENAMETOOLONG, errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.ELOOP}
+
+
+def path_problem(err: OSError) -> tuple[str, str]:
+    """The problem and fix for an OSError on a path (see PATH_ERRNOS)."""
+    where = str(err.filename if err.filename is not None else "a file")[:300]
+    problem = f"Can't use {where}: {err.strerror or err}."
+    if err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return problem, "Free space on that disk, or point the command's output elsewhere."
+    if err.errno == errno.ENAMETOOLONG:
+        return problem, "Shorten the path: each name in it at most 255 bytes."
+    if err.errno in (errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.ELOOP):
+        return problem, "Check the path: its folders must exist (and be folders)."
+    return problem, ("Run gemctl from a folder you can write (it keeps gem_runs/ and "
+                     "mlflow.db there) and pass paths you can read and write.")
 
 
 def _from_the_store(err: BaseException) -> bool:

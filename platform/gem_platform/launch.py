@@ -13,17 +13,21 @@ import os
 import re
 import shutil
 import time
-import urllib.parse
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gem_platform.data.meta import DatasetMeta
 from gem_platform.errors import ClusterError, GemError, RecipeError
-from gem_platform.net import connect_error
+from gem_platform.net import connect_error, parse_url
 from gem_platform.recipe import Recipe
 from gem_platform.topology import Placement
-from gem_platform.tracking import RunTracker, check_run_inputs, resolve_tracking_uri
+from gem_platform.tracking import (
+    RunTracker,
+    check_reachable,
+    check_run_inputs,
+    resolve_tracking_uri,
+)
 
 if TYPE_CHECKING:
     from gem_platform.train.intact import ResumePoint
@@ -58,7 +62,8 @@ def check_address(address: str, timeout: float = 3.0) -> None:
     """Fail in seconds when a cluster address can't be reached (Ray itself retries for long)."""
     if address in ("auto", "local"):
         return
-    parsed = urllib.parse.urlparse(address if "://" in address else f"gcs://{address}")
+    parsed = parse_url(address if "://" in address else f"gcs://{address}", "Ray address",
+                       "Use ray://HEAD:10001, HEAD:6379 or 'auto'.", ClusterError)
     if parsed.scheme in ("http", "https"):
         # Jobs API addresses never reach a driver: `gemctl submit` sends those runs as Ray
         # jobs (gem_platform.remote) before calling submit() here.
@@ -372,6 +377,7 @@ def submit(recipe: Recipe, *, local: bool = False, address: str | None = None,
     if address and not local:
         check_address(address)
     # What the store would refuse is refused now, before the data is prepared or a run exists.
+    check_reachable(resolve_tracking_uri(recipe.tracking.uri))
     check_run_inputs(recipe.tracking.experiment, recipe.tracking.run_name, recipe.flat(),
                      recipe.tracking.tags)
     from gem_platform.data.prepare import prepare_dataset  # generator: torch, TorchRec

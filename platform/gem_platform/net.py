@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import re
 import socket
+import urllib.parse
+
+from gem_platform.errors import GemError
 
 MASK = "***"
 
-# scheme://user:password@host or scheme://token@host: everything between '//' and '@'.
-_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<userinfo>[^/\s?#]+)@")
+# scheme://user:password@host or scheme://token@host (the scheme may be missing):
+# everything between '//' and '@'.
+_USERINFO = re.compile(r"(?P<scheme>(?:[A-Za-z][A-Za-z0-9+.\-]*)?://)(?P<userinfo>[^/\s?#]+)@")
 # ?token=...&password=...: query parameters whose name says they hold a secret.
 _SECRET_PARAM = re.compile(
     r"(?P<key>[?&;](?:[A-Za-z0-9_.\-]*(?:token|secret|password|passwd|pwd|key|signature|sig|"
@@ -27,6 +31,23 @@ def connect_error(host: str, port: int, timeout: float = 3.0) -> OSError | None:
             return None
     except OSError as err:
         return err
+
+
+def parse_url(text: str, what: str, fix: str, error: type[GemError] = GemError
+              ) -> urllib.parse.ParseResult:
+    """``text`` parsed as a URL, or ``error`` naming ``what`` (e.g. "MLflow tracking URI")
+    with the credentials masked: for control characters, a '[' that opens no IPv6 address, a
+    port that is not a number from 0 to 65535."""
+    shown = redact(text)[:200]
+    bad = next((ch for ch in text if ord(ch) < 32 or ord(ch) == 127), None)
+    if bad is not None:
+        raise error(f"{what} {shown!r} holds the control character {bad!r}.", fix)
+    try:
+        parsed = urllib.parse.urlparse(text)
+        parsed.port  # noqa: B018 (raises ValueError for a bad port)
+    except ValueError as err:
+        raise error(f"{what} {shown!r} is malformed ({err}).", fix) from None
+    return parsed
 
 
 def _mask_userinfo(match: re.Match[str]) -> str:

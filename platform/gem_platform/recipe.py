@@ -37,6 +37,7 @@ AttentionKind = Literal["full", "sliding", "block64", "padded"]
 
 MAX_RECIPE_BYTES = 1 << 20  # recipes are small YAML files; anything larger is a mistake
 MAX_YAML_NODES = 100_000  # values a document may expand to through aliases (YAML bombs)
+MAX_YAML_DEPTH = 64  # nesting of collections; a recipe needs 4
 MAX_INT = 2**53  # integers above this lose precision in JSON and float64: never sane here
 ECHO_CHARS = 80  # how much of a user's value an error message quotes
 
@@ -350,20 +351,22 @@ class _StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-def _expanded_size(node: yaml.Node, memo: dict[int, int], limit: int) -> int:
+def _expanded_size(node: yaml.Node, memo: dict[int, int], limit: int, depth: int = 0) -> int:
     """How many values ``node`` stands for once every alias is expanded (linear time: a node
-    shared through aliases is measured once)."""
+    shared through aliases is measured once); nesting deeper than MAX_YAML_DEPTH is refused."""
     key = id(node)
     if key in memo:
         if memo[key] < 0:
             raise _TooLarge("an alias refers to the collection that contains it")
         return memo[key]
+    if depth > MAX_YAML_DEPTH:
+        raise _TooLarge(f"it nests deeper than {MAX_YAML_DEPTH} levels")
     memo[key] = -1
     if isinstance(node, yaml.SequenceNode):
-        size = 1 + sum(_expanded_size(child, memo, limit) for child in node.value)
+        size = 1 + sum(_expanded_size(child, memo, limit, depth + 1) for child in node.value)
     elif isinstance(node, yaml.MappingNode):
-        size = 1 + sum(_expanded_size(k, memo, limit) + _expanded_size(v, memo, limit)
-                       for k, v in node.value)
+        size = 1 + sum(_expanded_size(k, memo, limit, depth + 1)
+                       + _expanded_size(v, memo, limit, depth + 1) for k, v in node.value)
     else:
         size = 1
     if size > limit:
@@ -382,6 +385,8 @@ def parse_yaml(text: str) -> Any:
             return None
         _expanded_size(node, {}, MAX_YAML_NODES)
         return loader.construct_document(node)
+    except RecursionError:  # PyYAML composes recursively: nesting beyond Python's stack
+        raise _TooLarge(f"it nests deeper than {MAX_YAML_DEPTH} levels") from None
     finally:
         loader.dispose()
 
@@ -529,10 +534,15 @@ def read_yaml_file(path: str | Path, what: str = "Recipe", example: str = "recip
     is missing, a directory, too large, unreadable, empty or not valid YAML."""
     path = Path(path)
     shown = shorten(str(path), 200)
-    if path.is_dir():
+    try:
+        is_dir, is_file = path.is_dir(), path.is_file()
+    except (OSError, ValueError) as err:  # a name too long for the filesystem, a NUL byte
+        raise RecipeError(f"{what} path {shown!r} can't be used ({shorten(str(err), 120)}).",
+                          f"Pass the path of a YAML file, e.g. {example}.") from None
+    if is_dir:
         raise RecipeError(f"{what} {shown} is a directory, not a file.",
                           f"Pass the path of a YAML file, e.g. {example}.")
-    if not path.is_file():
+    if not is_file:
         raise RecipeError(f"{what} file {shown} does not exist.",
                           f"Pass the path of a YAML file, e.g. {example}.")
     try:

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from gem_platform.errors import ClusterError, RecipeError
-from gem_platform.net import connect_error
+from gem_platform.net import connect_error, parse_url
 
 DEFAULT_JOBS_ADDRESS = "http://127.0.0.1:8265"
 JOBS_SCHEMES = ("http", "https")
@@ -66,7 +66,7 @@ class JobView:
 
 def is_jobs_address(address: str | None) -> bool:
     """True for a Ray Jobs API (dashboard) address: http(s)://HEAD:PORT."""
-    return bool(address) and urllib.parse.urlparse(address).scheme in JOBS_SCHEMES
+    return bool(address) and address.partition("://")[0].lower() in JOBS_SCHEMES
 
 
 def jobs_address_for_submit(address: str | None, local: bool) -> str | None:
@@ -105,7 +105,7 @@ def resolve_jobs_address(address: str | None) -> str:
 def check_jobs_server(address: str, timeout: float = 5.0) -> str:
     """Fail in seconds when no Ray Jobs server answers at ``address``; return its
     authentication mode ("token" or "disabled")."""
-    parsed = urllib.parse.urlparse(address)
+    parsed = parse_url(address, "Ray Jobs address", "Use http://HEAD:8265.", ClusterError)
     port = parsed.port or (443 if parsed.scheme == "https" else 80)
     if not parsed.hostname:
         raise ClusterError(f"Ray Jobs address {address!r} has no host.",

@@ -22,65 +22,24 @@ import fcntl
 import functools
 import json
 import math
-import os
 import tempfile
 import time
-import urllib.parse
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 from gem_platform.errors import GemError, RecipeError, TrackingError
-from gem_platform.net import connect_error, redact
+from gem_platform.net import redact
+from gem_platform.tracking_uri import (  # noqa: F401 (re-exported: where callers look)
+    DEFAULT_DB,
+    check_reachable,
+    resolve_tracking_uri,
+    sqlite_path,
+)
 
 PARAM_VALUE_LIMIT = 6000
-DEFAULT_DB = "mlflow.db"
 _READY: set[str] = set()  # stores this process has already opened (schema in place)
 T = TypeVar("T")
-
-
-def resolve_tracking_uri(configured: str | None) -> str:
-    """Recipe value, else MLFLOW_TRACKING_URI, else a sqlite store in the working directory."""
-    uri = configured or os.environ.get("MLFLOW_TRACKING_URI")
-    if not uri:
-        uri = f"sqlite:///{Path.cwd() / DEFAULT_DB}"
-    return uri
-
-
-def sqlite_path(uri: str) -> Path | None:
-    """The database file of a ``sqlite:///`` URI, else None."""
-    if not uri.startswith("sqlite:///"):
-        return None
-    return Path(uri.removeprefix("sqlite:///"))
-
-
-def check_reachable(uri: str, timeout: float = 3.0) -> None:
-    """Fail fast (seconds, not minutes of retries) when a tracking server can't be reached."""
-    parsed = urllib.parse.urlparse(uri)
-    if parsed.scheme in ("http", "https"):
-        try:
-            port = parsed.port or (443 if parsed.scheme == "https" else 80)
-        except ValueError:
-            port = None
-        if not parsed.hostname or port is None:
-            raise TrackingError(f"MLflow tracking URI {redact(uri)} has no valid host:port.",
-                                "Use http://HOST:PORT, e.g. http://127.0.0.1:5000.")
-        err = connect_error(parsed.hostname, port, timeout)
-        if err is not None:
-            raise TrackingError(
-                f"MLflow tracking server {redact(uri)} is unreachable ({err}).",
-                "Start it (e.g. `mlflow server --host 127.0.0.1 --port 5000`), fix "
-                "tracking.uri / MLFLOW_TRACKING_URI, or unset them to use ./mlflow.db.",
-            )
-    elif parsed.scheme == "sqlite":
-        db = sqlite_path(uri)
-        if db is None or not db.parent.exists():
-            where = db.parent if db is not None else uri
-            raise TrackingError(f"MLflow store {redact(uri)}: folder {where} does not exist.",
-                                "Create the folder or point tracking.uri elsewhere.")
-        if db.is_dir():
-            raise TrackingError(f"MLflow store {redact(uri)} is a directory, not a database.",
-                                "Point tracking.uri at a file, e.g. sqlite:///mlflow.db.")
 
 
 def store_error(uri: str, err: BaseException) -> TrackingError:
@@ -111,7 +70,10 @@ def client(uri: str):
 
     db = sqlite_path(uri)
     if db is None or uri in _READY:
-        return MlflowClient(tracking_uri=uri)
+        try:  # a database store connects (and loads its driver) here
+            return MlflowClient(tracking_uri=uri)
+        except Exception as err:
+            raise store_error(uri, err) from None
     check_reachable(uri)
     try:
         with _store_lock(db):

@@ -210,6 +210,12 @@ def delta_to_baseline(runs: list[TrialRun], base_runs: list[TrialRun], name: str
     return relative(d, summarize(base_values).mean) if percent else d
 
 
+def _seed_order(seed: str) -> tuple[bool, int, str]:
+    """Numeric seeds first in numeric order (any length), then the others as text."""
+    numeric = seed.isascii() and seed.isdigit()
+    return (not numeric, len(seed.lstrip("0")) if numeric else 0, seed)
+
+
 def compare_trials(trials: list[TrialRun], baseline: str | None = None) -> Comparison:
     if not trials:
         raise SweepError("No finished runs to compare.",
@@ -229,8 +235,7 @@ def compare_trials(trials: list[TrialRun], baseline: str | None = None) -> Compa
 
     results = []
     for arm, runs in arms.items():
-        runs = sorted(runs, key=lambda r: (not r.seed.isdigit(), int(r.seed)
-                                           if r.seed.isdigit() else 0, r.seed))
+        runs = sorted(runs, key=lambda r: _seed_order(r.seed))
         res = ArmResult(arm, [r.run_id for r in runs], [r.seed for r in runs],
                         commits={r.seed: r.commit for r in runs if r.commit})
         for name in names:

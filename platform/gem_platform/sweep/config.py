@@ -244,6 +244,25 @@ def _absolute_paths(tree: dict[str, Any], cwd: Path) -> dict[str, Any]:
     return tree
 
 
+def _is_sweep_spec(tree: dict[str, Any]) -> bool:
+    return "base" in tree and ("arms" in tree or "grid" in tree)
+
+
+def _base_path(spec_path: Path, base: str) -> Path:
+    """The base recipe's path (relative to the spec), checked to be a file."""
+    fix = "Write 'base' relative to the spec file, e.g. ../demo.yaml."
+    try:
+        base_path = (spec_path.parent / base).resolve()
+        exists = base_path.is_file()
+    except (OSError, ValueError, RuntimeError) as err:  # too long, a NUL, a symlink loop
+        raise SweepError(f"Sweep spec {spec_path}: base {base[:200]!r} is not a usable path "
+                         f"({str(err)[:120]}).", fix) from None
+    if not exists:
+        raise SweepError(f"Sweep spec {spec_path}: base recipe {base[:200]} ({base_path}) does "
+                         "not exist.", fix)
+    return base_path
+
+
 def load_sweep(path: str | Path, overrides: list[str] | None = None,
                tracking_uri: str | None = None) -> SweepPlan:
     """Read and validate a sweep spec and every arm's recipe. Raises SweepError/RecipeError.
@@ -260,11 +279,14 @@ def load_sweep(path: str | Path, overrides: list[str] | None = None,
     except ValidationError as err:
         raise SweepError(_format(err, str(path)),
                          "Fix the named fields; see recipes/ablations/*.yaml.") from None
-    base_path = (path.parent / spec.base).resolve()
-    if not base_path.is_file():
-        raise SweepError(f"Sweep spec {path}: base recipe {spec.base} ({base_path}) does not "
-                         "exist.", "Write 'base' relative to the spec file, e.g. ../demo.yaml.")
+    base_path = _base_path(path, spec.base)
     base_tree = _read_yaml(base_path, "Base recipe", "recipes/demo.yaml")
+    if not isinstance(base_tree, dict) or _is_sweep_spec(base_tree):
+        kind = "a sweep spec" if isinstance(base_tree, dict) else \
+            f"a YAML {type(base_tree).__name__}"
+        raise SweepError(f"Sweep spec {path}: base {spec.base} is {kind}, not a recipe.",
+                         "Point 'base' at a recipe (a mapping of sections such as model, "
+                         "train, data), e.g. base: ../demo.yaml.")
     # Trials are deterministic unless the spec says otherwise ('set', --set or an arm may
     # still override it).
     determinism = [f"train.deterministic={str(spec.deterministic).lower()}"]

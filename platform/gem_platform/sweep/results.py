@@ -18,6 +18,7 @@ from typing import Any
 from gem_platform.errors import GemError
 
 FORMAT = "gem-sweep-results/1"
+MAX_RESULTS_BYTES = 1 << 30  # far beyond any sweep's results; a larger file is a mistake
 COMPARISON_FORMAT = "gem-comparison/1"
 
 
@@ -78,21 +79,34 @@ def load_results(path: str | Path) -> tuple[list[TrialRun], dict[str, Any]]:
     else."""
     path = Path(path)
     try:
+        if path.stat().st_size > MAX_RESULTS_BYTES:
+            raise GemError(f"Sweep results {path} are {path.stat().st_size:,} bytes, more than "
+                           f"any results file ({MAX_RESULTS_BYTES:,}).", _FIX)
         body = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise GemError(f"Cannot read sweep results {path}: {err}.", _FIX) from None
+    except (OSError, ValueError) as err:  # unreadable, not UTF-8, not JSON, a NUL in the path
+        raise GemError(f"Cannot read sweep results {str(path)[:200]}: {str(err)[:200]}.",
+                       _FIX) from None
+    except RecursionError:
+        raise GemError(f"Cannot read sweep results {path}: its JSON nests too deeply.",
+                       _FIX) from None
     nested = body.get("comparison") if isinstance(body, dict) else None
     if isinstance(nested, dict) and nested.get("format") == COMPARISON_FORMAT:
         body = nested  # `gemctl sweep --json`: the sweep's outcome around its comparison
-    if isinstance(body, dict) and body.get("format") == FORMAT:
-        trials = _sweep_trials(path, body)
-    elif isinstance(body, dict) and body.get("format") == COMPARISON_FORMAT:
-        trials = _comparison_trials(path, body)
-    else:
-        raise GemError(f"{path} is not a sweep results file (no \"format\": \"{FORMAT}\" or "
-                       f"\"{COMPARISON_FORMAT}\").", _FIX)
+    try:
+        if isinstance(body, dict) and body.get("format") == FORMAT:
+            trials = _sweep_trials(path, body)
+        elif isinstance(body, dict) and body.get("format") == COMPARISON_FORMAT:
+            trials = _comparison_trials(path, body)
+        else:
+            raise GemError(f"{path} is not a sweep results file (no \"format\": \"{FORMAT}\" "
+                           f"or \"{COMPARISON_FORMAT}\").", _FIX)
+    except _Malformed as err:
+        raise GemError(f"{path}: {err}.", _FIX) from None
     if not trials:
         raise GemError(f"{path} holds no finished trials yet.", _FIX)
+    if not isinstance(body.get("baseline"), str | None):
+        raise GemError(f"{path}: its baseline is {type(body['baseline']).__name__}, not the "
+                       "name of an arm.", _FIX)
     header = {k: v for k, v in body.items() if k not in ("trials", "arms")}
     if body.get("format") == FORMAT:
         header["arms"] = body.get("arms")
@@ -103,26 +117,73 @@ _FIX = ("Pass a file written by `python -m gem_platform.sweep.inprocess SPEC --o
         "by `gemctl compare ... --json > FILE`, or a sweep id / run id from `gemctl runs`.")
 
 
+class _Malformed(ValueError):
+    """A value of a results file that is not what its format says."""
+
+
+def _text(value: Any, what: str) -> str:
+    """A name or id: JSON text or an integer (a seed), as text."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    raise _Malformed(f"{what} is {type(value).__name__}, not text")
+
+
+def _number(value: Any, what: str) -> float:
+    """A metric value: a JSON number, null-free; "nan"/"inf" as a comparison writes them."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise _Malformed(f"{what} is {type(value).__name__}, not a number")
+    try:
+        return float(value)
+    except (ValueError, OverflowError):
+        raise _Malformed(f"{what} {str(value)[:40]!r} is not a number") from None
+
+
+def _mapping(value: Any, what: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise _Malformed(f"{what} is {type(value).__name__}, not an object")
+    return value
+
+
+def _listed(value: Any, what: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise _Malformed(f"{what} is {type(value).__name__}, not a list")
+    return value
+
+
 def _history(raw: Any) -> dict[str, list[tuple[int, float]]] | None:
-    if not isinstance(raw, dict):
+    if raw is None:
         return None
-    return {str(k): [(int(s), float(v)) for s, v in pts] for k, pts in raw.items()}
+    out = {}
+    for k, pts in _mapping(raw, "history").items():
+        steps = []
+        for pt in _listed(pts, f"history of {k[:40]!r}"):
+            step, value = _listed(pt, "a history point")
+            steps.append((int(_number(step, "a step")), _number(value, "a history value")))
+        out[k] = steps
+    return out
 
 
 def _sweep_trials(path: Path, body: dict[str, Any]) -> list[TrialRun]:
-    sweep = str(body.get("sweep", path.stem))
+    sweep = _text(body.get("sweep", path.stem), "sweep") if "sweep" in body else path.stem
     trials = []
-    for i, t in enumerate(body.get("trials", [])):
+    for i, t in enumerate(_listed(body.get("trials", []), "trials")):
         try:
-            trials.append(TrialRun(run_id=str(t.get("run_id") or f"{sweep}/{t['arm']}/"
-                                                                 f"seed{t['seed']}"),
-                                   arm=str(t["arm"]), seed=str(t["seed"]),
-                                   metrics={k: float(v) for k, v in t["metrics"].items()},
-                                   sweep_id=sweep, commit=t.get("commit"),
-                                   history=_history(t.get("history"))))
-        except (KeyError, TypeError, ValueError, AttributeError):
-            raise GemError(f"{path}: trial {i} lacks arm, seed or numeric metrics.",
-                           _FIX) from None
+            t = _mapping(t, "the trial")
+            arm, seed = _text(t["arm"], "arm"), _text(t["seed"], "seed")
+            commit = t.get("commit")
+            trials.append(TrialRun(
+                run_id=_text(t.get("run_id") or f"{sweep}/{arm}/seed{seed}", "run_id"),
+                arm=arm, seed=seed, sweep_id=sweep,
+                metrics={k: _number(v, k[:60]) for k, v in _mapping(t["metrics"],
+                                                                     "metrics").items()},
+                commit=None if commit is None else _text(commit, "commit"),
+                history=_history(t.get("history"))))
+        except KeyError as err:
+            raise GemError(f"{path}: trial {i} lacks {err}.", _FIX) from None
+        except (_Malformed, ValueError, OverflowError) as err:
+            raise GemError(f"{path}: trial {i}: {err}.", _FIX) from None
     return trials
 
 
@@ -130,17 +191,25 @@ def _comparison_trials(path: Path, body: dict[str, Any]) -> list[TrialRun]:
     """Rebuild each run of a comparison from its arms' per-run values."""
     sweeps = body.get("sweep_ids") or [path.stem]
     trials = []
-    for a in body.get("arms") or []:
+    for a in _listed(body.get("arms") or [], "arms"):
         try:
-            arm, seeds, run_ids = str(a["arm"]), [str(s) for s in a["seeds"]], a["run_ids"]
-            values = a["per_seed"]
-            commits = a.get("commits") or {}
+            a = _mapping(a, "an arm")
+            arm = _text(a["arm"], "arm")
+            seeds = [_text(s, "a seed") for s in _listed(a["seeds"], "seeds")]
+            run_ids = [_text(r, "a run id") for r in _listed(a["run_ids"], "run_ids")]
+            values = {k: _listed(v, k[:60]) for k, v in _mapping(a["per_seed"],
+                                                                  "per_seed").items()}
+            commits = {k: _text(v, "a commit") for k, v in
+                       _mapping(a.get("commits") or {}, "commits").items()}
+            sweep = _text(sweeps[0], "sweep id") if isinstance(sweeps, list) and \
+                len(sweeps) == 1 else None
             for i, (seed, run_id) in enumerate(zip(seeds, run_ids, strict=True)):
-                metrics = {k: float(v[i]) for k, v in values.items() if v[i] is not None}
-                trials.append(TrialRun(str(run_id), arm, seed, metrics,
-                                       sweep_id=str(sweeps[0]) if len(sweeps) == 1 else None,
+                metrics = {k: _number(v[i], k[:60]) for k, v in values.items()
+                           if v[i] is not None}
+                trials.append(TrialRun(run_id, arm, seed, metrics, sweep_id=sweep,
                                        commit=commits.get(seed)))
-        except (KeyError, TypeError, ValueError, IndexError, AttributeError):
-            raise GemError(f"{path}: arm {a.get('arm') if isinstance(a, dict) else a!r} lacks "
-                           "seeds, run_ids or per-run values (per_seed).", _FIX) from None
+        except (KeyError, IndexError, ValueError, _Malformed) as err:
+            arm_name = a.get("arm") if isinstance(a, dict) else a
+            raise GemError(f"{path}: arm {str(arm_name)[:60]!r} lacks seeds, run_ids or "
+                           f"per-run values (per_seed): {str(err)[:120]}.", _FIX) from None
     return trials
