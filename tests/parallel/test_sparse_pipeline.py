@@ -13,6 +13,7 @@ import pytest
 from torch.profiler import ProfilerActivity, profile
 
 from gem_platform.data.prepare import prepare_dataset
+from gem_platform.errors import RecipeError
 from gem_platform.parallel.sparse_pipeline import SPARSE_INPUT_DIST
 from gem_platform.recipe import recipe_from_dict
 from gem_platform.train.loop import BACKWARD, train, with_upcoming
@@ -82,7 +83,7 @@ def test_pipeline_is_on_by_default_and_can_be_turned_off():
     assert recipe_from_dict({"parallel": {"workers": 2}}).train.pipeline_sparse is True
     off = recipe_from_dict({"train": {"pipeline_sparse": False}})
     assert off.train.pipeline_sparse is False
-    with pytest.raises(Exception, match="pipeline_sparse"):
+    with pytest.raises(RecipeError, match="pipeline_sparse"):
         recipe_from_dict({"train": {"pipeline_sparse": "sometimes"}})
 
 
