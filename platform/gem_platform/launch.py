@@ -332,15 +332,28 @@ def resume_point(recipe: Recipe, run_id: str, local: bool) -> ResumePoint:
         raise
 
 
-def _note_resume(point: ResumePoint, tracker: RunTracker, echo: Callable[[str], None]) -> None:
-    """Say which checkpoints the resume passed over and why (and a legacy one's note): in the
-    output, the command's log and the run's record (an artifact per resume)."""
-    for line in [*point.skip_lines(), *point.notes()]:
+def _layout_changes(recipe: Recipe, point: ResumePoint, world: int) -> list[str] | None:
+    """How the resume's layout differs from its checkpoint's (None: the checkpoint does not
+    record one); ReshardError (bad input, the run's record untouched) when it can't be
+    resharded to this one."""
+    from gem_platform.train.reshard import resume_changes
+
+    return resume_changes(point.folder, recipe.parallel.model_dump(mode="json"), world)
+
+
+def _note_resume(point: ResumePoint, tracker: RunTracker, echo: Callable[[str], None],
+                 changes: list[str] | None = None) -> None:
+    """Say which checkpoints the resume passed over and why (and a legacy one's note), and
+    what changed in the layout: in the output, the command's log and the run's record (an
+    artifact per resume)."""
+    resharded = ([f"layout changed since the checkpoint ({', '.join(changes)}): it is "
+                  "resharded to this layout as it loads"] if changes else [])
+    for line in [*point.skip_lines(), *point.notes(), *resharded]:
         echo(line)
         log.warning(line)
     if point.folder:
         stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-        tracker.log_text("\n".join(point.lines()) + "\n", f"resume-{stamp}.log")
+        tracker.log_text("\n".join([*point.lines(), *resharded]) + "\n", f"resume-{stamp}.log")
 
 
 def _linear_reference(recipe: Recipe, meta: DatasetMeta, tracker: RunTracker,
@@ -392,10 +405,12 @@ def submit(recipe: Recipe, *, local: bool = False, address: str | None = None,
             "gem.data_source": meta.source,
             "gem.deterministic": str(recipe.train.deterministic).lower(),
             **recipe.tracking.tags}
-    point = None
+    point, changes = None, None
     if resume:
         point = resume_point(recipe, resume, local)
-        tracker = RunTracker.reopen(uri, resume, recipe.flat())
+        changes = _layout_changes(recipe, point, world)
+        tracker = RunTracker.reopen(uri, resume, recipe.flat(), may_differ=[
+            k for k in recipe.flat() if k.startswith("parallel.") and changes is not None])
     else:
         tracker = RunTracker.start(uri, recipe.tracking.experiment, recipe.tracking.run_name,
                                    recipe.flat(), tags)
@@ -405,7 +420,7 @@ def submit(recipe: Recipe, *, local: bool = False, address: str | None = None,
             if local:
                 tracker.log_json({"mode": "local", "workers": 1}, "placement.json")
         if point is not None:
-            _note_resume(point, tracker, echo)
+            _note_resume(point, tracker, echo, changes)
         if local:
             summary = _run_local(recipe, tracker, echo, resume=point)
         else:

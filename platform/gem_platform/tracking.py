@@ -24,7 +24,7 @@ import json
 import math
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -179,8 +179,11 @@ class RunTracker:
             self._system_metrics = None
 
     @classmethod
-    def reopen(cls, uri: str, run_id: str, params: dict[str, Any]) -> RunTracker:
-        """Continue an existing run (resume): same recipe required, status back to RUNNING."""
+    def reopen(cls, uri: str, run_id: str, params: dict[str, Any],
+               may_differ: Collection[str] = ()) -> RunTracker:
+        """Continue an existing run (resume): same recipe required (apart from the params
+        in ``may_differ``, which keep their first values in the record), status back to
+        RUNNING."""
         check_reachable(uri)
         c = _client(uri)
         try:
@@ -193,7 +196,8 @@ class RunTracker:
             ) from None
         recorded = run.data.params
         now = {k: param_value(v) for k, v in params.items()}
-        differ = sorted(k for k, v in now.items() if k in recorded and recorded[k] != v)
+        differ = sorted(k for k, v in now.items()
+                        if k in recorded and recorded[k] != v and k not in may_differ)
         if differ:
             shown = ", ".join(f"{k} (run: {recorded[k][:80]}, now: {now[k][:80]})"
                               for k in differ[:5])

@@ -100,8 +100,8 @@ def test_manifest_lists_every_file_and_is_written_last(ckpts):
     assert manifest["step"] == 4
     listed = {f["name"]: f for f in manifest["files"]}
     on_disk = {p.name for p in folder.iterdir()} - {MANIFEST_FILE}
-    assert set(listed) == on_disk == {".metadata", "gem_step.json", "rank0.pt",
-                                      _shard(folder).name}
+    assert set(listed) == on_disk == {".metadata", "gem_step.json", "gem_layout.json",
+                                      "rank0.pt", _shard(folder).name}
     for name, entry in listed.items():
         data = (folder / name).read_bytes()
         assert entry["size"] == len(data)

@@ -8,6 +8,10 @@ Tables sharded by TorchRec train with its fused KeyedOptimizer, whose state
 (keyed by table name, ShardedTensor states) goes through DCP beside the model's; loading fills
 those tensors in place and ``load_state_dict`` copies them into the fused kernels' buffers.
 
+Every checkpoint records the layout it was written under (reshard.py): a resume under another
+``parallel`` section loads it through DCP, which reshards every tensor by its global offsets,
+and takes the loop's extras and RNG of rank 0 for ranks the saving run did not have.
+
 Every checkpoint ends with a manifest (manifest.py): each file's size and CRC-32, written once
 every rank's files are durable (the ranks gather their lists to rank 0). A resume loads the
 newest checkpoint that matches its manifest (intact.py) and names the torn ones it passes over.
@@ -23,7 +27,7 @@ from __future__ import annotations
 import random
 import re
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +55,14 @@ from gem_platform.train.manifest import (
     fsync_dir,
     write_manifest,
     write_step_file,
+)
+from gem_platform.train.reshard import (
+    LAYOUT_FILE,
+    Layout,
+    ReshardError,
+    check_reshard,
+    check_tables,
+    read_layout,
 )
 
 LOCAL_ROOT = Path("gem_runs/local")
@@ -81,6 +93,10 @@ class Stateful:
 
     model: nn.Module
     optimizers: list[torch.optim.Optimizer]
+    parallel: dict[str, Any] = field(default_factory=dict)  # the recipe's parallel section
+    world: int = 1
+    # set by ``load``: the layout the loaded checkpoint was written under (None: not recorded)
+    loaded_layout: Layout | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self._plain = [o for o in self.optimizers if not isinstance(o, KeyedOptimizer)]
@@ -120,20 +136,44 @@ class Stateful:
         mine = [rank_file, *sorted(directory.glob(f"__{rank}_*.distcp"))]
         if rank == 0:
             write_step_file(directory, step)
-            mine += [directory / DCP_INDEX, directory / STEP_FILE]
+            self._write_layout(directory, extras)
+            mine += [directory / DCP_INDEX, directory / STEP_FILE, directory / LAYOUT_FILE]
         entries = [durable_entry(path) for path in mine]
         fsync_dir(directory)
         every = _gather_to_first(entries)
         if rank == 0:
             write_manifest(directory, step, every)
 
-    def load(self, directory: Path, rank: int) -> object:
-        """Collective: restore model + optimizers, RNG states; return this rank's extras as
-        ``save`` got them (None for a checkpoint written without an ``extras`` entry)."""
+    def _write_layout(self, directory: Path, extras: object) -> None:
+        loader = getattr(extras, "loader", None) or {}
+        layout = Layout(self.world, self.parallel, bool(self._keyed),
+                        int(loader.get("epoch", 0)), int(loader.get("position", 0)),
+                        int(loader.get("steps_per_epoch", 0)))
+        (directory / LAYOUT_FILE).write_text(layout.to_json(), encoding="utf-8")
+
+    def _rank_file(self, directory: Path, rank: int) -> Path:
+        """This rank's file, or rank 0's where the checkpoint was written by fewer ranks."""
         path = directory / f"rank{rank}.pt"
+        saved = self.loaded_layout
+        if saved is not None:
+            check_reshard(saved, self.parallel, self.world, str(directory))
+            check_tables(saved, bool(self._keyed), str(directory))
+            if rank >= saved.world:
+                return directory / "rank0.pt"
         if not path.exists():
             raise RuntimeError(f"checkpoint {directory} has no state for rank {rank}: it was "
                                "saved with a different number of workers")
+        return path
+
+    def load(self, directory: Path, rank: int) -> object:
+        """Collective: restore model + optimizers, RNG states; return this rank's extras as
+        ``save`` got them (None for a checkpoint written without an ``extras`` entry).
+
+        Under another layout than the checkpoint's (``loaded_layout`` says which), DCP
+        reshards the tensors; a rank the saving run did not have takes rank 0's extras and
+        RNG. ReshardError when the layout can't be mapped (see reshard.py)."""
+        self.loaded_layout = read_layout(str(directory))
+        path = self._rank_file(directory, rank)
         try:
             saved = torch.load(path, weights_only=False)
         except (AttributeError, ModuleNotFoundError) as err:  # a class this code no longer has
@@ -143,10 +183,11 @@ class Stateful:
                 "it, or start a new run") from None
         groups = saved.get("keyed_param_groups", [])
         if len(groups) != len(self._keyed):
-            raise RuntimeError(
-                f"checkpoint {directory} holds {len(groups)} TorchRec-sharded optimizer(s), "
-                f"this run has {len(self._keyed)}: resume with the parallel section of the run "
-                "that saved it")
+            raise ReshardError(
+                f"The checkpoint {directory} holds {len(groups)} TorchRec-sharded "
+                f"optimizer(s), this run has {len(self._keyed)}.",
+                "Resume with a parallel section that shards the tables the same way as the "
+                "run that saved it.")
         state, _ = self._state()
         # A table-wise sharded table has no local shard on most ranks. The default planner
         # drops such ShardedTensors, then takes the dropped keys for a pre-2.4 checkpoint and
@@ -157,9 +198,24 @@ class Stateful:
         set_state_dict(self.model, self._plain, model_state_dict=state["model"],
                        optim_state_dict=state["optim"])
         for i, (opt, param_groups) in enumerate(zip(self._keyed, groups, strict=True)):
-            opt.load_state_dict({**state[f"keyed_optim{i}"], "param_groups": param_groups})
+            opt.load_state_dict({**state[f"keyed_optim{i}"],
+                                 "param_groups": _regroup(opt, param_groups)})
         set_rng_state(saved["rng"])
         return saved.get("extras")
+
+
+def _regroup(opt: KeyedOptimizer, saved: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The saved param groups of a fused optimizer, fitted to the tables this rank holds now.
+
+    Each rank's fused optimizer groups the table shards it holds, so under another layout the
+    groups name other tables; their settings (learning rate and the rest) are the same in
+    every group of a fused optimizer, so the saved first group's settings go onto each of the
+    groups this rank has now."""
+    now = opt.state_dict()["param_groups"]
+    if [g["params"] for g in now] == [g["params"] for g in saved] or not saved:
+        return saved
+    settings = {k: v for k, v in saved[0].items() if k != "params"}
+    return [{**group, **settings, "params": group["params"]} for group in now]
 
 
 def _gather_to_first(entries: list[FileEntry]) -> list[FileEntry]:

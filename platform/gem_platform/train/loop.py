@@ -80,6 +80,7 @@ from gem_platform.train.regions import (
     compile_enabled,
     setup_regions,
 )
+from gem_platform.train.reshard import fit_schedule, layout_changes, map_loader
 from gem_platform.train.saved_activations import (
     model_weight_shapes,
     saved_activations,
@@ -318,7 +319,8 @@ class Run:
     state: Stateful = field(init=False)
 
     def __post_init__(self) -> None:
-        self.state = Stateful(self.par.model, self.optimizers)
+        self.state = Stateful(self.par.model, self.optimizers,
+                              self.recipe.parallel.model_dump(mode="json"), self.info.world_size)
         self.clock = StepClock(self.device)
 
     @property
@@ -390,11 +392,16 @@ def resume(run: Run, checkpoints: CheckpointStore | None, report: Reporter
     if not isinstance(extras, CheckpointExtras):
         raise RuntimeError(f"checkpoint {folder} was written by an earlier version of the "
                            "training loop and can't be resumed by this one: start a new run")
-    run.batcher.load_state_dict(extras.loader)
+    saved = run.state.loaded_layout
+    loader = map_loader(saved, extras.loader, run.batcher.state_dict(), run.info.world_size)
+    run.batcher.load_state_dict(loader)
     for sched, sd in zip(run.schedules, extras.schedulers, strict=True):
-        sched.load_state_dict(sd)
+        sched.load_state_dict(fit_schedule(sd, len(sched.optimizer.param_groups)))
     report.line(f"resumed from step {extras.loop.step} ({folder})")
-    return extras.loop, extras.epoch
+    if saved is not None and (changes := layout_changes(saved, run.state.parallel,
+                                                        run.info.world_size)):
+        report.line(f"resharded the checkpoint to this layout ({', '.join(changes)})")
+    return extras.loop, int(loader["epoch"])
 
 
 def batch_stream(run: Run, start_epoch: int) -> Iterator[tuple[JaggedBatch, np.ndarray]]:
