@@ -273,3 +273,23 @@ def test_two_table_wise_ranks_resume_on_four_with_another_hsdp_group(tiny_recipe
     assert any("world size 2 -> 4" in line and "table_wise -> row_wise" in line
                for line in got["lines"]), got["lines"]
     _no_jump(first, got["losses"])
+
+
+@pytest.mark.slow
+def test_tables_switched_between_fused_and_replicated_are_refused(tiny_recipe, tmp_path,
+                                                                   monkeypatch):
+    """One process: tables trained through TorchRec's fused Adagrad (a row-wise layout asked
+    for) can't resume as plain replicated tables, whose Adagrad state is the torch one's."""
+    from gem_platform.train.loop import train
+
+    monkeypatch.chdir(tiny_recipe[0])
+    fused = _tree(tiny_recipe, {"workers": 1, "embedding_sharding": "row_wise"}, 3)
+    fused["loader"]["local_batch_size"] = 128
+    train(recipe_from_dict(fused), echo=lambda _: None,
+          checkpoints=LocalStore(tmp_path, every=2, keep=2))
+    assert read_layout(str(tmp_path / "step_00000002")).sharded_tables
+    plain = {**fused, "parallel": {"workers": 1}}
+    with pytest.raises(ReshardError, match="sharded by TorchRec with its fused optimizer; "
+                                           "this layout trains them replicated"):
+        train(recipe_from_dict(plain), echo=lambda _: None,
+              checkpoints=LocalStore(tmp_path, every=2, keep=2))
