@@ -269,12 +269,15 @@ def data_generate(recipe: RecipeArg, set_: SetOpt = None,
     from gem_platform.recipe import load_recipe
 
     r = load_recipe(recipe, set_ or [])
+    from gem_platform.data.ceilings import describe_ceilings
     from gem_platform.data.prepare import prepare_dataset
 
     meta = prepare_dataset(r.data, force=force)
     render.console.print(f"[green]ready[/] {render.esc(r.data.path)}: {meta.num_train} train / "
                          f"{meta.num_eval} eval samples; planted AUC "
                          f"{render.esc(meta.planted_auc)}.", highlight=False)
+    for line in describe_ceilings(meta.planted_auc, meta.extra):
+        render.console.print(f"  {render.esc(line)}", highlight=False, soft_wrap=True)
 
 
 @data_app.command("reference", epilog=epilog("gemctl data reference recipes/demo.yaml",

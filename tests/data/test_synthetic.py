@@ -2,16 +2,32 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
+from pydantic import ValidationError
 
-from gem_platform.data.config import SeqLenConfig
+from gem_platform.data.ceilings import describe_ceilings
+from gem_platform.data.config import (
+    LONG_RANGE_GAP,
+    LONG_RANGE_MIN_LEN,
+    RECENT_WINDOW,
+    SeqLenConfig,
+    SyntheticConfig,
+)
 from gem_platform.data.parquet import SampleTable, load_meta
 from gem_platform.data.prepare import prepare_dataset
-from gem_platform.data.synthetic import PlantedWorld, auc, draw_lengths, generate_synthetic
+from gem_platform.data.synthetic import (
+    PlantedWorld,
+    _fingerprint,
+    _rng,
+    auc,
+    draw_lengths,
+    generate_synthetic,
+)
 from gem_platform.errors import DataError
 
 
@@ -175,3 +191,135 @@ def test_items_carry_their_cluster_as_category(make_config, tiny_dataset: Path) 
     p_coarse, _ = coarse.probabilities(a)
     ceiling, by_category = auc(p_true, a.ctr), auc(p_coarse, a.ctr)
     assert ceiling - 0.05 < by_category < ceiling
+
+
+# ------------------------------------------------------------------ ceilings and worlds
+
+
+def _digest(world: PlantedWorld, seed: int) -> str:
+    """Hash of two labelled shards of 500 samples, every array of them."""
+    h = hashlib.sha256()
+    for shard in range(2):
+        rng = _rng(seed, 2, shard)
+        a = world.sample(rng, 500)
+        world.label(rng, a)
+        for name in ("seq_offsets", "seq_item_ids", "seq_action_types", "seq_age", "ad_item_id",
+                     "dense", "ctr", "cvr", "seq_item_categories", "ad_category"):
+            h.update(np.ascontiguousarray(getattr(a, name)).tobytes())
+        for key in sorted(a.sparse_values):
+            h.update(a.sparse_values[key].tobytes() + a.sparse_offsets[key].tobytes())
+    return h.hexdigest()[:16]
+
+
+def test_standard_world_draws_the_data_it_always_drew(make_config, tmp_path: Path) -> None:
+    """The samples, labels and reuse hash of the standard world are those of the generator
+    before worlds and term ceilings existed (figures taken from it), so datasets already on
+    disk stay current and comparable."""
+    syn = make_config(tmp_path).synthetic
+    assert syn.world == "standard"
+    assert _fingerprint(syn) == "v3-863f331258cd4160"
+    assert _digest(PlantedWorld.build(syn), syn.seed) == "b563bef825d6ab53"
+    for world in ("local", "long_range"):
+        other = make_config(tmp_path, world=world, seq_len={"min": 96, "max": 160}).synthetic
+        assert _fingerprint(other) != _fingerprint(replace_world(other, "standard"))
+
+
+def replace_world(syn: SyntheticConfig, world: str) -> SyntheticConfig:
+    return syn.model_copy(update={"world": world})
+
+
+def test_terms_add_up_to_the_planted_logits(make_config, tiny_dataset: Path) -> None:
+    world = PlantedWorld.build(make_config(tiny_dataset).synthetic)
+    arrays = SampleTable.load(tiny_dataset, "eval").arrays
+    terms = world.terms(arrays)
+    z_ctr, z_cvr = world.raw_logits(arrays)
+    np.testing.assert_allclose(sum(terms.ctr.values()), z_ctr, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(sum(terms.cvr.values()), z_cvr, rtol=1e-12, atol=1e-12)
+    assert list(terms.ctr) == ["recent_affinity", "long_affinity", "sparse_ids", "ad_category",
+                               "dense", "dense_pair"]
+
+
+def test_meta_records_each_terms_ceiling(make_config, tiny_dataset: Path) -> None:
+    """Each planted term alone carries signal and none reaches the whole scorer's AUC; the
+    scorer at category level sits below the item-level ceiling."""
+    meta = load_meta(tiny_dataset)
+    terms, coarse = meta.extra["term_auc"], meta.extra["category_level_auc"]
+    assert set(terms["ctr"]) == {"recent_affinity", "long_affinity", "sparse_ids",
+                                 "ad_category", "dense"}
+    assert set(terms["cvr"]) == {"intent_affinity", "recent_affinity", "sparse_ids",
+                                 "ad_category", "dense"}
+    ceiling = meta.planted_auc["ctr"]  # (CVR: ~45 clicked eval samples, too few to order)
+    assert all(0.5 < v < ceiling for v in terms["ctr"].values()), terms["ctr"]
+    assert ceiling - 0.05 < coarse["ctr"] < ceiling
+    assert all(0.0 <= v <= 1.0 for v in [*terms["cvr"].values(), coarse["cvr"]])
+    # the figures are those of the eval split's labels, reproducible from the world
+    world = PlantedWorld.build(make_config(tiny_dataset).synthetic)
+    arrays = SampleTable.load(tiny_dataset, "eval").arrays
+    recent = world.terms(arrays).ctr["recent_affinity"]
+    assert auc(recent, arrays.ctr) == pytest.approx(terms["ctr"]["recent_affinity"])
+    lines = describe_ceilings(meta.planted_auc, meta.extra)
+    assert lines[0].startswith(f"ctr: ceiling AUC {meta.planted_auc['ctr']:.3f}, at category "
+                               f"level {coarse['ctr']:.3f}; each term alone: recent_affinity")
+
+
+def test_long_range_world_needs_histories_past_the_gap(make_config, tmp_path: Path) -> None:
+    with pytest.raises(ValidationError, match=f"seq_len.min >= {LONG_RANGE_MIN_LEN}"):
+        make_config(tmp_path, world="long_range")
+    with pytest.raises(ValidationError, match="world"):
+        make_config(tmp_path, world="far")
+
+
+def _zones(arrays) -> tuple[np.ndarray, np.ndarray]:
+    n = len(arrays)
+    owner = np.repeat(np.arange(n), arrays.seq_lengths)
+    return owner, arrays.seq_offsets[owner + 1] - 1 - np.arange(owner.size)
+
+
+def test_long_range_signal_needs_a_recent_and_an_old_event_together(
+        make_config, tmp_path: Path) -> None:
+    """The long-range term reads the recent window against events LONG_RANGE_GAP or more
+    positions back: no 64-token block holds both, and neither zone alone tells it."""
+    meta = generate_synthetic(make_config(tmp_path, world="long_range", num_samples=4000,
+                                          seq_len={"mean": 110, "min": 96, "max": 200}))
+    assert meta.extra["world"] == "long_range"
+    assert 0.65 < meta.extra["term_auc"]["ctr"]["long_range"] < meta.planted_auc["ctr"]
+    arrays = SampleTable.load(tmp_path, "eval").arrays
+    world = PlantedWorld.build(make_config(tmp_path, world="long_range",
+                                           seq_len={"mean": 110, "min": 96, "max": 200}).synthetic)
+    owner, from_end = _zones(arrays)
+    recent, old = from_end < RECENT_WINDOW, from_end >= LONG_RANGE_GAP
+    assert LONG_RANGE_GAP - RECENT_WINDOW >= 64  # the nearest recent-old pair is 65 apart
+    assert np.all(np.bincount(owner[old], minlength=len(arrays)) >= 16)
+
+    def long_range(a) -> float:
+        return auc(world.terms(a).ctr["long_range"], arrays.ctr)
+
+    # Old events shuffled across samples (the recent ones kept): the term says nothing.
+    items = arrays.seq_item_ids.copy()
+    items[old] = np.random.default_rng(0).permutation(items[old])
+    assert long_range(replace(arrays, seq_item_ids=items)) < 0.56
+    # The middle zone scrambled: the term is unchanged.
+    middle = ~recent & ~old
+    items = arrays.seq_item_ids.copy()
+    items[middle] = np.random.default_rng(1).permutation(items[middle])
+    scrambled = world.terms(replace(arrays, seq_item_ids=items)).ctr["long_range"]
+    np.testing.assert_array_equal(scrambled, world.terms(arrays).ctr["long_range"])
+
+
+def test_local_world_reads_only_the_recent_events(make_config, tmp_path: Path) -> None:
+    """World local: everything older than the recent window can change without moving the
+    planted logits at all."""
+    cfg = make_config(tmp_path, world="local", num_samples=2000)
+    meta = generate_synthetic(cfg)
+    assert set(meta.extra["term_auc"]["ctr"]) == {"recent_affinity", "sparse_ids",
+                                                  "ad_category", "dense"}
+    world = PlantedWorld.build(cfg.synthetic)
+    arrays = SampleTable.load(tmp_path, "eval").arrays
+    _, from_end = _zones(arrays)
+    older = from_end >= RECENT_WINDOW
+    items, actions = arrays.seq_item_ids.copy(), arrays.seq_action_types.copy()
+    rng = np.random.default_rng(0)
+    items[older], actions[older] = rng.permutation(items[older]), rng.permutation(actions[older])
+    moved = replace(arrays, seq_item_ids=items, seq_action_types=actions)
+    for a, b in zip(world.raw_logits(arrays), world.raw_logits(moved), strict=True):
+        np.testing.assert_array_equal(a, b)

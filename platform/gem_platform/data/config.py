@@ -17,6 +17,17 @@ BUILTIN_SPARSE_FEATURES: tuple[str, ...] = ("user_id",)
 NAME_MAX = 255  # bytes of one folder or file name on common filesystems (ext4, xfs, tmpfs)
 PATH_MAX = 4096  # bytes of a whole path (Linux)
 
+# The planted world's "recent" events: the last RECENT_WINDOW of a history.
+RECENT_WINDOW = 8
+# world long_range: the old events are those at least LONG_RANGE_GAP positions from the end.
+# A 64-token block (or a 64-token window) that holds a recent event reaches at most 63 older
+# positions, so no such block holds a recent and an old event, wherever its edges fall.
+LONG_RANGE_GAP = 64 + RECENT_WINDOW
+# Shortest history world long_range accepts: a few old events beyond the gap in every sample.
+LONG_RANGE_MIN_LEN = LONG_RANGE_GAP + 16
+
+World = Literal["standard", "long_range", "local"]
+
 
 class SeqLenConfig(BaseModel):
     """Distribution of behaviour-history lengths (long-tailed, like production traffic).
@@ -101,6 +112,13 @@ class SyntheticConfig(BaseModel):
     ctr_base_rate: float = 0.15
     cvr_base_rate: float = 0.2
     rows_per_shard: int = Field(10_000, ge=1)
+    world: World = Field(
+        "standard",
+        description="planted world: standard; long_range (part of the CTR logit needs a "
+        "recent event and one more than 64 positions older together: block-local attention "
+        "can't see it); local (the history signal comes only from the last events). See "
+        "docs/synthetic-data.md",
+    )
 
     @field_validator("eval_fraction", "ctr_base_rate", "cvr_base_rate")
     @classmethod
@@ -130,6 +148,13 @@ class SyntheticConfig(BaseModel):
             raise ValueError(
                 f"num_clusters ({self.num_clusters}) must be <= num_items ({self.num_items})"
             )
+        if self.world == "long_range" and self.seq_len.min < LONG_RANGE_MIN_LEN:
+            raise ValueError(
+                f"world long_range needs histories of at least {LONG_RANGE_MIN_LEN} events "
+                f"(events {LONG_RANGE_GAP} or more positions from the end carry its signal), "
+                f"but seq_len.min is {self.seq_len.min}; set seq_len.min >= "
+                f"{LONG_RANGE_MIN_LEN}"
+            )
         n_eval = self.num_eval
         if n_eval < 1 or n_eval >= self.num_samples:
             raise ValueError(
@@ -147,8 +172,14 @@ class SyntheticConfig(BaseModel):
         return self.num_samples - self.num_eval
 
     def fingerprint(self) -> str:
-        """Hash of every field: a dataset on disk is reused only if this matches."""
-        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True)
+        """Hash of every field: a dataset on disk is reused only if this matches.
+
+        ``world: standard`` is left out, so datasets written before worlds existed keep their
+        hash (the standard world generates the same bytes they hold)."""
+        fields = self.model_dump(mode="json")
+        if fields["world"] == "standard":
+            del fields["world"]
+        blob = json.dumps(fields, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

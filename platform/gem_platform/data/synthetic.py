@@ -33,13 +33,14 @@ import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 from gem_platform.data.budget import check_affordable, synthetic_cost
-from gem_platform.data.config import DataConfig, SeqLenConfig, SyntheticConfig
+from gem_platform.data.ceilings import CATEGORY_LEVEL, PLANTED, auc, ceiling_aucs
+from gem_platform.data.config import RECENT_WINDOW, DataConfig, SeqLenConfig, SyntheticConfig
 from gem_platform.data.meta import META_FILE, DatasetMeta, SparseFeatureSpec, is_count
 from gem_platform.data.ownership import Writer, check_replaceable
 from gem_platform.data.parquet import (
@@ -50,13 +51,19 @@ from gem_platform.data.parquet import (
     write_shard,
 )
 from gem_platform.data.staging import os_errors, staged_dataset
+from gem_platform.data.worlds import (
+    W_LONG_RANGE,
+    Interests,
+    returning_share,
+    zoned_history,
+    zoned_interests,
+)
 
 log = logging.getLogger(__name__)
 
 GENERATOR_VERSION = 3  # part of the reuse hash: bump whenever the generated data changes
 LATENT_DIM = 16
 ITEM_NOISE = 0.15  # spread of item vectors around their cluster centroid (per dimension)
-RECENT_WINDOW = 8  # events at the end of the history that form the "recent" interest signal
 LONG_TERM_INTERESTS = 3
 PILOT_SAMPLES = 8192  # samples drawn to calibrate the label base rates (~0.002 error)
 
@@ -74,22 +81,14 @@ def _rng(seed: int, *key: int) -> np.random.Generator:
     return np.random.default_rng(np.random.SeedSequence(entropy=seed, spawn_key=key))
 
 
+def shard_rng(seed: int, split: str, shard: int) -> np.random.Generator:
+    """The generator of one shard of a split (``train`` or ``eval``): what it draws is what
+    ``generate_synthetic`` writes to that shard."""
+    return _rng(seed, 2 + SPLITS.index(split), shard)
+
+
 def sigmoid(z: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-z))
-
-
-def auc(scores: np.ndarray, labels: np.ndarray) -> float:
-    """Area under the ROC curve (ties count one half); NaN when a class is absent."""
-    labels = np.asarray(labels).astype(bool)
-    n_pos = int(labels.sum())
-    n_neg = labels.size - n_pos
-    if n_pos == 0 or n_neg == 0:
-        return float("nan")
-    _, inv, counts = np.unique(scores, return_inverse=True, return_counts=True)
-    ends = np.cumsum(counts)
-    avg_rank = ends - (counts - 1) / 2.0  # 1-based average rank of each distinct score
-    rank_sum = float(avg_rank[inv][labels].sum())
-    return (rank_sum - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg)
 
 
 def draw_lengths(rng: np.random.Generator, cfg: SeqLenConfig, n: int) -> np.ndarray:
@@ -124,6 +123,27 @@ def sparse_specs(cfg: SyntheticConfig) -> list[SparseFeatureSpec]:
         SparseFeatureSpec("user_id", cfg.num_users),
         *(SparseFeatureSpec(f.name, f.vocab_size, f.multi_hot) for f in cfg.sparse_features),
     ]
+
+
+@dataclass(frozen=True)
+class PlantedTerms:
+    """Per task, the planted logit's terms in the order they are summed (name -> (n,)).
+    ``dense`` and ``dense_pair`` (CTR) are the linear and the pairwise dense terms."""
+
+    ctr: dict[str, np.ndarray]
+    cvr: dict[str, np.ndarray]
+
+    def task(self, name: str) -> dict[str, np.ndarray]:
+        return self.ctr if name == "ctr" else self.cvr
+
+
+def _total(terms: dict[str, np.ndarray]) -> np.ndarray:
+    """The terms summed left to right (the order fixes the float result, so the data)."""
+    parts = iter(terms.values())
+    total = next(parts)
+    for part in parts:
+        total = total + part
+    return total
 
 
 @dataclass
@@ -210,10 +230,22 @@ class PlantedWorld:
         size = self.cluster_size[clusters]
         return self.cluster_items[self.cluster_start[clusters] + _skewed_ids(rng, size, len(size))]
 
-    def _interest(self, rng: np.random.Generator, users: np.ndarray) -> np.ndarray:
-        pick = (rng.random(len(users))[:, None] > self.user_interest_cdf[users]).sum(axis=1)
-        pick = np.minimum(pick, LONG_TERM_INTERESTS - 1)
-        return self.user_interests[users, pick]
+    def _user_interests(self, users: np.ndarray) -> Interests:
+        """Standard world: each sample follows its user's interests."""
+        return Interests(self.user_interests[users], self.user_interest_cdf[users],
+                          self.user_recent[users])
+
+    def _standard_history(self, rng: np.random.Generator, interests: Interests,
+                          owner: np.ndarray, from_end: np.ndarray) -> np.ndarray:
+        """Clusters of the history events: recent events mostly follow the recent interest,
+        older ones the long-term interests."""
+        t = owner.size
+        r = rng.random(t)
+        recent = from_end < RECENT_WINDOW
+        clusters = interests.pick(rng, owner)
+        clusters = np.where(recent & (r < 0.7), interests.recent[owner], clusters)
+        noise = np.where(recent, r >= 0.9, r >= 0.8)
+        return np.where(noise, rng.integers(0, self.cfg.num_clusters, t), clusters)
 
     def sample(self, rng: np.random.Generator, n: int) -> SampleArrays:
         """``n`` unlabeled samples (labels are zero until :meth:`label`)."""
@@ -227,13 +259,12 @@ class PlantedWorld:
         from_end = offsets[owner + 1] - 1 - np.arange(t)
         ev_user = users[owner]
 
-        # Recent events mostly follow the new interest; older ones the long-term interests.
-        r = rng.random(t)
-        recent = from_end < RECENT_WINDOW
-        clusters = self._interest(rng, ev_user)
-        clusters = np.where(recent & (r < 0.7), self.user_recent[ev_user], clusters)
-        noise = np.where(recent, r >= 0.9, r >= 0.8)
-        clusters = np.where(noise, rng.integers(0, c.num_clusters, t), clusters)
+        if c.world == "standard":
+            interests = self._user_interests(users)
+            clusters = self._standard_history(rng, interests, owner, from_end)
+        else:
+            interests = zoned_interests(rng, n, c.num_clusters, LONG_TERM_INTERESTS)
+            clusters = zoned_history(rng, interests, owner, from_end, c.num_clusters)
         items = self._items_of(rng, clusters)
         actions = rng.choice(c.num_action_types, size=t, p=self.action_probs)
         gaps = rng.exponential(1.0, t) * self.user_gap_seconds[ev_user]
@@ -243,7 +274,7 @@ class PlantedWorld:
         seq_age = np.log1p(age).astype(np.float32)
 
         r_ad = rng.random(n)
-        ad_cluster = np.where(r_ad < 0.35, self.user_recent[users], self._interest(rng, users))
+        ad_cluster = np.where(r_ad < 0.35, interests.recent, interests.pick(rng, np.arange(n)))
         ad_cluster = np.where(r_ad >= 0.7, rng.integers(0, c.num_clusters, n), ad_cluster)
         ad = self._items_of(rng, ad_cluster)
 
@@ -289,8 +320,8 @@ class PlantedWorld:
             )
         return out
 
-    def raw_logits(self, arrays: SampleArrays) -> tuple[np.ndarray, np.ndarray]:
-        """CTR and CVR logits before the calibrated biases."""
+    def terms(self, arrays: SampleArrays) -> PlantedTerms:
+        """The planted logits of every sample, term by term (before the calibrated biases)."""
         n = len(arrays)
         lengths = arrays.seq_lengths
         owner = np.repeat(np.arange(n), lengths)
@@ -300,29 +331,63 @@ class PlantedWorld:
         sim = np.einsum("td,td->t", self.item_vec[arrays.seq_item_ids], cand[owner])
         weighted = sim * self.action_weight[arrays.seq_action_types]
         aff_recent = _segment_mean(weighted, owner, recent, n)
-        aff_long = _segment_mean(weighted, owner, ~recent, n)
         intent = arrays.seq_action_types == self.cfg.num_action_types - 1
-        aff_intent = _segment_mean(sim, owner, intent, n)
+        local = self.cfg.world == "local"
+        aff_intent = _segment_mean(sim, owner, intent & recent if local else intent, n)
 
         ad_cluster = self.item_cluster[arrays.ad_item_id]
         d = arrays.dense.astype(np.float64)
-        pair = d[:, 0] * d[:, 1] if d.shape[1] >= 2 else 0.0
-        z_ctr = (
-            W_RECENT * aff_recent
-            + W_LONG * aff_long
-            + self._sparse_term(arrays, self.ctr_effects)
-            + self.category_ctr[ad_cluster]
-            + d @ self.dense_w_ctr
-            + DENSE_PAIR_WEIGHT * pair
-        )
-        z_cvr = (
-            W_CVR_INTENT * aff_intent
-            + W_CVR_RECENT * aff_recent
-            + self._sparse_term(arrays, self.cvr_effects)
-            + self.category_cvr[ad_cluster]
-            + d @ self.dense_w_cvr
-        )
-        return z_ctr, z_cvr
+        pair = d[:, 0] * d[:, 1] if d.shape[1] >= 2 else np.zeros(n)
+        ctr = {"recent_affinity": W_RECENT * aff_recent}
+        if not local:
+            ctr["long_affinity"] = W_LONG * _segment_mean(weighted, owner, ~recent, n)
+        ctr |= {
+            "sparse_ids": self._sparse_term(arrays, self.ctr_effects),
+            "ad_category": self.category_ctr[ad_cluster],
+            "dense": d @ self.dense_w_ctr,
+            "dense_pair": DENSE_PAIR_WEIGHT * pair,
+        }
+        if self.cfg.world == "long_range":
+            categories = self.item_cluster[arrays.seq_item_ids]
+            ctr["long_range"] = W_LONG_RANGE * returning_share(arrays.seq_offsets, categories)
+        cvr = {
+            "intent_affinity": W_CVR_INTENT * aff_intent,
+            "recent_affinity": W_CVR_RECENT * aff_recent,
+            "sparse_ids": self._sparse_term(arrays, self.cvr_effects),
+            "ad_category": self.category_cvr[ad_cluster],
+            "dense": d @ self.dense_w_cvr,
+        }
+        return PlantedTerms(ctr, cvr)
+
+    def raw_logits(self, arrays: SampleArrays) -> tuple[np.ndarray, np.ndarray]:
+        """CTR and CVR logits before the calibrated biases."""
+        terms = self.terms(arrays)
+        return _total(terms.ctr), _total(terms.cvr)
+
+    def category_level(self) -> PlantedWorld:
+        """This world with every item vector replaced by its category's centroid: the scorer
+        that knows items only by their category (affinities at category level)."""
+        k = self.cfg.num_clusters
+        centroid = np.zeros((k, self.item_vec.shape[1]))
+        np.add.at(centroid, self.item_cluster[1:], self.item_vec[1:])
+        centroid /= np.maximum(np.bincount(self.item_cluster[1:], minlength=k), 1)[:, None]
+        vec = centroid[self.item_cluster].astype(np.float32)
+        vec[0] = 0.0
+        return replace(self, item_vec=vec)
+
+    def ceiling_scores(self, arrays: SampleArrays) -> dict[str, dict[str, np.ndarray]]:
+        """Per task: each planted term alone (the two dense terms as one), the whole planted
+        logit and the planted logit at category level; gem_platform.data.ceilings turns them
+        into AUCs."""
+        full, coarse = self.terms(arrays), self.category_level().terms(arrays)
+        out: dict[str, dict[str, np.ndarray]] = {}
+        for task in ("ctr", "cvr"):
+            alone = dict(full.task(task))
+            if "dense_pair" in alone:
+                alone["dense"] = alone["dense"] + alone.pop("dense_pair")
+            out[task] = {**alone, PLANTED: _total(full.task(task)),
+                         CATEGORY_LEVEL: _total(coarse.task(task))}
+        return out
 
     def probabilities(self, arrays: SampleArrays) -> tuple[np.ndarray, np.ndarray]:
         """Planted P(click) and P(conversion | click) of every sample."""
@@ -407,6 +472,7 @@ def _write_dataset(directory: Path, syn: SyntheticConfig, fingerprint: str) -> D
     shards: dict[str, int] = {}
     rates: dict[str, list[int]] = {}
     eval_p: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+    eval_scores: list[dict[str, dict[str, np.ndarray]]] = []
     max_len, total_len = 0, 0
     train_lengths = np.zeros(syn.seq_len.max + 1, dtype=np.int64)
     for split_id, split in enumerate(SPLITS):
@@ -428,6 +494,7 @@ def _write_dataset(directory: Path, syn: SyntheticConfig, fingerprint: str) -> D
                 train_lengths += np.bincount(lengths, minlength=train_lengths.size)
             if split == "eval":
                 eval_p.append((p_ctr, p_cvr, arrays.ctr, arrays.cvr))
+                eval_scores.append(world.ceiling_scores(arrays))
         shards[split] = len(starts)
         rates[split] = [clicks, convs]
     p_ctr, p_cvr, ctr, cvr = (np.concatenate(x) for x in zip(*eval_p, strict=True))
@@ -459,6 +526,9 @@ def _write_dataset(directory: Path, syn: SyntheticConfig, fingerprint: str) -> D
             "num_users": syn.num_users,
             "num_clusters": syn.num_clusters,
             "recent_window": RECENT_WINDOW,
+            "world": syn.world,
+            # AUC of each planted term alone and of the scorer at category level
+            **ceiling_aucs(eval_scores, ctr, cvr),
             # train samples per history length: every rank's expected work per batch
             "seq_len_histogram": np.trim_zeros(train_lengths, "b").tolist(),
         },

@@ -1,0 +1,94 @@
+"""The planted worlds with a known answer for attention ablations (``data.synthetic.world``).
+
+``standard`` is the world of gem_platform.data.synthetic. The two others share one way of
+drawing histories, in three zones counted from the newest event:
+
+- recent (the last ``RECENT_WINDOW`` events): mostly the sample's recent interest;
+- middle (up to ``LONG_RANGE_GAP`` events back): the sample's session interests, drawn apart
+  from its long-term ones, so nothing near the end of a history tells what lies further back;
+- old (``LONG_RANGE_GAP`` or more events back): the sample's long-term interests.
+
+Half the samples have a *returning* recent interest (one of their long-term interests, so its
+category shows up again after a gap); the others a fresh one. Interests are drawn per sample,
+not per user, so a model cannot learn them from the user id instead of reading the history.
+
+- ``long_range``: the CTR logit gains ``W_LONG_RANGE`` times the share of recent events whose
+  category also occurs among the old events (:func:`returning_share`). It needs a recent event
+  and an old one together: a self-attention that lets a recent token see tokens beyond the gap
+  can compute it; 64-token blocks or windows can't, since no block holding a recent event
+  reaches the old zone. A sum over events of something per event (what pooling over the
+  history computes) does not tell it either.
+- ``local``: the history signal comes only from the recent events (their affinity to the
+  candidate; for CVR, their high-intent actions), so block-local attention loses nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from gem_platform.data.config import LONG_RANGE_GAP, RECENT_WINDOW
+
+RETURNING_SHARE = 0.5  # samples whose recent interest is one of their long-term interests
+SESSION_INTERESTS = 2  # clusters of the middle zone, per sample
+W_LONG_RANGE = 3.0  # CTR logit per unit of returning share (world long_range)
+
+
+@dataclass(frozen=True)
+class Interests:
+    """Per sample: long-term interest clusters with their cumulative weights, and the recent
+    interest."""
+
+    clusters: np.ndarray  # (n, interests)
+    cdf: np.ndarray  # (n, interests)
+    recent: np.ndarray  # (n,)
+
+    def pick(self, rng: np.random.Generator, rows: np.ndarray) -> np.ndarray:
+        """One long-term interest of each sample in ``rows``, drawn by weight."""
+        pick = (rng.random(len(rows))[:, None] > self.cdf[rows]).sum(axis=1)
+        pick = np.minimum(pick, self.clusters.shape[1] - 1)
+        return self.clusters[rows, pick]
+
+
+def zoned_interests(rng: np.random.Generator, n: int, num_clusters: int,
+                    num_interests: int) -> Interests:
+    """Each sample's own long-term interests and a recent interest that is returning (one of
+    them) for ``RETURNING_SHARE`` of the samples, fresh (any cluster) for the others."""
+    clusters = rng.integers(0, num_clusters, (n, num_interests))
+    cdf = np.cumsum(rng.dirichlet(np.ones(num_interests), n), axis=1)
+    fresh = rng.integers(0, num_clusters, n)
+    returning = rng.random(n) < RETURNING_SHARE
+    long_term = Interests(clusters, cdf, fresh)
+    recent = np.where(returning, long_term.pick(rng, np.arange(n)), fresh)
+    return Interests(clusters, cdf, recent)
+
+
+def zoned_history(rng: np.random.Generator, interests: Interests, owner: np.ndarray,
+                  from_end: np.ndarray, num_clusters: int) -> np.ndarray:
+    """Clusters of the history events, zone by zone (see the module docstring); a tenth of
+    the events in every zone are noise (any cluster)."""
+    t = owner.size
+    n = interests.recent.size
+    session = rng.integers(0, num_clusters, (n, SESSION_INTERESTS))
+    r = rng.random(t)
+    session_event = session[owner, rng.integers(0, SESSION_INTERESTS, t)]
+    clusters = np.where(from_end >= LONG_RANGE_GAP, interests.pick(rng, owner), session_event)
+    clusters = np.where((from_end < RECENT_WINDOW) & (r < 0.7), interests.recent[owner],
+                        clusters)
+    return np.where(r >= 0.9, rng.integers(0, num_clusters, t), clusters)
+
+
+def returning_share(offsets: np.ndarray, categories: np.ndarray) -> np.ndarray:
+    """(n,) share of each history's recent events whose category also occurs among its old
+    events (``LONG_RANGE_GAP`` or more positions from the end); 0 for an empty history."""
+    n = offsets.size - 1
+    lengths = np.diff(offsets)
+    owner = np.repeat(np.arange(n), lengths)
+    from_end = offsets[owner + 1] - 1 - np.arange(owner.size)
+    key = owner * (int(categories.max(initial=0)) + 1) + categories
+    old = from_end >= LONG_RANGE_GAP
+    recent = from_end < RECENT_WINDOW
+    returning = np.isin(key[recent], key[old])
+    count = np.bincount(owner[recent], minlength=n)
+    return np.bincount(owner[recent], weights=returning, minlength=n) / np.maximum(count, 1)

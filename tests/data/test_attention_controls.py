@@ -1,0 +1,74 @@
+"""The worlds that answer the attention ablation: block-local attention is blind to the
+long-range world's signal in the model itself, and the shipped controls sweep pairs the arms
+of each world."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from gem_platform.data.config import LONG_RANGE_GAP, LONG_RANGE_MIN_LEN, RECENT_WINDOW
+from gem_platform.model.attention import SelfAttentionSpec
+from gem_platform.model.sequence import SequenceTower
+from gem_platform.sweep.config import load_sweep
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _histories() -> tuple[torch.Tensor, np.ndarray]:
+    """Offsets of 64 histories of the long-range world's shortest lengths and up, one per
+    remainder modulo 64 (every size of the last 64-token block, so every way a block edge
+    can fall in or beside the recent window), and each event's position from the end."""
+    lengths = np.arange(LONG_RANGE_MIN_LEN, LONG_RANGE_MIN_LEN + 64)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    owner = np.repeat(np.arange(lengths.size), lengths)
+    return torch.as_tensor(offsets), offsets[owner + 1] - 1 - np.arange(owner.size)
+
+
+@pytest.mark.parametrize("kind, layers, blind", [
+    ("block64", 3, True),     # blocks never cross, however many layers
+    ("sliding", 1, True),     # one 64-token window reaches 64 back, the old zone starts at 72
+    ("full", 1, False),
+])
+def test_only_attention_across_blocks_sees_the_old_zone_from_the_recent_one(
+        kind: str, layers: int, blind: bool) -> None:
+    """The recent tokens' outputs of the model's sequence tower with the old zone's tokens
+    (LONG_RANGE_GAP or more back) replaced: unchanged under block-local attention, as the
+    world's long-range term needs, changed under full attention."""
+    offsets, from_end = _histories()
+    torch.manual_seed(0)
+    spec = SelfAttentionSpec(kind=kind, window=64, causal=True)
+    tower = SequenceTower(16, 2, layers, spec, qk_norm=True).eval()
+    x = torch.randn(int(offsets[-1]), 16)
+    old = torch.as_tensor(from_end >= LONG_RANGE_GAP)
+    recent = torch.as_tensor(from_end < RECENT_WINDOW)
+    y = x.clone()
+    y[old] = torch.randn(int(old.sum()), 16)
+    max_len = int(offsets.diff().max())
+    with torch.no_grad():
+        before = tower(x, offsets, max_len)[recent]
+        after = tower(y, offsets, max_len)[recent]
+    if blind:
+        torch.testing.assert_close(after, before, rtol=0, atol=0)
+    else:
+        assert (after - before).abs().amax(dim=1).gt(1e-3).float().mean() > 0.9
+
+
+def test_shipped_controls_pair_both_worlds(monkeypatch) -> None:
+    monkeypatch.chdir(REPO)
+    plan = load_sweep(REPO / "recipes" / "ablations" / "attention_controls.yaml")
+    arms = {a.name: a.recipe for a in plan.arms}
+    assert {n: (r.model.attention, r.data.synthetic.world) for n, r in arms.items()} == {
+        "full_long_range": ("full", "long_range"), "block64_long_range": ("block64", "long_range"),
+        "full_local": ("full", "local"), "block64_local": ("block64", "local")}
+    assert plan.baseline == "full_long_range" and len(plan.seeds) >= 3
+    assert plan.gates.max_ne_regression_pct == 0.2
+    # one dataset per world, with histories long enough for the long-range term
+    assert arms["full_long_range"].data.path == arms["block64_long_range"].data.path
+    assert arms["full_local"].data.path == arms["block64_local"].data.path
+    assert arms["full_local"].data.path != arms["full_long_range"].data.path
+    assert all(r.data.synthetic.seq_len.min >= LONG_RANGE_MIN_LEN for r in arms.values())
+    assert all(r.model.causal for r in arms.values())
