@@ -87,18 +87,29 @@ def check_address(address: str, timeout: float = 3.0) -> None:
         )
 
 
+def start_ray(address: str | None, cpus_needed: int) -> None:
+    """Connect to the cluster at ``address``, or start a fresh embedded local Ray.
+
+    Without an address Ray would join the last cluster ``ray start`` left on this machine
+    (/tmp/ray/ray_current_cluster); an embedded run must not borrow someone's head node, so
+    it asks for a new local instance explicitly.
+    """
+    import ray
+
+    if address:
+        check_address(address)
+        ray.init(address=address, logging_level="WARNING")
+    else:
+        ray.init(address="local", num_cpus=max(os.cpu_count() or 1, cpus_needed),
+                 include_dashboard=False, logging_level="WARNING")
+
+
 def _init_ray(recipe: Recipe, address: str | None) -> None:
     import ray
 
     if ray.is_initialized():
         return
-    if address:
-        check_address(address)
-        ray.init(address=address, logging_level="WARNING")
-    else:
-        needed = recipe.parallel.workers * recipe.parallel.cpus_per_worker
-        ray.init(num_cpus=max(os.cpu_count() or 1, needed), include_dashboard=False,
-                 logging_level="WARNING")
+    start_ray(address, recipe.parallel.workers * recipe.parallel.cpus_per_worker)
     have_cpu = ray.cluster_resources().get("CPU", 0)
     need_cpu = recipe.parallel.workers * recipe.parallel.cpus_per_worker
     if have_cpu < need_cpu:

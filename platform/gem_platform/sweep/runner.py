@@ -22,7 +22,7 @@ from typing import Any
 from ray.tune import Callback
 
 from gem_platform.errors import GemError
-from gem_platform.launch import check_address, check_world_size
+from gem_platform.launch import check_world_size, start_ray
 from gem_platform.provenance import TAG_COMMIT, TAG_DATASET
 from gem_platform.sweep import store
 from gem_platform.sweep.config import SweepError, SweepPlan
@@ -87,18 +87,10 @@ def _init_ray(plan: SweepPlan, address: str | None) -> bool:
 
 
 def _start_ray(plan: SweepPlan, address: str | None) -> None:
-    import ray
-
-    if address:
-        check_address(address)
-        ray.init(address=address, logging_level="WARNING")
-        return
     per_trial = max(_trial_cpus(plan), max(
         a.recipe.parallel.workers * a.recipe.parallel.cpus_per_worker
         if a.recipe.parallel.workers > 1 else 0 for a in plan.arms))
-    need = int(per_trial * plan.max_concurrent) + 1
-    ray.init(num_cpus=max(os.cpu_count() or 1, need), include_dashboard=False,
-             logging_level="WARNING")
+    start_ray(address, int(per_trial * plan.max_concurrent) + 1)
 
 
 def trial_commits(uri: str, parent_run_id: str) -> dict[str, list[str]]:
