@@ -32,9 +32,16 @@ class Kernel(str, enum.Enum):
     PYTORCH = "pytorch"
 
 
+def interpreting() -> bool:
+    """Whether Triton runs under its CPU interpreter (``TRITON_INTERPRET=1``): the one place
+    that reads the switch, so kernels, tests and tools agree on what it means. Read at each
+    call, since a process may set it before it first imports triton."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
 def triton_available_on(device: torch.device) -> bool:
     """Triton runs on CUDA tensors, or anywhere under the interpreter (TRITON_INTERPRET=1)."""
-    if os.environ.get("TRITON_INTERPRET") == "1":
+    if interpreting():
         return True
     return device.type == "cuda"
 

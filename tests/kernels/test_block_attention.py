@@ -24,9 +24,10 @@ from gem_kernels.block_attention import (  # noqa: E402
     build_rope_tables,
     sequence_positions,
 )
+from gem_kernels.dispatch import interpreting  # noqa: E402
 from gem_kernels.testing import lognormal_lengths, offsets_from_lengths  # noqa: E402
 
-interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+interpreter = pytest.mark.skipif(not interpreting(),
                                  reason="CPU Triton interpreter tests (CUDA present)")
 gpu = [pytest.mark.gpu,
        pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]

@@ -29,6 +29,7 @@ from gem_kernels.block_attention import (  # noqa: E402
     block_attention,
     block_attention_reference,
 )
+from gem_kernels.dispatch import interpreting  # noqa: E402
 from gem_kernels.gdpa import gdpa, gdpa_reference  # noqa: E402
 from gem_kernels.gdpa.op import BackwardMode, GDPAFunction, backward_mode  # noqa: E402
 from gem_kernels.jagged_attention import (  # noqa: E402
@@ -37,7 +38,7 @@ from gem_kernels.jagged_attention import (  # noqa: E402
 )
 from gem_kernels.testing import offsets_from_lengths  # noqa: E402
 
-interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+interpreter = pytest.mark.skipif(not interpreting(),
                                  reason="CPU Triton interpreter tests (CUDA present)")
 
 
@@ -92,7 +93,7 @@ def test_one_rule_for_the_kernel_choice() -> None:
     assert resolve_kernel("pytorch", x, unsupported="takes nothing") is Kernel.PYTORCH
     with pytest.raises(ValueError, match="kernel='cuda' is not one of"):
         resolve_kernel("cuda", x, op="gdpa")
-    if os.environ.get("TRITON_INTERPRET") == "1":
+    if interpreting():
         assert resolve_kernel("triton", x) is Kernel.TRITON
         with pytest.raises(RuntimeError, match="myop: .*takes head_dim 64.*kernel='pytorch'"):
             resolve_kernel("triton", x, unsupported="takes head_dim 64, not 12", op="myop")

@@ -19,6 +19,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
 
+from gem_kernels.dispatch import interpreting  # noqa: E402
 from gem_kernels.gdpa import gdpa, gdpa_reference  # noqa: E402
 from gem_kernels.gdpa.activations import (  # noqa: E402
     GELU_POLY_VALID_RANGE,
@@ -37,7 +38,7 @@ from gem_kernels.gdpa.op import (  # noqa: E402
 from gem_kernels.gdpa.schedule import build_items, build_schedule, deal, imbalance  # noqa: E402
 from gem_kernels.testing import lognormal_lengths, offsets_from_lengths  # noqa: E402
 
-interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+interpreter = pytest.mark.skipif(not interpreting(),
                                  reason="CPU Triton interpreter tests (CUDA present)")
 ACTS = ["silu", "gelu", "gelu_tanh", "identity"]
 

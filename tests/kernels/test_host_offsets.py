@@ -19,6 +19,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
 
+from gem_kernels.dispatch import interpreting  # noqa: E402
 from gem_kernels.gdpa import gdpa  # noqa: E402
 from gem_kernels.gdpa.op import _CACHE  # noqa: E402
 from gem_kernels.gdpa.schedule import build_schedule  # noqa: E402
@@ -82,7 +83,7 @@ def test_schedule_from_remembered_copy_equals_schedule_from_values() -> None:
         build_schedule(torch.empty_like(rows, device="meta"), cols_m, 64, 32, 2, 12, "cpu")
 
 
-@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="CPU interpreter test")
+@pytest.mark.skipif(not interpreting(), reason="CPU interpreter test")
 @pytest.mark.parametrize("ql,kl,deterministic", [
     ([40, 17, 1, 0], [3, 1, 0, 2], False),      # cross: short_kv
     ([1, 3, 2, 0], [70, 0, 21, 4], False),      # pooled: short_q / short_q_stream

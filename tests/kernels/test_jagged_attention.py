@@ -18,7 +18,7 @@ if not torch.cuda.is_available():
 
 import torch.nn.functional as F  # noqa: E402
 
-from gem_kernels.dispatch import Kernel, resolve_kernel  # noqa: E402
+from gem_kernels.dispatch import Kernel, interpreting, resolve_kernel  # noqa: E402
 from gem_kernels.jagged_attention import (  # noqa: E402
     jagged_attention,
     jagged_attention_reference,
@@ -31,7 +31,7 @@ from gem_kernels.jagged_attention.schedule import (  # noqa: E402
 )
 from gem_kernels.testing import offsets_from_lengths  # noqa: E402
 
-interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+interpreter = pytest.mark.skipif(not interpreting(),
                                  reason="CPU Triton interpreter tests (CUDA present)")
 gpu = [pytest.mark.gpu,
        pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import os
 import weakref
 
 import torch
@@ -11,6 +10,7 @@ import triton
 
 from gem_kernels.block_attention import triton_kernels as tk
 from gem_kernels.block_attention.rope import Rope, RopeConfig, rope_tables_for
+from gem_kernels.dispatch import interpreting
 
 _PLAN_MAX_BATCH = 16384  # the plan is one program over the whole batch up to this size
 _INTERPRET_META = {"CTAS": 1, "num_warps": 4}
@@ -67,9 +67,6 @@ def use_autotune(enabled: bool) -> None:
     global _AUTOTUNE
     _AUTOTUNE = bool(enabled)
 
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def build_plan(offsets: torch.Tensor, total_tokens: int, block: int
@@ -145,7 +142,7 @@ def _resident_per_sm(which: str, kernel, args: tuple, consts: dict,  # noqa: ANN
 def _grid(which: str, kernel, args: tuple, consts: dict, meta: dict,  # noqa: ANN001
           max_items: int, device: torch.device) -> tuple[int]:
     """At most CTAS programs per SM, and no more than fit on it at once."""
-    if _interpreting():
+    if interpreting():
         return (max(min(max_items, 4), 1),)
     index = device.index if device.index is not None else torch.cuda.current_device()
     per_sm = min(meta["CTAS"], _resident_per_sm(which, kernel, args, consts, meta,
@@ -184,7 +181,7 @@ def _launch(which: str, kernel, args: tuple, consts: dict, max_items: int,  # no
             device: torch.device, heads: int, autotune: bool) -> None:
     d = consts["D"]
     meta = DEFAULT_META[d][0 if which == "fwd" else 1]
-    if _interpreting():  # the default code path, small launch
+    if interpreting():  # the default code path, small launch
         meta = {**meta, **_INTERPRET_META}
         kernel[_grid(which, kernel, args, consts, meta, max_items, device)](*args, **consts,
                                                                             **meta)

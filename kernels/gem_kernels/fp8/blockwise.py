@@ -18,13 +18,11 @@ a Python scalar, because PyTorch's CUDA kernels turn ``t / 448.0`` into ``t * (1
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
-from gem_kernels.dispatch import Kernel, resolve_kernel
+from gem_kernels.dispatch import Kernel, interpreting, resolve_kernel
 from gem_kernels.fp8.quantize import hardware_cast
 from gem_kernels.fp8.reference import FP8_DTYPE, FP8_MAX
 
@@ -127,7 +125,7 @@ def _dequantize_blocks_kernel(q_ptr, s_ptr, out_ptr, n, BLOCK: tl.constexpr,
 
 def _unsupported(t: torch.Tensor) -> str | None:
     """Why the Triton kernels cannot run on ``t`` (None when they can)."""
-    if (t.device.type == "cuda" and os.environ.get("TRITON_INTERPRET") != "1"
+    if (t.device.type == "cuda" and not interpreting()
             and not hardware_cast(t)):
         return "needs a GPU with an fp8 conversion (sm_89+)"
     return None
@@ -186,7 +184,7 @@ def dequantize_blocks(data: torch.Tensor, scale: torch.Tensor, numel: int,
         _dequantize_blocks_kernel[_grid(nblocks)](
             data.reshape(-1).view(torch.uint8), scale.reshape(-1), out, numel, BLOCK=block,
             BPP=BLOCKS_PER_PROG, num_warps=NUM_WARPS,
-            INTERPRET=os.environ.get("TRITON_INTERPRET") == "1")
+            INTERPRET=interpreting())
     return out
 
 

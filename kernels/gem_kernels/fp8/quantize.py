@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 
 import torch
 import triton
 import triton.language as tl
 
-from gem_kernels.dispatch import Kernel, resolve_kernel
+from gem_kernels.dispatch import Kernel, interpreting, resolve_kernel
 from gem_kernels.fp8.reference import (
     FP8_DTYPE,
     BlockFp8,
@@ -211,7 +210,7 @@ def hardware_cast(x: torch.Tensor, wanted: bool | None = None) -> bool:
     """Whether to round through the hardware fp32 -> e4m3 conversion: only on a GPU that has
     one (sm_89+) outside the interpreter (whose cast does not round to nearest even), and not
     when the caller asks for the emulation (``wanted=False``, for comparisons)."""
-    able = (x.device.type == "cuda" and os.environ.get("TRITON_INTERPRET") != "1"
+    able = (x.device.type == "cuda" and not interpreting()
             and _fp8_convert_in_hardware(x.device.index or 0))
     return able and wanted is not False
 
@@ -261,7 +260,7 @@ def quantize_dual(x: torch.Tensor, *, stochastic: bool = False, seed: int | None
     args = (x, q, s, qt, st, r, padded_rows(r), rt, c, x.stride(0), x.stride(1), s.stride(0),
             s.stride(1), st.stride(0), st.stride(1), seed or 0)
     hw = hardware_cast(x, hw_cast)
-    if os.environ.get("TRITON_INTERPRET") == "1" or x.device.type != "cuda":
+    if interpreting() or x.device.type != "cuda":
         _quantize_dual_kernel[grid](*args, STOCHASTIC=stochastic, HW_CAST=hw, num_warps=4)
     else:
         _quantize_dual_autotuned[grid](*args, STOCHASTIC=stochastic, HW_CAST=hw)
@@ -364,7 +363,7 @@ def _launch_quantize(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, rs: int,
     r, c = x.shape
     br, bc = block
     hb, h, inv_sqrt_n = _hadamard_operand(x, hadamard)
-    interpret = os.environ.get("TRITON_INTERPRET") == "1"
+    interpret = interpreting()
     had_fp32 = interpret or x.dtype != torch.bfloat16
     args = (x, q, s, h, r, rs, c, x.stride(0), x.stride(1), s.stride(0), s.stride(1), seed,
             inv_sqrt_n, triton.next_power_of_2(rs))
@@ -459,7 +458,7 @@ def rmsnorm_quantize(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
     q, s, rs = _outputs(x, block, scale_col_major)
     rstd = torch.empty((r,), dtype=torch.float32, device=x.device)
     hb, h, inv_sqrt_n = _hadamard_operand(x, hadamard)
-    interpret = os.environ.get("TRITON_INTERPRET") == "1"
+    interpret = interpreting()
     tr, tc = max(br, 32), max(bc, 128, hb)
     _rmsnorm_quantize_kernel[(triton.cdiv(rs, tr),)](
         x, weight, q, s, rstd, h, r, rs, c, x.stride(0), s.stride(0), s.stride(1), eps, inv_sqrt_n,

@@ -22,6 +22,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from gem_kernels.dispatch import interpreting
 from gem_kernels.gdpa.activations import ACT_CODE, scale_args
 from gem_kernels.gdpa.triton_bwd import (
     DqMode,
@@ -87,7 +88,7 @@ def _resources(fn, consts: dict, pointers: dict, num_warps: int, stages: int
                ) -> KernelResources:
     """Compiles fn for sm_90 (16-byte aligned pointers and strides, fp32 scalars) and reads
     ptxas's report for sm_90a."""
-    if os.environ.get("TRITON_INTERPRET") == "1":
+    if interpreting():
         raise RuntimeError("the resource reports compile for the GPU: unset TRITON_INTERPRET")
     signature, attrs = {}, {}
     for i, name in enumerate(fn.arg_names):

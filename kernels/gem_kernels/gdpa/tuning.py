@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 import torch
 import triton
 
+from gem_kernels.dispatch import interpreting
+
 
 @dataclass
 class TuneRecord:
@@ -30,7 +32,7 @@ class TuneRecord:
 
 def tuning_enabled(device: torch.device) -> bool:
     return (device.type == "cuda" and os.environ.get("GEM_GDPA_AUTOTUNE", "1") != "0"
-            and os.environ.get("TRITON_INTERPRET") != "1"
+            and not interpreting()
             and not torch.cuda.is_current_stream_capturing())
 
 

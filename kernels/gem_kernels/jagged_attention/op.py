@@ -5,13 +5,12 @@ in triton_fwd.py and triton_bwd.py, the tile schedule in schedule.py."""
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 
 import torch
 import triton
 
-from gem_kernels.dispatch import Kernel, resolve_kernel, same_dtype
+from gem_kernels.dispatch import Kernel, interpreting, resolve_kernel, same_dtype
 from gem_kernels.jagged_attention.reference import check_inputs, jagged_attention_reference
 from gem_kernels.jagged_attention.schedule import ScheduleCache
 from gem_kernels.jagged_attention.triton_bwd import (
@@ -49,9 +48,6 @@ BOUNDARY_MODES = {"trick": BOUNDARY_TRICK, "trick_fused": BOUNDARY_TRICK_FUSED,
                   "where": BOUNDARY_WHERE, "mask_all": BOUNDARY_MASK_ALL}
 
 
-def _interpret() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
 
 def triton_unsupported(q: torch.Tensor) -> str | None:
     """Why the Triton kernels cannot take ``q`` (they take fp16/bf16 and head_dim in
@@ -64,7 +60,7 @@ def triton_unsupported(q: torch.Tensor) -> str | None:
 
 
 def _tma_available(device: torch.device) -> bool:
-    if _interpret():
+    if interpreting():
         return True
     if device.type != "cuda":
         return False
@@ -76,7 +72,7 @@ DEFAULT_TMA_MODE = LOAD_TMA_RAGGED
 
 
 def _alloc(size: int, alignment: int, stream: int | None):
-    return torch.empty(size, dtype=torch.int8, device="cpu" if _interpret() else "cuda")
+    return torch.empty(size, dtype=torch.int8, device="cpu" if interpreting() else "cuda")
 
 
 def _load_mode(use_tma, device: torch.device) -> int:
@@ -135,7 +131,7 @@ def default_fwd_config(head_dim: int, causal: bool, window) -> FwdConfig:
     """Forward tiles: small ones under the interpreter, 64x64 for a narrow window band (fewer
     wasted keys at its edges), else 128-row query tiles (64-key with one warpgroup at
     head_dim <= 64, 128-key with 8 warps above). Why: jagged_attention/DESIGN.md."""
-    if _interpret():
+    if interpreting():
         return FwdConfig(32, 16, 4, 1)
     if window is not None and window[0] + window[1] < 256:
         return FwdConfig(64, 64, 4, 2)
@@ -148,7 +144,7 @@ def default_bwd_config(head_dim: int, causal: bool, window) -> BwdConfig:
     """Backward tiles: small ones under the interpreter; at head_dim <= 64 without a narrow
     window, 128-row query tiles for both kernels (dQ with 8 warps); else 64x64 tiles, 4 warps,
     2 stages. Why: jagged_attention/DESIGN.md."""
-    if _interpret():
+    if interpreting():
         return BwdConfig(32, 16, 4, 1, 32, 16, 4, 1)
     if head_dim <= 64 and not (window is not None and window[0] + window[1] < 256):
         return BwdConfig(64, 128, 4, 2, 128, 64, 8, 2)

@@ -15,6 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
+from gem_kernels.dispatch import interpreting
+
 # One program sorts up to this many sequences in registers; larger batches use torch ops.
 MAX_KERNEL_BATCH = 8192
 
@@ -59,7 +61,7 @@ def build_schedule(offsets: torch.Tensor, total_tokens: int, block: int) -> torc
     bound = schedule_bound(total_tokens, batch, block)
     dev = offsets.device
     if 0 < batch <= MAX_KERNEL_BATCH and bound > 0 and (
-            dev.type == "cuda" or _interpret()) and not _KERNEL_FAILED:
+            dev.type == "cuda" or interpreting()) and not _KERNEL_FAILED:
         out = torch.empty((2, bound), dtype=torch.int32, device=dev)
         block_b = max(16, triton.next_power_of_2(batch))
         try:
@@ -78,11 +80,6 @@ def _mark_kernel_failed() -> None:
     global _KERNEL_FAILED
     _KERNEL_FAILED = True
 
-
-def _interpret() -> bool:
-    import os
-
-    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def build_schedule_torch(offsets: torch.Tensor, total_tokens: int, block: int) -> torch.Tensor:
