@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from gem_platform.data.meta import DatasetMeta
 from gem_platform.errors import ClusterError, GemError, RecipeError
-from gem_platform.net import connect_error, parse_url
+from gem_platform.net import parse_url, require_reachable
 from gem_platform.recipe import Recipe
 from gem_platform.topology import Placement
 from gem_platform.tracking import (
@@ -78,13 +78,10 @@ def check_address(address: str, timeout: float = 3.0) -> None:
     if not host or not port:
         raise ClusterError(f"Ray address {address!r} has no host:port.",
                            "Use ray://HEAD:10001, HEAD:6379 or 'auto'.")
-    err = connect_error(host, port, timeout)
-    if err is not None:
-        raise ClusterError(
-            f"Ray cluster at {address} is unreachable ({err}).",
-            "Check that the head node is running (`ray status` on it) and the address/port, or "
-            "drop --address / RAY_ADDRESS to run on an embedded local Ray.",
-        )
+    require_reachable(
+        host, port, f"Ray cluster at {address}",
+        "Check that the head node is running (`ray status` on it) and the address/port, or "
+        "drop --address / RAY_ADDRESS to run on an embedded local Ray.", ClusterError, timeout)
 
 
 def start_ray(address: str | None, cpus_needed: int) -> None:

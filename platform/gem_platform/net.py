@@ -33,6 +33,22 @@ def connect_error(host: str, port: int, timeout: float = 3.0) -> OSError | None:
         return err
 
 
+def require_reachable(host: str, port: int, what: str, fix: str,
+                      error: type[GemError] = GemError, timeout: float = 3.0) -> None:
+    """Raise ``error`` ("WHAT is unreachable (why)." and ``fix``) unless a TCP connection to
+    host:port opens within ``timeout``: the one reachability check of every address the
+    platform talks to (Ray cluster, Ray Jobs server, MLflow server, tracking database).
+    ``what`` names the address as the user gave it, credentials already masked."""
+    err = connect_error(host, port, timeout)
+    if err is not None:
+        raise error(f"{what} is unreachable ({err}).", fix)
+
+
+def default_port(parsed: urllib.parse.ParseResult) -> int:
+    """The port of an http(s) URL: its own, else the scheme's (443 for https, else 80)."""
+    return parsed.port or (443 if parsed.scheme.lower() == "https" else 80)
+
+
 def parse_url(text: str, what: str, fix: str, error: type[GemError] = GemError
               ) -> urllib.parse.ParseResult:
     """``text`` parsed as a URL, or ``error`` naming ``what`` (e.g. "MLflow tracking URI")

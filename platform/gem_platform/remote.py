@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from gem_platform.errors import ClusterError, RecipeError
-from gem_platform.net import connect_error, parse_url
+from gem_platform.net import default_port, parse_url, require_reachable
 
 DEFAULT_JOBS_ADDRESS = "http://127.0.0.1:8265"
 JOBS_SCHEMES = ("http", "https")
@@ -106,18 +106,15 @@ def check_jobs_server(address: str, timeout: float = 5.0) -> str:
     """Fail in seconds when no Ray Jobs server answers at ``address``; return its
     authentication mode ("token" or "disabled")."""
     parsed = parse_url(address, "Ray Jobs address", "Use http://HEAD:8265.", ClusterError)
-    port = parsed.port or (443 if parsed.scheme == "https" else 80)
     if not parsed.hostname:
         raise ClusterError(f"Ray Jobs address {address!r} has no host.",
                            "Use http://HEAD:8265.")
-    err = connect_error(parsed.hostname, port, timeout)
-    if err is not None:
-        raise ClusterError(
-            f"Ray Jobs server at {address} is unreachable ({err}).",
-            "Check that the head node runs with its dashboard (`ray start --head "
-            "--dashboard-host 0.0.0.0`, port 8265 by default), that the port is reachable "
-            "(e.g. `kubectl port-forward svc/HEAD-svc 8265:8265`), and the --address.",
-        )
+    require_reachable(
+        parsed.hostname, default_port(parsed), f"Ray Jobs server at {address}",
+        "Check that the head node runs with its dashboard (`ray start --head "
+        "--dashboard-host 0.0.0.0`, port 8265 by default), that the port is reachable "
+        "(e.g. `kubectl port-forward svc/HEAD-svc 8265:8265`), and the --address.",
+        ClusterError, timeout)
     try:
         # Public endpoint (no token needed); Ray < 2.52 has none and no token auth either.
         with urllib.request.urlopen(f"{address}/api/authentication_mode",

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 from gem_platform.errors import TrackingError
-from gem_platform.net import connect_error, parse_url, redact
+from gem_platform.net import default_port, parse_url, redact, require_reachable
 
 DEFAULT_DB = "mlflow.db"
 URI_FIX = ("Use http://HOST:PORT (an MLflow server), sqlite:///FILE, or a database URI such as "
@@ -55,17 +55,14 @@ def check_reachable(uri: str, timeout: float = 3.0) -> None:
         raise TrackingError(f"MLflow has no tracking store for {parsed.scheme}:// "
                             f"({redact(uri)[:200]}).", URI_FIX)
     if scheme in ("http", "https"):
-        port = parsed.port or (443 if scheme == "https" else 80)
         if not parsed.hostname:
             raise TrackingError(f"MLflow tracking URI {redact(uri)} has no valid host:port.",
                                 "Use http://HOST:PORT, e.g. http://127.0.0.1:5000.")
-        err = connect_error(parsed.hostname, port, timeout)
-        if err is not None:
-            raise TrackingError(
-                f"MLflow tracking server {redact(uri)} is unreachable ({err}).",
-                "Start it (e.g. `mlflow server --host 127.0.0.1 --port 5000`), fix "
-                "tracking.uri / MLFLOW_TRACKING_URI, or unset them to use ./mlflow.db.",
-            )
+        require_reachable(
+            parsed.hostname, default_port(parsed), f"MLflow tracking server {redact(uri)}",
+            "Start it (e.g. `mlflow server --host 127.0.0.1 --port 5000`), fix "
+            "tracking.uri / MLFLOW_TRACKING_URI, or unset them to use ./mlflow.db.",
+            TrackingError, timeout)
     elif scheme == "sqlite":
         _check_sqlite(uri)
     elif scheme in DATABASE_PORTS:
@@ -111,8 +108,7 @@ def _check_database(uri: str, scheme: str, timeout: float) -> None:
             f"Install it (pip install '{package}'), or use an MLflow server (http://HOST:PORT) "
             "or sqlite:///FILE.") from None
     host = url.host or "localhost"
-    err = connect_error(host, url.port or DATABASE_PORTS[scheme], timeout)
-    if err is not None:
-        raise TrackingError(f"MLflow store {redact(uri)[:200]}: the database at {host} is "
-                            f"unreachable ({err}).", "Check the host, port and that the database "
-                            "runs, or point tracking.uri elsewhere.")
+    require_reachable(host, url.port or DATABASE_PORTS[scheme],
+                      f"MLflow store {redact(uri)[:200]}: the database at {host}",
+                      "Check the host, port and that the database runs, or point tracking.uri "
+                      "elsewhere.", TrackingError, timeout)
