@@ -32,6 +32,7 @@ from gem_platform.data.config import DataConfig
 from gem_platform.errors import RecipeError
 from gem_platform.topology.config import ParallelConfig
 from gem_platform.tracking_names import KEY_RULE, tag_problems
+from gem_platform.validation import describe_invalid, shorten
 
 AttentionKind = Literal["full", "sliding", "block64", "padded"]
 
@@ -39,7 +40,6 @@ MAX_RECIPE_BYTES = 1 << 20  # recipes are small YAML files; anything larger is a
 MAX_YAML_NODES = 100_000  # values a document may expand to through aliases (YAML bombs)
 MAX_YAML_DEPTH = 64  # nesting of collections; a recipe needs 4
 MAX_INT = 2**53  # integers above this lose precision in JSON and float64: never sane here
-ECHO_CHARS = 80  # how much of a user's value an error message quotes
 
 
 class _Strict(BaseModel):
@@ -317,12 +317,6 @@ def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def shorten(value: Any, limit: int = ECHO_CHARS) -> str:
-    """``repr``-free text of a user's value, cut to ``limit`` characters for error messages."""
-    text = value if isinstance(value, str) else repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 class _DuplicateKey(yaml.YAMLError):
     def __init__(self, key: Any, first: yaml.Mark, again: yaml.Mark) -> None:
         super().__init__(f"the key {shorten(key)!r} appears twice (lines {first.line + 1} and "
@@ -489,21 +483,6 @@ def number_problems(model: type[BaseModel], tree: Any, prefix: str = "") -> list
     return problems
 
 
-def _format_validation_error(err: ValidationError, source: str) -> str:
-    lines = []
-    for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"]) or "(recipe)"
-        msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
-            msg = "unknown field (check its spelling and section)"
-        elif e["type"] == "literal_error":
-            msg = f"{msg} (got {shorten(e.get('input'))})"
-        lines.append(f"{shorten(loc, 120)}: {shorten(msg.rstrip('.'), 300)}")
-    if len(lines) > 10:
-        lines = [*lines[:10], f"and {len(lines) - 10} more"]
-    return f"Recipe {source} is invalid: " + "; ".join(lines) + "."
-
-
 SCHEMA_HINT = ("Fix the named fields; `gemctl validate --schema` lists every field, its type "
                "and range.")
 
@@ -525,7 +504,7 @@ def recipe_from_dict(tree: Any, source: str = "<dict>") -> Recipe:
     try:
         return Recipe.model_validate(tree)
     except ValidationError as err:
-        raise RecipeError(_format_validation_error(err, source), SCHEMA_HINT) from None
+        raise RecipeError(describe_invalid(err, f"Recipe {source}"), SCHEMA_HINT) from None
 
 
 def read_yaml_file(path: str | Path, what: str = "Recipe", example: str = "recipes/demo.yaml"

@@ -150,3 +150,22 @@ def test_cli_bad_spec_exits_2_without_traceback(spec_dir):
     assert not (spec_dir / "mlflow.db").exists()
     proc = run_gemctl("sweep", "missing.yaml", cwd=spec_dir)
     assert proc.returncode == 2 and "does not exist" in proc.stderr
+
+
+def test_spec_errors_are_worded_like_recipe_errors(spec_dir):
+    """A sweep spec's problems are described as a recipe's are: long keys cut short, at most
+    ten problems named and the rest counted."""
+    from gem_platform.errors import RecipeError
+    from gem_platform.recipe import load_recipe
+
+    keys = "".join(f"{'k' * 300}{i}: 1\n" for i in range(12))
+    with pytest.raises(SweepError) as spec_info:
+        load_sweep(write(spec_dir, "name: x\nbase: base.yaml\narms: {a: []}\n" + keys))
+    recipe = spec_dir / "keys.yaml"
+    recipe.write_text(keys)
+    with pytest.raises(RecipeError) as recipe_info:
+        load_recipe(recipe)
+    for problem in (spec_info.value.problem, recipe_info.value.problem):
+        assert problem.endswith("and 2 more."), problem
+        assert "k" * 300 not in problem and "k" * 117 + "...: unknown field" in problem
+    assert "unknown field (allowed: name, base, seeds" in spec_info.value.problem

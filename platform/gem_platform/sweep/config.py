@@ -20,6 +20,7 @@ from gem_platform.errors import GemError, RecipeError
 from gem_platform.recipe import Recipe, apply_overrides, read_yaml_file, recipe_from_dict
 from gem_platform.sweep.gates import Gates
 from gem_platform.tracking import resolve_tracking_uri
+from gem_platform.validation import describe_invalid
 
 MAX_ARM_NAME = 200  # the parent run's param sweep.arm.<name> must fit MLflow's 250-char keys
 
@@ -133,6 +134,9 @@ class SweepSpec(BaseModel):
         return out
 
 
+_UNKNOWN_SPEC_FIELD = f"unknown field (allowed: {', '.join(SweepSpec.model_fields)})"
+
+
 @dataclass(frozen=True)
 class Arm:
     """One arm: its overrides and the recipe they resolve to (before the seed is set)."""
@@ -214,18 +218,6 @@ class SweepPlan:
                 "arms": {a.name: a.overrides for a in self.arms}}
 
 
-def _format(err: ValidationError, source: str) -> str:
-    parts = []
-    for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"]) or "(spec)"
-        msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
-            msg = "unknown field (allowed: name, base, seeds, max_concurrent, baseline, set, " \
-                  "deterministic, gates, arms, grid)"
-        parts.append(f"{loc}: {msg}")
-    return f"Sweep spec {source} is invalid: " + "; ".join(parts) + "."
-
-
 def _read_yaml(path: Path, what: str = "Sweep spec",
                example: str = "recipes/ablations/attention.yaml") -> Any:
     """The YAML document at ``path``, read as strictly as a recipe (duplicate keys, empty
@@ -277,7 +269,8 @@ def load_sweep(path: str | Path, overrides: list[str] | None = None,
     try:
         spec = SweepSpec.model_validate(raw)
     except ValidationError as err:
-        raise SweepError(_format(err, str(path)),
+        raise SweepError(describe_invalid(err, f"Sweep spec {path}", root="(spec)",
+                                          unknown=_UNKNOWN_SPEC_FIELD),
                          "Fix the named fields; see recipes/ablations/*.yaml.") from None
     base_path = _base_path(path, spec.base)
     base_tree = _read_yaml(base_path, "Base recipe", "recipes/demo.yaml")
