@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.table import Table
 
+from gem_platform.json_results import write_json
 from gemctl import render
 from gemctl.errors import user_errors
 from gemctl.options import JsonOpt, RecipeArg, SetOpt, epilog
@@ -183,7 +184,7 @@ def profile_data(
     report = profile_lengths(lengths, world=world, local_batch=cfg.local_batch_size, cfg=cfg)
     summary = report.to_dict()
     out.mkdir(parents=True, exist_ok=True)
-    (out / "profile.json").write_text(json.dumps(summary, indent=2, default=float))
+    write_json(out / "profile.json", summary, indent=2, default=float)
     report.save_png(out / "rank_work.png")
     if as_json:
         render.print_json(summary)

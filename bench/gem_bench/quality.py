@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import math
 import sys
 from collections.abc import Callable
@@ -30,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from gem_platform.errors import GemError
+from gem_platform.json_results import write_json
 from gem_platform.recipe import Recipe, apply_overrides, load_recipe, recipe_from_dict
 
 DEFAULT_ARMS = ("ours", "off_the_shelf", "off_the_shelf_compiled")
@@ -213,8 +213,7 @@ def write(result: QualityResult, out: str | Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     attention = result.resolved_recipe.get("model", {}).get("attention", "")
     path = folder / f"quality_{result.recipe}_{attention}.json"
-    path.write_text(json.dumps(asdict(result), indent=1))
-    return path
+    return write_json(path, asdict(result))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gem_platform.errors import DataError
+from gem_platform.json_results import write_json
 
 META_FILE = "meta.json"
 # Counts and sizes stay far below int64's limit, so ``id + 1`` never overflows in numpy.
@@ -52,9 +53,7 @@ class DatasetMeta:
     extra: dict = field(default_factory=dict)
 
     def save(self, directory: str | Path) -> Path:
-        path = Path(directory) / META_FILE
-        path.write_text(json.dumps(asdict(self), indent=2, sort_keys=True))
-        return path
+        return write_json(Path(directory) / META_FILE, asdict(self), indent=2)
 
     @classmethod
     def load(cls, directory: str | Path) -> DatasetMeta:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from gem_platform.errors import GemError
+from gem_platform.json_results import write_json
 
 FORMAT = "gem-sweep-results/1"
 MAX_RESULTS_BYTES = 1 << 30  # far beyond any sweep's results; a larger file is a mistake
@@ -46,13 +47,8 @@ def finite_metrics(summary: dict[str, Any]) -> dict[str, float]:
 
 def write_results(path: str | Path, header: dict[str, Any], trials: list[TrialRun]) -> Path:
     """Write (atomically: a partial file never replaces a good one) the header and trials."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     body = {"format": FORMAT, **header, "trials": [_trial_dict(t) for t in trials]}
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(body, indent=1, sort_keys=False) + "\n")
-    tmp.replace(path)
-    return path
+    return write_json(path, body)
 
 
 def _trial_dict(t: TrialRun) -> dict[str, Any]:
