@@ -70,7 +70,7 @@ def _e2e(
     same_process: Annotated[bool, typer.Option(
         help="Train every arm in this process (default: each in a fresh one).")] = False,
 ) -> None:
-    from gem_platform.train.bench_e2e import main
+    from gem_bench.e2e import main
 
     argv = [recipe, "--steps", str(steps), "--warmup", str(warmup), "--out", out,
             "--arms", arms, "--profile-steps", str(profile_steps), "--repeats", str(repeats)]
@@ -97,7 +97,7 @@ def _repro(
              "come from run time, not compilation).")] = False,
     out: Annotated[str, typer.Option(help="Folder for repro_bench.json.")] = "bench_results",
 ) -> None:
-    from gem_platform.train.repro_bench import main
+    from gem_bench.repro import main
 
     argv = [*recipes, "--out", out, *_overrides(set_)]
     argv += (["--grads"] if grads else []) + (["--grads-only"] if grads_only else [])
@@ -115,7 +115,7 @@ def _compile_check(
     ] = None,
     out: Annotated[str, typer.Option(help="Folder for compile_check.json.")] = "bench_results",
 ) -> None:
-    from gem_platform.train.compile_check import main
+    from gem_bench.compile_check import main
 
     argv = [*recipes, "--out", out, *_overrides(set_)]
     argv += ["--tolerance", str(tolerance)] if tolerance is not None else []

@@ -221,7 +221,7 @@ def profile(
             raise GemError(f"Folder {path.parent} (for {path.name}) does not exist.",
                            "Create it or pass a path in an existing folder.")
     with LibraryOutput(f"profile-{r.name}", verbose):
-        from gem_platform.train.profile import profile_recipe, render_profile, write_profile
+        from gem_profile.profile import profile_recipe, render_profile, write_profile
 
         with TrainingProgress(render.console, r.name) as progress:
             result = profile_recipe(r, warmup, active, top, echo=progress.echo,
@@ -233,7 +233,7 @@ def profile(
     if trace:
         render.console.print(f"trace: {render.esc(trace)} (open in ui.perfetto.dev)",
                              highlight=False)
-        from gem_platform.train.profile_gaps import report_trace_gaps
+        from gem_profile.gaps import report_trace_gaps
 
         gaps = report_trace_gaps(trace, out, render.wide(), min_gap_us)
         if gaps:

@@ -3,7 +3,7 @@ run instead, on the same data in the same run (MLPerf's recommendation benchmark
 training to a target AUC for the same reason: more samples per second is only worth having
 if the model reaches the same quality sooner).
 
-Each arm (gem_platform.train.bench_e2e.ARMS: ``ours``, ``off_the_shelf``,
+Each arm (gem_bench.e2e.ARMS: ``ours``, ``off_the_shelf``,
 ``off_the_shelf_compiled``, ...) trains the whole recipe in a fresh process, evaluating a fixed
 held-out sample ``--evals`` times along the way (train.eval_sample samples, the same ones every
 time and in every arm), then the recipe's full evaluation. From each arm's curve: the training
@@ -79,8 +79,8 @@ def arm_recipe(recipe: Recipe, overrides: list[str], evals: int) -> Recipe:
 def run_arm(recipe: Recipe, name: str, evals: int, echo: Callable[[str], None] = print
             ) -> QualityArm:
     """Train one arm to the end of the recipe and keep its curve."""
+    from gem_bench.e2e import ARMS
     from gem_platform.parallel.single import plain_tables
-    from gem_platform.train.bench_e2e import ARMS
     from gem_platform.train.loop import train
 
     arm = ARMS[name]
@@ -101,8 +101,8 @@ def run_arm(recipe: Recipe, name: str, evals: int, echo: Callable[[str], None] =
 
 def _one_arm(recipe: Recipe, name: str, evals: int, echo: Callable[[str], None],
              isolate: bool) -> QualityArm:
+    from gem_bench.e2e import ARMS
     from gem_platform.fresh_process import call_in_fresh_process
-    from gem_platform.train.bench_e2e import ARMS
 
     try:
         return (call_in_fresh_process(run_arm, recipe, name, evals, echo=echo) if isolate
@@ -140,9 +140,9 @@ def bench(recipe: Recipe, arms: list[str] | None = None, target_ne: float | None
     """Every arm trained on ``recipe`` one after the other, then placed against the target.
     ``on_arm`` receives the result so far after each arm (the finished arms placed against
     their own target), so a run stopped during a later arm keeps the earlier ones."""
+    from gem_bench.e2e import ARMS
     from gem_platform.data.parquet import load_meta
     from gem_platform.provenance import code_version, environment
-    from gem_platform.train.bench_e2e import ARMS
 
     names = arms or list(DEFAULT_ARMS)
     unknown = [a for a in names if a not in ARMS]

@@ -17,7 +17,7 @@ from gem_platform.sweep.compare import compare_trials
 from gem_platform.sweep.gates import Gates, check_gates
 from gem_platform.sweep.results import TrialRun
 from gem_platform.sweep.runs import RunRow
-from gem_platform.train.profile import KernelRow, StepProfile, render_profile
+from gem_profile.profile import KernelRow, StepProfile, render_profile
 from gemctl import render
 from gemctl.inspect import profile_table
 from gemctl.jobs import jobs_table

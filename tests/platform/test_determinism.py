@@ -4,7 +4,6 @@ workspace setting that defeats reproducibility is refused."""
 
 from __future__ import annotations
 
-import math
 import os
 import random
 
@@ -18,7 +17,6 @@ from gem_platform.errors import GemError
 from gem_platform.recipe import recipe_from_dict
 from gem_platform.train.determinism import CUBLAS_ENV, deterministic_mode
 from gem_platform.train.loop import train
-from tests.conftest import run_gemctl
 from tests.platform.tiny_training import TINY
 
 
@@ -138,38 +136,6 @@ def test_a_nondeterministic_cublas_setting_is_refused(monkeypatch):
     assert not torch.are_deterministic_algorithms_enabled()
 
 
-def test_repro_bench_reports_cost_and_agreement(tmp_path, monkeypatch):
-    import json
-
-    from gem_platform.train import repro_bench
-
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "tiny.yaml").write_text(TINY.format(data=tmp_path / "data"))
-    rc = repro_bench.main(["tiny.yaml", "--out", "out", "--set", "train.steps=2",
-                           "--set", "parallel.workers=1", "--grads"])
-    report = json.loads((tmp_path / "out" / "repro_bench.json").read_text())
-    result = report["recipes"]["tiny.yaml"]
-    assert rc == 0 and result["bitwise_identical"] is True and result["differing"] == []
-    assert set(result["runs"]) == {"plain", "deterministic", "deterministic_rerun"}
-    assert result["runs"]["plain"]["summary"]["train/deterministic"] == 0.0
-    assert result["runs"]["deterministic"]["summary"]["train/deterministic"] == 1.0
-    assert result["qps_plain"] > 0 and math.isfinite(result["cost"])
-    grads = result["step1_gradients"]
-    assert grads["parameters"] > 10 and grads["differing"] == 0
-    assert grads["nearest_the_loss"] is None
-
-
-def test_first_differing_gradient_is_named_nearest_the_loss_first():
-    from gem_platform.train.repro_bench import first_differing
-
-    a = {"embed.weight": "1", "block.weight": "2", "head.weight": "3", "head.bias": "4"}
-    b = {**a, "embed.weight": "x", "block.weight": "y"}
-    assert first_differing(a, b) == {"parameters": 4, "differing": 2,
-                                     "nearest_the_loss": "block.weight",
-                                     "differing_names": ["embed.weight", "block.weight"]}
-    assert first_differing(a, dict(a))["nearest_the_loss"] is None
-
-
 def test_tracked_run_records_it_was_deterministic(tmp_path, monkeypatch):
     from mlflow.tracking import MlflowClient
 
@@ -186,26 +152,3 @@ def test_tracked_run_records_it_was_deterministic(tmp_path, monkeypatch):
     assert run.data.tags["gem.deterministic"] == "true"
     assert run.data.params["train.deterministic"] == "True"
     assert run.data.metrics["train/deterministic"] == 1.0
-
-
-def test_repro_bench_grads_only_is_a_predicate(tmp_path, monkeypatch):
-    import json
-
-    from gem_platform.train import repro_bench
-
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "tiny.yaml").write_text(TINY.format(data=tmp_path / "data"))
-    proc = run_gemctl("bench", "repro", "tiny.yaml", "--out", "out", "--set",
-                      "parallel.workers=1", "--grads-only", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    result = json.loads((tmp_path / "out" / "repro_bench.json").read_text())["recipes"]
-    assert set(result["tiny.yaml"]) == {"step1_gradients"}
-    rc = repro_bench.main(["tiny.yaml", "--out", "one", "--set", "parallel.workers=1",
-                           "--grads-only", "--grads-in-one-process"])
-    once = json.loads((tmp_path / "one" / "repro_bench.json").read_text())["recipes"]
-    assert rc == 0 and once["tiny.yaml"]["step1_gradients"]["in_one_process"] is True
-    assert once["tiny.yaml"]["step1_gradients"]["differing"] == 0
-    assert not repro_bench._repeatable({"step1_gradients": {"differing": 3}})
-    assert not repro_bench._repeatable({"bitwise_identical": False})
-    assert repro_bench._repeatable({"bitwise_identical": True,
-                                    "step1_gradients": {"differing": 0}})

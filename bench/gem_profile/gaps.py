@@ -12,7 +12,7 @@ launch came from, since every ``aten::copy_`` looks alike) and the outermost
 Host synchronizations that overlap the gaps (stream/device/event syncs, blocking copies to
 the host) are listed apart: a sync is the usual cause of a gap, the host waits for the device
 to drain and only then launches again. The report also carries the host threads' time by
-site over the same steps (``profile_host``).
+site over the same steps (``gem_profile.host``).
 
     gemctl profile recipes/h200.yaml --trace step.trace.json --out prof.json
 """
@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from gem_platform.train.profile_host import HostEntry, host_time
+from gem_profile.host import HostEntry, host_time
 
 DEVICE_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 RUNTIME_CATS = frozenset({"cuda_runtime", "cuda_driver"})
@@ -81,7 +81,7 @@ class GapReport:
     gap_fraction: float = 0.0  # of the window
     sync_overlap_ms_per_step: float = 0.0
     top: list[GapEntry] = field(default_factory=list)
-    # the host threads' time inside the steps, by site (gem_platform.train.profile_host)
+    # the host threads' time inside the steps, by site (gem_profile.host)
     host: list[HostEntry] = field(default_factory=list)
     syncs: list[SyncEntry] = field(default_factory=list)
     reason: str = ""  # one line when nothing could be analyzed (a CPU-only trace)
@@ -306,7 +306,7 @@ def render_gaps(report: GapReport, console=None) -> None:  # noqa: ANN001 (a ric
     from rich.console import Console
 
     from gem_platform.markup import escape_text as escape
-    from gem_platform.train.profile_host import render_host
+    from gem_profile.host import render_host
 
     console = console or Console()
     if report.reason:

@@ -9,7 +9,7 @@ too. ``--gram bmm`` builds the dot interaction's Gram with ``torch.bmm`` as befo
 (autograd's two-bmm backward), ``self`` (the default) with ``interaction.self_gram``;
 ``--eager`` skips compiling. Prints one line, writes ``dhen_repeat.json`` under ``--out``.
 
-    PYTHONPATH=kernels:platform:. python -m gem_platform.train.dhen_repeat --gram bmm --out DIR
+    PYTHONPATH=kernels:platform:bench:. python -m gem_bench.dhen_repeat --gram bmm --out DIR
 """
 
 from __future__ import annotations

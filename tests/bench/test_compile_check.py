@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from gem_platform.train.compile_check import beyond_tolerance, relative_errors
+from gem_bench.compile_check import beyond_tolerance, relative_errors
 from tests.conftest import run_gemctl
 from tests.platform.tiny_training import TINY
 

@@ -1,5 +1,5 @@
 """One deterministic training step without clipping, in this process, and the gradient it
-leaves on every parameter: what ``repro_bench`` digests (does a run repeat?) and
+leaves on every parameter: what ``gem_bench.repro`` digests (does a run repeat?) and
 ``compile_check`` compares (does compiling change the gradients?).
 
 Clipping is off because it scales every gradient by the global norm: one differing gradient

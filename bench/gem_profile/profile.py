@@ -11,12 +11,12 @@ Only device kernels (and copies) count: the profiler's own spans and user annota
 ``Optimizer.step#AdamW.step`` cover kernels counted on their own and are left out. On a CPU run
 the same tables rank the operators by their own CPU time. With ``--trace``, the device's idle
 gaps are read back from the trace and charged to the host code that ended them
-(``profile_gaps``), and the host threads' time is charged to the spans that spent it
-(``profile_host``: what to cut when the step is launch-bound); with ``--out`` too, both go
+(``gem_profile.gaps``), and the host threads' time is charged to the spans that spent it
+(``gem_profile.host``: what to cut when the step is launch-bound); with ``--out`` too, both go
 beside the profile as ``<out stem>.gaps.json``.
 
     gemctl profile recipes/h200.yaml --set precision.mode=fp8_block --out gem_runs/fp8.json
-    python -m gem_platform.train.profile ...   (the same, where gemctl is not installed)
+    PYTHONPATH=kernels:platform:bench:. python -m gem_profile.profile ...   (without gemctl)
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from torch.profiler import ProfilerActivity, profile, schedule
 from gem_kernels.bench.common import device_info
 from gem_platform.errors import GemError
 from gem_platform.recipe import Recipe, load_recipe
-from gem_platform.train.profile_gaps import report_trace_gaps
+from gem_profile.gaps import report_trace_gaps
 
 # First match wins: our kernels by their Triton names, then the compiler's (inductor names its
 # Triton kernels triton_poi_* pointwise, triton_red_* / triton_per_* reductions, triton_tem_*

@@ -11,7 +11,7 @@ import pytest
 import torch
 from rich.console import Console
 
-from gem_platform.train.profile_gaps import (
+from gem_profile.gaps import (
     device_gaps,
     gaps_path,
     load_trace,

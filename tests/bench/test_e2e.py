@@ -8,9 +8,9 @@ import json
 import pytest
 import yaml
 
+from gem_bench.e2e import ARMS, arm_recipe, bench, write
 from gem_platform.errors import GemError
 from gem_platform.recipe import recipe_from_dict
-from gem_platform.train.bench_e2e import ARMS, arm_recipe, bench, write
 from tests.conftest import run_gemctl
 from tests.platform.tiny_training import TINY
 
@@ -76,7 +76,7 @@ def test_a_failed_arm_is_recorded_not_lost(tmp_path):
 
     from rich.console import Console
 
-    from gem_platform.train.bench_e2e import E2EResult, failed_arm, render
+    from gem_bench.e2e import E2EResult, failed_arm, render
 
     err = RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore detail")
     arm = failed_arm("off_the_shelf", list(ARMS["off_the_shelf"].overrides), err)
@@ -106,7 +106,7 @@ def test_repeats_report_the_median_run(tiny):
 
     from rich.console import Console
 
-    from gem_platform.train.bench_e2e import failed_arm, median_run, ratios_by_round, render
+    from gem_bench.e2e import failed_arm, median_run, ratios_by_round, render
 
     tmp_path, tree = tiny
     recipe = recipe_from_dict(tree)

@@ -10,7 +10,7 @@ import yaml
 
 from gem_platform.errors import GemError
 from gem_platform.recipe import recipe_from_dict
-from gem_platform.train.profile import is_annotation, kernel_kind, main, profile_recipe
+from gem_profile.profile import is_annotation, kernel_kind, main, profile_recipe
 from tests.conftest import run_gemctl
 from tests.platform.tiny_training import TINY
 

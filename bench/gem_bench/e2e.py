@@ -49,7 +49,7 @@ same round, which cancels the machine's drift from round to round, and gives tho
 median (the lower middle where the count is even).
 
     gemctl bench e2e recipes/h200_gem.yaml --set model.attention=block64 --out docs/bench
-    python -m gem_platform.train.bench_e2e recipes/h200_gem.yaml --out docs/bench
+    python -m gem_bench.e2e recipes/h200_gem.yaml --out docs/bench
 """
 
 from __future__ import annotations
@@ -200,7 +200,7 @@ def run_arm(recipe: Recipe, name: str, arm: Arm, warmup: int, steps: int,
     """Train one arm and measure it (see the module docstring)."""
     from gem_platform.parallel.single import plain_tables
     from gem_platform.train.loop import pick_device, train
-    from gem_platform.train.profile import summarize_profile
+    from gem_profile.profile import summarize_profile
 
     total = warmup + steps + 1 + profiled
     overrides = list(arm.overrides)

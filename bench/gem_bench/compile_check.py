@@ -15,7 +15,7 @@ stdout, ``compile_check.json`` under ``--out``; exit 1 when a gradient is beyond
 tolerance.
 
     gemctl bench compile-check recipes/h200.yaml --set data.synthetic.num_samples=100000
-    (or: PYTHONPATH=kernels:platform:. python -m gem_platform.train.compile_check ...)
+    (or: PYTHONPATH=kernels:platform:bench:. python -m gem_bench.compile_check ...)
 """
 
 from __future__ import annotations
@@ -56,8 +56,8 @@ def beyond_tolerance(rows: list[dict[str, Any]], limit: float) -> list[str]:
 def _both_runs(path: str, overrides: list[str]) -> dict[str, Any]:
     """Step 1 compiled, then eager, in this (fresh) process; their gradients compared and the
     recipe's precision."""
+    from gem_bench.step1 import step1_gradients
     from gem_platform.recipe import load_recipe
-    from gem_platform.train.step1 import step1_gradients
 
     compiled = step1_gradients(path, [*overrides, "train.compile=true"])
     eager = step1_gradients(path, [*overrides, "train.compile=false"])

@@ -21,7 +21,7 @@ them. A table on stdout, and ``repro_bench.json`` under ``--out`` (rewritten aft
 a cut-short run keeps what it finished).
 
     gemctl bench repro recipes/h200.yaml recipes/h200_gem.yaml --out bench_results
-    (or: PYTHONPATH=kernels:platform:. python -m gem_platform.train.repro_bench ...)
+    (or: PYTHONPATH=kernels:platform:bench:. python -m gem_bench.repro ...)
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def _one_run(path: str, overrides: list[str], deterministic: bool) -> dict[str, 
 def _step1_gradients(path: str, overrides: list[str]) -> dict[str, str]:
     """A digest of each parameter's step-1 gradient (``step1.step1_gradients``), trained in
     this (fresh) process."""
-    from gem_platform.train.step1 import step1_gradients
+    from gem_bench.step1 import step1_gradients
 
     return {name: _digest(grad) for name, grad in step1_gradients(path, overrides).items()}
 
