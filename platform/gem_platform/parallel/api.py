@@ -17,6 +17,7 @@ from gem_platform.recipe import Recipe
 from gem_platform.topology import GroupKind, ParallelConfig
 
 if TYPE_CHECKING:
+    from gem_platform.parallel.host_split import HostSplitTables
     from gem_platform.parallel.mesh import RankGroups
     from gem_platform.parallel.sparse_pipeline import SparseInputPipeline
 
@@ -34,6 +35,10 @@ class Parallelized:
     ``sparse_params`` is empty. ``clip_grad_norm_`` clips by the global norm whatever mesh each
     gradient lives on. ``sparse_pipeline``, where tables are sharded over several ranks,
     starts a batch's input distribution one step ahead (train.pipeline_sparse).
+    ``host_split`` holds the tables split over the ranks of each host
+    (parallel.embedding_host_split): ``sparse_params`` are then its pieces, whose gradients
+    ``sync_gradients`` reduce-scatters, and ``after_optimizer_step`` starts the next
+    step's all-gather.
     """
 
     model: nn.Module
@@ -47,6 +52,7 @@ class Parallelized:
     expert_group: dist.ProcessGroup | None = None
     replica_sync: Callable[[], None] | None = None
     sparse_pipeline: SparseInputPipeline | None = None
+    host_split: HostSplitTables | None = None
 
     @property
     def fused_sparse(self) -> bool:
@@ -55,12 +61,17 @@ class Parallelized:
 
     def sync_gradients(self) -> None:
         all_reduce_gradients(self.replicated_params, self.world_size)
+        if self.host_split is not None:
+            self.host_split.reduce_gradients()
 
     def after_optimizer_step(self) -> None:
         """Average the embedding-table replicas across embedding groups (2-D sparse
-        parallelism); nothing to do for the other strategies."""
+        parallelism), or start the next step's all-gather of host-split tables; nothing to
+        do for the other strategies."""
         if self.replica_sync is not None:
             self.replica_sync()
+        if self.host_split is not None:
+            self.host_split.prefetch()
 
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
         """Clip dense and expert gradients by their global L2 norm (same on every rank)."""
@@ -74,6 +85,7 @@ class StrategyChoice:
     hsdp: bool
     expert_parallel: bool
     shard_embeddings: bool
+    host_split: bool = False
 
     @classmethod
     def from_config(cls, parallel: ParallelConfig) -> StrategyChoice:
@@ -84,12 +96,14 @@ class StrategyChoice:
             expert_parallel=parallel.expert_parallel > 1,
             shard_embeddings=(parallel.embedding_sharding != "auto"
                               or parallel.embedding_group is not None),
+            host_split=parallel.embedding_host_split,
         )
 
     @property
     def name(self) -> str:
         parts = [n for n, on in (("hsdp", self.hsdp), ("expert_parallel", self.expert_parallel),
-                                 ("torchrec_sharding", self.shard_embeddings)) if on]
+                                 ("torchrec_sharding", self.shard_embeddings),
+                                 ("embedding_host_split", self.host_split)) if on]
         return "+".join(parts) or "data_parallel"
 
 
@@ -112,6 +126,8 @@ def parallelize(model: nn.Module, recipe: Recipe) -> Parallelized:
         return _single_process(model, recipe, choice)
     if choice.name == "data_parallel":
         return _data_parallel(model, world)
+    if choice.host_split:
+        return _host_split(model, recipe, choice, world)
     return _compose(model, recipe, choice, world)
 
 
@@ -151,6 +167,44 @@ def _data_parallel(model: nn.Module, world: int) -> Parallelized:
                         replicated_params=[*dense, *sparse], world_size=world)
 
 
+def _host_split(model: nn.Module, recipe: Recipe, choice: StrategyChoice,
+                world: int) -> Parallelized:
+    """Replicated tables split over the ranks of each host, dense parameters data parallel
+    (gem_platform.parallel.host_split)."""
+    from gem_platform.parallel.host_split import HostSplitTables, build_split_groups
+    from gem_platform.parallel.mesh import topology_mesh
+
+    refuse_host_split_combinations(recipe.parallel)
+    mesh = topology_mesh(recipe.parallel, world)
+    hosts = [list(g.ranks) for g in mesh[GroupKind.EMBEDDING_HOST].groups]
+    device = next(model.parameters()).device
+    split = HostSplitTables.apply(model, build_split_groups(hosts, device.type), world)
+    pieces = {id(p) for p in split.shards}
+    dense = [p for p in model.parameters() if id(p) not in pieces]
+    return Parallelized(model=model, dense_params=dense, sparse_params=list(split.shards),
+                        replicated_params=dense, world_size=world, strategy=choice.name,
+                        host_split=split)
+
+
+def refuse_host_split_combinations(parallel: ParallelConfig) -> None:
+    """parallel.embedding_host_split trains replicated tables with data-parallel dense
+    parameters; RecipeError naming the field for any other strategy beside it."""
+    others = {"embedding_sharding": parallel.embedding_sharding != "auto",
+              "embedding_group": parallel.embedding_group is not None,
+              "hsdp_shard_group": parallel.hsdp_shard_group is not None,
+              "expert_parallel": parallel.expert_parallel > 1}
+    asked = [f"parallel.{name}={getattr(parallel, name)}" for name, on in others.items() if on]
+    if asked:
+        raise RecipeError(
+            "parallel.embedding_host_split is trained on replicated tables with data-parallel "
+            f"dense parameters only; this recipe also sets {', '.join(asked)}. Splitting "
+            "TorchRec-sharded tables over a host, and HSDP or expert parallelism beside the "
+            "split, are planned by gemctl plan but not trained yet.",
+            "Remove parallel.embedding_host_split, or leave embedding_sharding at auto and "
+            "embedding_group, hsdp_shard_group and expert_parallel unset.",
+        )
+
+
 @dataclass
 class _ShardedTables:
     """What TorchRec sharding leaves: the module to train on, its fused optimizer, and the
@@ -167,12 +221,6 @@ def _compose(model: nn.Module, recipe: Recipe, choice: StrategyChoice,
     meshes, then HSDP over what is left of the dense part."""
     from gem_platform.parallel.mesh import build_rank_groups
 
-    if recipe.parallel.embedding_host_split:
-        raise RecipeError(
-            "parallel.embedding_host_split is planned (gemctl plan) but not trained yet: "
-            "TorchRec's 2-D sparse sharding (DMPCollection) runs on CUDA only.",
-            "Remove parallel.embedding_host_split from the recipe.",
-        )
     groups = build_rank_groups(recipe.parallel)
     device = next(model.parameters()).device
     sharded = (_shard_tables(model, recipe, groups, world, device) if choice.shard_embeddings

@@ -59,7 +59,9 @@ class ParallelConfig(BaseModel):
     ``embedding_group``: ranks that together hold one full copy of the embedding tables
     (all_to_all stays inside it; groups are data parallel). None = all ranks.
     ``embedding_host_split``: split each rank's embedding shard again over the GPUs of its host
-    (all-gather before lookups, reduce-scatter after, over NVLink).
+    (all-gather before lookups, reduce-scatter after, over NVLink). With replicated tables
+    (no layout, no embedding group) the shard is the whole tables: each rank keeps 1/P of
+    them, P = ranks per host, and the pieces' gradients are all-reduced across hosts.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -95,6 +97,11 @@ class ParallelConfig(BaseModel):
         if self.gpus_per_host is not None:
             return self.gpus_per_host
         return None if self.use_gpu else 1
+
+    def tables_replicated(self) -> bool:
+        """True when no embedding layout or group is asked for: the tables are not sharded by
+        TorchRec but kept whole on every rank (or, split over each host, in pieces)."""
+        return self.embedding_sharding == "auto" and self.embedding_group is None
 
     def shard_size(self, world: int | None = None) -> int:
         """Ranks in one dense shard group (the whole world when unset)."""

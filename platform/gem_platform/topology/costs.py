@@ -272,3 +272,24 @@ def embedding_host_split(
             note,
         ),
     ]
+
+
+def embedding_split_replicate(
+    per_host: int, hosts: int, num_groups: int, tier: Tier, sizes: ModelSizes
+) -> Collective:
+    """Host-split replicated tables: each rank's 1/per_host piece of the tables' gradient
+    (reduce-scattered inside its host) is all-reduced with the ranks holding the same piece on
+    the other ``hosts`` hosts. Payload = embedding bytes / per_host."""
+    payload = sizes.embedding_bytes / per_host
+    return Collective(
+        "embedding split grad all-reduce",
+        "all_reduce",
+        "embedding_split_replicate",
+        hosts,
+        num_groups,
+        tier,
+        1,
+        round(payload),
+        round(ring_all_reduce_bytes(payload, hosts)),
+        f"1/{per_host} of {sizes.embedding_bytes:,} B of table gradients, across {hosts} hosts",
+    )

@@ -30,6 +30,8 @@ class GroupKind(str, Enum):
     EMBEDDING = "embedding"  # all_to_all of pooled embeddings; one table copy per group
     EMBEDDING_REPLICATE = "embedding_replicate"  # data-parallel sync across table copies
     EMBEDDING_HOST = "embedding_host"  # intra-host all-gather/reduce-scatter of a rank's shard
+    # all-reduce across hosts of the host-split pieces of replicated tables
+    EMBEDDING_SPLIT_REPLICATE = "embedding_split_replicate"
 
 
 @dataclass(frozen=True)
@@ -209,6 +211,10 @@ def resolve_mesh(parallel: ParallelConfig, placement: Placement) -> Mesh:
         sets[GroupKind.EMBEDDING_HOST] = _make(
             GroupKind.EMBEDDING_HOST, _blocks(world, per_host), placement
         )
+        if parallel.tables_replicated():
+            sets[GroupKind.EMBEDDING_SPLIT_REPLICATE] = _make(
+                GroupKind.EMBEDDING_SPLIT_REPLICATE, _strides(world, per_host), placement
+            )
     return Mesh(placement, sets, shard, replicate, per_host)
 
 

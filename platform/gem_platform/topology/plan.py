@@ -20,11 +20,12 @@ from gem_platform.topology.costs import (
     embedding_all_to_all,
     embedding_host_split,
     embedding_replica_sync,
+    embedding_split_replicate,
     expert_all_to_all,
     fsdp_collectives,
     replicate_all_reduce,
 )
-from gem_platform.topology.mesh import GroupKind, Mesh, resolve_mesh
+from gem_platform.topology.mesh import GroupKind, GroupSet, Mesh, resolve_mesh
 
 COLUMNS = (
     "collective",
@@ -82,7 +83,9 @@ class Plan:
         else:
             dense += s.num_experts * s.expert_params
         emb = s.embedding_bytes // m[GroupKind.EMBEDDING].size
-        if GroupKind.EMBEDDING_HOST in m.sets:
+        if GroupKind.EMBEDDING_SPLIT_REPLICATE in m.sets:  # replicated tables, split per host
+            emb = s.embedding_bytes // m[GroupKind.EMBEDDING_HOST].size
+        elif GroupKind.EMBEDDING_HOST in m.sets:
             emb //= m[GroupKind.EMBEDDING_HOST].size
         return {
             "dense_params": dense * s.param_bytes // m.shard_size,
@@ -218,6 +221,8 @@ def _collectives(parallel: ParallelConfig, sizes: ModelSizes, mesh: Mesh) -> lis
                 "expert", "expert_replicate", params, es.size, er.size, er.count, er.tier, sizes
             )
         )
+    if GroupKind.EMBEDDING_SPLIT_REPLICATE in sets:
+        return out + _split_replicated(sets, sizes)
     emb, erep = sets[GroupKind.EMBEDDING], sets[GroupKind.EMBEDDING_REPLICATE]
     out.append(embedding_all_to_all(emb.size, emb.count, emb.tier, sizes))
     out.append(embedding_replica_sync(emb.size, erep.size, erep.count, erep.tier, sizes))
@@ -225,6 +230,16 @@ def _collectives(parallel: ParallelConfig, sizes: ModelSizes, mesh: Mesh) -> lis
         h = sets[GroupKind.EMBEDDING_HOST]
         out += embedding_host_split(emb.size, h.size, h.count, h.tier, sizes)
     return out
+
+
+def _split_replicated(sets: dict[GroupKind, GroupSet], sizes: ModelSizes) -> list[Collective]:
+    """Replicated tables split over each host (what training runs for embedding_host_split
+    without a layout or embedding group): no embedding all_to_all; the whole tables are
+    all-gathered and their gradients reduce-scattered inside the host, and each piece's
+    gradient is all-reduced across hosts."""
+    h, rep = sets[GroupKind.EMBEDDING_HOST], sets[GroupKind.EMBEDDING_SPLIT_REPLICATE]
+    return [*embedding_host_split(1, h.size, h.count, h.tier, sizes),
+            embedding_split_replicate(h.size, rep.size, rep.count, rep.tier, sizes)]
 
 
 def _baselines(sizes: ModelSizes, placement: Placement) -> list[Collective]:
