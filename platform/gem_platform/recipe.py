@@ -143,6 +143,11 @@ class TrainConfig(_Strict):
         description="held-out CTR NE to measure time to quality against: the summary's "
         "quality/train_s_to_target and quality/samples_to_target (training time, evaluation "
         "excluded); null = none (the curve in the summary still allows any target later)")
+    stop_at_target: bool = Field(
+        False, description="end training at the first scheduled evaluation whose held-out "
+        "CTR NE is at or below train.target_ne, as MLPerf's benchmarks stop at their target: "
+        "the run finishes (final evaluation, summary) with the steps it took; needs "
+        "train.target_ne and scheduled evaluations (eval_every not 0)")
     device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="auto = CUDA when available, else CPU")
     checkpoint_every: int = Field(0, ge=0, le=10**9,
@@ -200,6 +205,15 @@ class TrainConfig(_Strict):
         "the next batch's embedding input all-to-all before this batch's forward, so it runs "
         "under this step's compute (losses unchanged); false = each step distributes its "
         "own input")
+
+    @model_validator(mode="after")
+    def _stop_needs_a_target(self) -> TrainConfig:
+        if self.stop_at_target and (self.target_ne is None or self.eval_every == 0):
+            raise ValueError(
+                "train.stop_at_target needs train.target_ne (the held-out CTR NE to stop at) "
+                "and scheduled evaluations (train.eval_every not 0): set both, or drop "
+                "stop_at_target")
+        return self
 
     def eval_interval(self) -> int:
         """Steps between scheduled held-out evaluations (eval_every; 0 = none before the

@@ -12,6 +12,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 from rich.console import Console
 
+from gem_platform.errors import RecipeError
 from gem_platform.launch import submit
 from gem_platform.recipe import recipe_from_dict
 from gem_platform.train.loop import train
@@ -123,3 +124,32 @@ def test_a_resumed_run_continues_its_learning_curve(tmp_path, monkeypatch):
     # training seconds keep counting from the checkpoint's
     seconds = [p["train_s"] for p in resumed["quality/eval_curve"]]
     assert seconds == sorted(seconds) and seconds[0] > 0
+
+
+def test_stop_at_target_ends_training_at_the_first_evaluation_that_reaches_it(tmp_path):
+    # every evaluation meets NE 5: the run stops at the first scheduled one (step 2 of 8), then
+    # makes its final evaluation and summary with the steps it took
+    tree = tiny_tree(tmp_path / "data", seq_layers=1, steps=8, log_every=2, eval_every=2,
+                     eval_sample=64, target_ne=5.0, stop_at_target=True)
+    lines: list[str] = []
+    losses: list[int] = []
+    summary = train(recipe_from_dict(tree), echo=lines.append,
+                    sink=lambda m, s: losses.append(s) if "train/loss" in m else None)
+    assert summary["train/steps"] == 2.0
+    # the final evaluation (on eval_max_samples) takes the stopping step's place in the curve
+    assert [p["step"] for p in summary["quality/eval_curve"]] == [2]
+    assert summary["quality/reached_target"] == 1.0
+    assert max(losses) == 2
+    assert any("reached train.target_ne 5.0: training stops here" in line for line in lines)
+    # a target no evaluation meets trains every step
+    tree["train"]["target_ne"] = 1e-6
+    assert train(recipe_from_dict(tree), echo=lambda _: None)["train/steps"] == 8.0
+
+
+@pytest.mark.parametrize("settings", [{"stop_at_target": True},
+                                      {"stop_at_target": True, "target_ne": 0.9,
+                                       "eval_every": 0}])
+def test_stop_at_target_without_a_target_or_evaluations_is_refused(tmp_path, settings):
+    tree = tiny_tree(tmp_path / "data", **settings)
+    with pytest.raises(RecipeError, match="stop_at_target needs train.target_ne"):
+        recipe_from_dict(tree)

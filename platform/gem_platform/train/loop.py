@@ -57,7 +57,7 @@ from gem_platform.data.prepare import prepare_dataset
 from gem_platform.model import GemModel
 from gem_platform.model.flops import FlopMeter
 from gem_platform.parallel import Parallelized, parallelize
-from gem_platform.recipe import Recipe
+from gem_platform.recipe import Recipe, TrainConfig
 from gem_platform.train.checkpoint import Stateful
 from gem_platform.train.compile_watch import CompileWatch
 from gem_platform.train.determinism import deterministic_mode
@@ -615,6 +615,20 @@ def scheduled_eval(run: Run, state: LoopState, report: Reporter) -> None:
     report.publish(record_eval(run, state, scores, report), state.step)
 
 
+def reached_target(state: LoopState, cfg: TrainConfig, report: Reporter) -> bool:
+    """With train.stop_at_target: whether the evaluation just made reached train.target_ne
+    (the same on every rank: evaluations are reduced over ranks), said in a line if so."""
+    if not cfg.stop_at_target or cfg.target_ne is None or not state.curve.points:
+        return False
+    point = state.curve.points[-1]
+    ne = point.tasks["ctr"].ne
+    if not ne <= cfg.target_ne:  # NaN never reaches it
+        return False
+    report.line(f"step {state.step}: held-out ne_ctr {ne:.4f} reached train.target_ne "
+                f"{cfg.target_ne}: training stops here (train.stop_at_target)")
+    return True
+
+
 def save_checkpoint(run: Run, state: LoopState, checkpoints: CheckpointStore) -> None:
     """Collective: write the model, optimizers and this rank's extras, and commit the folder."""
     folder = checkpoints.folder(state.step)
@@ -663,11 +677,11 @@ def summarize(run: Run, state: LoopState, report: Reporter) -> RunSummary:
         "perf/mfu_e2e": e2e,
         "perf/mfu_local": local,
         "perf/scaling_ratio": e2e / local if local > 0 else float("nan"),
-        "perf/train_flops_per_step": totals.flops / run.recipe.train.steps,
+        "perf/train_flops_per_step": totals.flops / max(state.step, 1),
         "perf/peak_tflops": peak.tflops,
         "perf/world_size": float(run.info.world_size),
         "train/final_loss": state.last_loss,
-        "train/steps": float(run.recipe.train.steps),
+        "train/steps": float(state.step),
         **_memory(run),
         "train/deterministic": float(run.recipe.train.deterministic),
         "data/truncated_histories": _truncated_histories(run),
@@ -724,6 +738,7 @@ def _train(recipe: Recipe, report: Reporter, checkpoints: CheckpointStore | None
     stream = batch_stream(run, start_epoch)
     batches = (with_upcoming(run, stream) if run.par.sparse_pipeline is not None
                else ((batch, indices, None) for batch, indices in stream))
+    stop = False
     with CompileWatch() as watch:
         for step, (batch, indices, upcoming) in zip(steps, batches, strict=False):
             # host lengths for the FLOP count (self-attention pairs), so it never waits on the GPU
@@ -746,16 +761,19 @@ def _train(recipe: Recipe, report: Reporter, checkpoints: CheckpointStore | None
                 if evals:
                     scheduled_eval(run, state, report)
                     watch.take()  # eval-mode graphs compile outside any step's time
+                    stop = reached_target(state, cfg, report)
                 if saves:
                     save_checkpoint(run, state, checkpoints)
                 flight.restart_clock()  # evaluation and saving are not the next step's time
             if on_step:
                 on_step(step, run.model)
+            if stop:
+                break
         flight.settle()
 
     metrics = summarize(run, state, report)
     # the curve and warnings (lists) stay in the summary; the sink takes numbers
-    report.publish({k: v for k, v in metrics.items() if isinstance(v, int | float)}, cfg.steps)
+    report.publish({k: v for k, v in metrics.items() if isinstance(v, int | float)}, state.step)
     return {**metrics, "peak_source": run.peak.source}
 
 
