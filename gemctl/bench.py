@@ -30,10 +30,10 @@ BENCHES: dict[str, tuple[str, str]] = {
     "fp8-saved": ("gem_kernels.bench.fp8_saved",
                   "FP8 saved activations: the Triton quantize/dequantize passes vs the eager "
                   "PyTorch chain, TB/s against HBM."),
-    "bbs": ("gem_platform.balance.bench",
+    "bbs": ("gem_bench.bbs",
             "Straggler overhead without balancing, with BBS, with BBS v2 and with a global "
             "partition (CPU)."),
-    "loader": ("gem_platform.data.bench",
+    "loader": ("gem_bench.loader",
                "Streaming reader vs in-memory table: reader + collate samples/s, time to first "
                "batch, peak RSS against the dataset's size (CPU)."),
 }

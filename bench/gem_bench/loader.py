@@ -3,8 +3,9 @@ the streaming reader against the in-memory table, on synthetic datasets with the
 recipe's history lengths (log-normal, mean 400, 16..2048) at two sizes, the larger at least
 10x the streaming window.
 
-    python -m gem_platform.data.bench --out docs/bench      # the committed figures
-    python -m gem_platform.data.bench --quick --out /tmp/ld  # small datasets
+    python -m gem_bench.loader --out docs/bench      # the committed figures
+    python -m gem_bench.loader --quick --out /tmp/ld  # small datasets
+    (or gemctl bench loader; PYTHONPATH=kernels:platform:bench where not installed)
 
 Each measurement runs in a fresh process (so peak RSS is that reader's alone): it opens the
 table, builds the batcher (BBS v2) and iterates ``--steps`` batches of reader + collate, no
@@ -96,7 +97,7 @@ def measure(path: str, mode: str, steps: int, window: int) -> dict:
 
 def _run_measure(path: str, mode: str, steps: int, window: int) -> dict:
     out = subprocess.run(
-        [sys.executable, "-m", "gem_platform.data.bench", "--measure", path, "--mode", mode,
+        [sys.executable, "-m", "gem_bench.loader", "--measure", path, "--mode", mode,
          "--steps", str(steps), "--window", str(window)],
         capture_output=True, text=True, check=False)
     if out.returncode:

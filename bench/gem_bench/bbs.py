@@ -2,9 +2,10 @@
 BBS, with BBS v2 and with a global balanced partition, at simulated world sizes, plus the
 batchers' cost.
 
-    python -m gem_platform.balance.bench --out bench_results/bbs        # worlds 8..4096
-    python -m gem_platform.balance.bench --quick --out /tmp/bbs         # worlds 8, 64
-    python -m gem_platform.balance.bench --out docs/bench               # the committed figures
+    python -m gem_bench.bbs --out bench_results/bbs        # worlds 8..4096
+    python -m gem_bench.bbs --quick --out /tmp/bbs         # worlds 8, 64
+    python -m gem_bench.bbs --out docs/bench               # the committed figures
+    (or gemctl bench bbs; PYTHONPATH=kernels:platform:bench where not installed)
 
 Every rank holds ``steps * local_batch`` samples (1024 samples per rank per step) drawn from
 one of two length distributions: ``lognormal`` (median 128, sigma 1, clipped to 16..2048) and

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from gem_bench.bbs import long_tailed_lengths, rank_lengths, sim_row, targets
 from gem_platform.balance import LoaderConfig
-from gem_platform.balance.bench import long_tailed_lengths, rank_lengths, sim_row, targets
 
 
 def test_lengths_are_long_tailed_and_clipped() -> None:
