@@ -14,7 +14,6 @@ record and every line written to ``sys.stdout``/``sys.stderr`` (gem_platform.log
 
 from __future__ import annotations
 
-import io
 import os
 import re
 import sys
@@ -25,11 +24,9 @@ from types import TracebackType
 from typing import TextIO
 
 from gem_platform import log_mask
-from gem_platform.net import redact
 from gemctl import render
 
 LOG_DIR = Path("gem_runs/logs")
-ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 # Before Ray, MLflow or torch are imported: no colour codes in forwarded lines, no "repeated
 # Nx" folding of the per-step lines a sweep's trials print, no MLflow progress bars.
 QUIET_ENV = {"RAY_COLOR_PREFIX": "0", "RAY_DEDUP_LOGS": "0",
@@ -40,39 +37,6 @@ def log_path(label: str) -> Path:
     """A fresh log file name under gem_runs/logs/ for one command."""
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", label)[:80] or "gemctl"
     return LOG_DIR / f"{safe}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
-
-
-class _LineRouter(io.TextIOBase):
-    """A text stream that hands each complete line to ``on_line`` (which returns True when it
-    took it) and writes the others to ``sink``."""
-
-    def __init__(self, sink: TextIO, on_line: Callable[[str], bool] | None) -> None:
-        self.sink, self.on_line, self._partial = sink, on_line, ""
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, text: str) -> int:
-        if self.sink.closed:
-            return len(text)
-        self._partial += text
-        *lines, self._partial = self._partial.split("\n")
-        for line in lines:
-            clean = redact(ANSI.sub("", line))
-            try:
-                taken = self.on_line(clean)
-            except Exception:  # a display problem must never lose the line
-                taken = False
-            if not taken:
-                self.sink.write(clean + "\n")
-        return len(text)
-
-    def flush(self) -> None:
-        if not self.sink.closed:
-            self.sink.flush()
-
-    def isatty(self) -> bool:
-        return False
 
 
 def _fd_of(stream: TextIO) -> int | None:
@@ -122,8 +86,9 @@ class LibraryOutput:
         self._consoles = [(c, c._file) for c in (render.console, render.err_console)]
         render.console.file, render.err_console.file = terminals[0], terminals[1]
         render.result_stream = terminals[0]
-        sys.stdout = _LineRouter(self._log, self._route)  # type: ignore[assignment]
-        sys.stderr = _LineRouter(self._log, self._route)  # type: ignore[assignment]
+        for name in ("stdout", "stderr"):
+            setattr(sys, name, log_mask.MaskedLines(self._log, strip_ansi=True,
+                                                    on_line=self._route))
         return self
 
     def _show_masked(self) -> None:

@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import io
 import logging
+import re
 import threading
+from collections.abc import Callable
 from typing import Any, TextIO
 
 from gem_platform.net import redact
 
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")  # terminal colour and cursor codes
 _lock = threading.Lock()
 _installed: list[Any] = []  # the factory this module wrapped (once installed)
 
@@ -57,28 +60,44 @@ def install() -> None:
 class MaskedLines(io.TextIOBase):
     """A text stream that writes each complete line to ``sink`` with credentials masked; a
     partial line waits for its end (a URI split over two writes is masked whole) or for
-    ``flush``."""
+    ``flush``.
 
-    def __init__(self, sink: TextIO) -> None:
-        self.sink, self._partial = sink, ""
+    ``strip_ansi`` drops terminal colour codes (for a log file). ``on_line`` is offered each
+    complete line first and returns True when it took it (the line is then not written); with
+    it, a partial line waits for its end even past ``flush``, so it is offered whole. A
+    failing ``on_line`` never loses the line."""
+
+    def __init__(self, sink: TextIO, *, strip_ansi: bool = False,
+                 on_line: Callable[[str], bool] | None = None) -> None:
+        self.sink, self.strip_ansi, self.on_line, self._partial = sink, strip_ansi, on_line, ""
 
     def writable(self) -> bool:
         return True
+
+    def _clean(self, text: str) -> str:
+        return redact(ANSI.sub("", text) if self.strip_ansi else text)
+
+    def _taken(self, line: str) -> bool:
+        try:
+            return bool(self.on_line and self.on_line(line))
+        except Exception:  # a display problem must never lose the line
+            return False
 
     def write(self, text: str) -> int:
         if self.sink.closed:
             return len(text)
         self._partial += text
-        if "\n" in self._partial:
-            done, _, self._partial = self._partial.rpartition("\n")
-            self.sink.write(redact(done) + "\n")
+        *lines, self._partial = self._partial.split("\n")
+        for line in map(self._clean, lines):
+            if not self._taken(line):
+                self.sink.write(line + "\n")
         return len(text)
 
     def flush(self) -> None:
         if self.sink.closed:
             return
-        if self._partial:
-            self.sink.write(redact(self._partial))
+        if self._partial and self.on_line is None:
+            self.sink.write(self._clean(self._partial))
             self._partial = ""
         self.sink.flush()
 
