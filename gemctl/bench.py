@@ -13,21 +13,21 @@ from gemctl.errors import user_errors
 from gemctl.options import epilog
 
 BENCHES: dict[str, tuple[str, str]] = {
-    "attention": ("gem_kernels.bench.jfa",
+    "attention": ("gem_bench.kernels.jfa",
                   "Jagged flash attention vs varlen_attn, nested SDPA, padded SDPA."),
-    "gdpa": ("gem_kernels.bench.gdpa",
+    "gdpa": ("gem_bench.kernels.gdpa",
              "GDPA self / cross / pooled vs the padded reference, eager and compiled."),
-    "block": ("gem_kernels.bench.block_attention",
+    "block": ("gem_bench.kernels.block_attention",
               "64-token block attention + RoPE vs SDPA on blocks, FlexAttention, sliding JFA."),
-    "deterministic": ("gem_kernels.bench.deterministic",
+    "deterministic": ("gem_bench.kernels.deterministic",
                       "Deterministic vs fast backward of each attention op: time and bitwise "
                       "repeatability."),
-    "fp8": ("gem_kernels.bench.fp8_linear",
+    "fp8": ("gem_bench.kernels.fp8_linear",
             "FP8 block-scaled linear vs bf16 matmul vs rowwise torch._scaled_mm."),
-    "fp8-cost": ("gem_kernels.bench.fp8_layer_cost",
+    "fp8-cost": ("gem_bench.kernels.fp8_layer_cost",
                  "One FP8 layer's training call at narrow recipe shapes vs bf16 nn.Linear: "
                  "host time, GPU time, launches."),
-    "fp8-saved": ("gem_kernels.bench.fp8_saved",
+    "fp8-saved": ("gem_bench.kernels.fp8_saved",
                   "FP8 saved activations: the Triton quantize/dequantize passes vs the eager "
                   "PyTorch chain, TB/s against HBM."),
     "bbs": ("gem_bench.bbs",

@@ -4,8 +4,8 @@ and every parameter's gradient compared: relative L2 error ``|compiled - eager| 
 
 Compiled regions must compute the eager model's gradients up to rounding. A generated kernel
 that reads memory before another thread wrote it gives gradients that are off by much more
-than rounding and change from run to run: the DHEN layers' compiled input gradient was up to
-28% off on the H200 (docs/bench/determinism_h200_dhen_race.json) and nothing else noticed.
+than rounding and change from run to run: the DHEN layers' compiled input gradient was once far
+off on the H200 (docs/bench/determinism_h200_dhen_race.json) and nothing else noticed.
 
 The compiled run compiles as training does: through Inductor unless
 ``train.compile_backend`` says otherwise. The tolerance defaults to what the recipe's

@@ -63,6 +63,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule
@@ -169,7 +170,7 @@ class E2EResult:
     attention: str
     precision: str
     device: str
-    environment: dict[str, str]
+    environment: dict[str, Any]  # gem_platform.provenance.environment()
     warmup_steps: int
     timed_steps: int
     profiled_steps: int
@@ -278,9 +279,8 @@ def bench(recipe: Recipe, warmup: int = 10, steps: int = 20, profiled: int = 3,
     """Every arm of ``arms`` (default ours and off-the-shelf) on ``recipe``, one after the
     other, each in a fresh process unless ``isolate`` is off; with ``repeats`` > 1, that many
     rounds of every arm, each arm reported by its median run."""
-    from gem_kernels.bench.common import device_info
     from gem_platform.parallel.single import fused_tbe_available
-    from gem_platform.provenance import code_version
+    from gem_platform.provenance import code_version, environment
     from gem_platform.train.loop import pick_device
 
     if warmup < 1 or steps < 1 or profiled < 1 or repeats < 1:
@@ -311,7 +311,7 @@ def bench(recipe: Recipe, warmup: int = 10, steps: int = 20, profiled: int = 3,
     return E2EResult(
         recipe=recipe.name, attention=recipe.model.attention,
         precision=f"fp8_block b{p.block}" if p.mode == "fp8_block" else p.mode,
-        device=str(device), environment=device_info(), warmup_steps=warmup,
+        device=str(device), environment=environment(), warmup_steps=warmup,
         timed_steps=steps, profiled_steps=profiled,
         local_batch=recipe.loader.local_batch_size,
         fused_tables=fused_tbe_available(device) and device.type == "cuda", arms=results,

@@ -7,10 +7,10 @@ Per recipe it reports samples/s (perf/qps, steady steps) plain and deterministic
 loss and every final metric that does not measure time. Those runs print progress lines (each
 drains the device queue) and time few steps, so their samples/s say what a run of that length
 gets, not the cost to within a few percent: on the H200 two identical deterministic runs of
-recipes/h200.yaml differed by 17% in speed. For the cost itself, ``gemctl bench e2e RECIPE
---arms ours,ours_deterministic --repeats N`` times a fixed window of steps without progress
-lines, N runs of each arm, and compares their medians (on a host-bound recipe one process's
-speed can differ from the next one's by more than the cost).
+recipes/h200.yaml differed in speed by more than the cost (docs/bench). For the cost itself,
+``gemctl bench e2e RECIPE --arms ours,ours_deterministic --repeats N`` times a fixed window
+of steps without progress lines, N runs of each arm, and compares their medians (on a
+host-bound recipe one process's speed can differ from the next one's by more than the cost).
 ``--grads`` also trains one unclipped deterministic step in two more processes and names the
 parameters whose gradients differ, the one nearest the loss first: where to look when runs are
 not repeatable (``--grads-only`` runs just that, a quick predicate for bisecting).
@@ -137,9 +137,9 @@ def _compare_gradients(path: str, overrides: list[str], one_process: bool = Fals
 
 
 def _device() -> dict[str, Any]:
-    from gem_kernels.bench.common import device_info
+    from gem_platform.provenance import environment
 
-    return device_info()
+    return environment()
 
 
 def main(argv: list[str] | None = None) -> int:

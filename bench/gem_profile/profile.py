@@ -29,13 +29,14 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, schedule
 
-from gem_kernels.bench.common import device_info
 from gem_platform.errors import GemError
+from gem_platform.provenance import environment
 from gem_platform.recipe import Recipe, load_recipe
 from gem_profile.gaps import report_trace_gaps
 
@@ -88,7 +89,7 @@ class StepProfile:
     recipe: str
     precision: str
     device: str
-    environment: dict[str, str]  # GPU, torch, triton, python versions
+    environment: dict[str, Any]  # gem_platform.provenance.environment()
     active_steps: int
     step_ms: float  # wall time of a whole step (forward, backward, optimizer)
     busy_ms: float  # sum of kernel times (CUDA) or operator self times (CPU)
@@ -171,7 +172,7 @@ def summarize_profile(prof, recipe: Recipe, device: str, cuda: bool, active: int
     rows.sort(key=lambda r: r[1], reverse=True)
     return StepProfile(
         recipe=recipe.name, precision=_precision_label(recipe), device=device,
-        environment=device_info(), active_steps=active, step_ms=step_ms, busy_ms=busy,
+        environment=environment(), active_steps=active, step_ms=step_ms, busy_ms=busy,
         busy_fraction=busy / step_ms if step_ms > 0 else float("nan"),
         calls_per_step=sum(calls for _, _, calls in rows),
         by_kind=dict(sorted(by_kind.items(), key=lambda kv: kv[1], reverse=True)),

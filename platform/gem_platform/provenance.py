@@ -1,6 +1,7 @@
 """Where a result came from: the code (git commit and whether the tree was dirty), the dataset
 (its meta.json plus every shard's size and checksum), and the environment (device and library
-versions). Every tracked run, sweep parent run and in-process results file records it.
+versions). Every tracked run, sweep parent run, in-process results file, benchmark and
+profile report records it (the environment at least).
 
 - ``code_version``: from git at the source tree (dirty: a tracked file differs from the
   commit); outside a git checkout (an installed

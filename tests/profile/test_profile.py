@@ -97,7 +97,8 @@ def test_profile_cli_writes_json(tmp_path):
     assert "ms / step" in proc.stdout
     data = json.loads((tmp_path / "prof/tiny.json").read_text())
     assert data["active_steps"] == 2 and len(data["top"]) == 5
-    assert data["environment"]["torch"] and data["resolved_recipe"]["parallel"]["workers"] == 1
+    assert data["environment"]["libraries"]["torch"]
+    assert data["resolved_recipe"]["parallel"]["workers"] == 1
     assert data["resolved_recipe"]["train"]["steps"] == 4  # warmup + active
 
 

@@ -38,9 +38,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from gem_kernels.bench.common import device_info
 from gem_platform.errors import GemError
 from gem_platform.fresh_process import call_in_fresh_process
+from gem_platform.provenance import environment
 from gem_platform.recipe import Recipe
 from gem_platform.sweep.config import SweepPlan, load_sweep
 from gem_platform.sweep.results import TrialRun, finite_metrics, load_results, write_results
@@ -128,7 +128,7 @@ def run_in_process(plan: SweepPlan, out: str | Path, echo: Callable[[str], None]
     have = {(t.arm, t.seed) for t in done}
     header = {"sweep": plan.name, "spec": plan.spec_path, "base": plan.base_path,
               "baseline": plan.baseline, "seeds": plan.seeds,
-              "arms": arms, "device": device_info(),
+              "arms": arms, "device": environment(),
               "recipes": recipes, "provenance": record}
     for arm, seed in plan.trials():
         if (arm, str(seed)) in have:

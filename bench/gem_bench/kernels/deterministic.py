@@ -3,10 +3,10 @@ alone (eager and graph-replayed GPU time) in both modes on the same inputs, whet
 backwards are bitwise identical, and how far the deterministic gradients are from the fast
 ones.
 
-    PYTHONPATH=kernels python -m gem_kernels.bench.deterministic --out $OUT [--quick]
-    PYTHONPATH=kernels python -m gem_kernels.bench.deterministic --pooled-sweep --out $OUT
+    PYTHONPATH=kernels:platform:bench python -m gem_bench.kernels.deterministic --out $OUT [--quick]
+    python -m gem_bench.kernels.deterministic --pooled-sweep --out $OUT   (same PYTHONPATH)
 
---pooled-sweep runs gem_kernels.bench.gdpa_pooled_sweep instead (every short-Q GDPA
+--pooled-sweep runs gem_bench.kernels.gdpa_pooled_sweep instead (every short-Q GDPA
 backward plan over a grid of pooled shapes; gdpa_pooled_sweep.json).
 
 Writes deterministic.json. Rows: case (gdpa_self, gdpa_cross, gdpa_pooled, jfa_causal,
@@ -15,7 +15,7 @@ its deterministic row), variant "fast" (deterministic=False) or "deterministic"
 (deterministic=True), direction "bwd". ratio_to_baseline on a deterministic row is fast ms /
 deterministic ms (below 1: the deterministic backward is slower). extra: ms_gpu, the backward
 plan, bitwise_repeatable over --repeats backwards, max_abs_diff_vs_fast. Inputs: bf16, head
-dim 128, log-normal lengths (mean 470, max 2048) as in gem_kernels.bench.gdpa, and a
+dim 128, log-normal lengths (mean 470, max 2048) as in gem_bench.kernels.gdpa, and a
 power-law batch for the jagged attention ops.
 """
 
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from gem_kernels.bench.common import (
+from gem_bench.kernels.common import (
     BenchRow,
     add_ratios,
     graph_replay_ms,
@@ -36,7 +36,7 @@ from gem_kernels.bench.common import (
     time_ms,
     write_json,
 )
-from gem_kernels.bench.gdpa import case_lengths
+from gem_bench.kernels.gdpa import case_lengths
 from gem_kernels.testing import offsets_from_lengths, powerlaw_lengths
 
 Op = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, bool], torch.Tensor]
@@ -138,12 +138,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cases", default=None, help="comma-separated subset of the case names")
     ap.add_argument("--pooled-sweep", action="store_true",
                     help="instead: every short-Q GDPA backward plan over a grid of pooled "
-                         "shapes (gem_kernels.bench.gdpa_pooled_sweep)")
+                         "shapes (gem_bench.kernels.gdpa_pooled_sweep)")
     ap.add_argument("--budget-s", type=float, default=80.0,
                     help="--pooled-sweep: start no new shape after this many seconds")
     args = ap.parse_args(argv)
     if args.pooled_sweep:
-        from gem_kernels.bench.gdpa_pooled_sweep import run
+        from gem_bench.kernels.gdpa_pooled_sweep import run
 
         run(args.out, budget_s=args.budget_s)
         return 0

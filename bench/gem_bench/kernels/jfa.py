@@ -2,7 +2,7 @@
 forward, backward and forward+backward, on the same inputs in the same run.
 
 Reproduce (H200; results committed as docs/bench/jfa.json):
-    PYTHONPATH=kernels:platform python -m gem_kernels.bench.jfa --out $OUT
+    PYTHONPATH=kernels:platform:bench python -m gem_bench.kernels.jfa --out $OUT
 (``gemctl bench attention`` calls :func:`main`.)
 
 Variants:
@@ -42,7 +42,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from gem_kernels.bench.common import (
+from gem_bench.kernels.common import (
     H200_BF16_TFLOPS,
     BenchRow,
     add_ratios,
@@ -409,76 +409,116 @@ def tune(out_dir: Path) -> list[dict]:
     return res
 
 
-def _tune_case(case: Case, emit, out_dir: Path) -> None:
-    from gem_kernels.jagged_attention.op import (
-        BwdConfig,
-        FwdConfig,
-        ScheduleCache,
-        jagged_attention_triton,
-        jfa_backward,
-        jfa_forward,
-    )
+@dataclass
+class _TuneInputs:
+    """One case's random inputs and what every tuning row of it shares."""
 
-    name = case.name
-    torch.manual_seed(0)
-    total = sum(case.lengths)
-    offsets = offsets_from_lengths(case.lengths, "cuda")
-    q, k, v, do = (torch.randn(total, case.heads, case.dim, device="cuda", dtype=DTYPE)
-                   for _ in range(4))
-    max_len = max(case.lengths)
-    fwd_flops = 4.0 * valid_pairs(case.lengths, case.causal, case.window) * case.heads \
-        * case.dim
-    kw = dict(causal=case.causal, window=case.window, scale=case.dim ** -0.5)
+    case: Case
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    do: torch.Tensor
+    offsets: torch.Tensor
+    total: int
+    max_len: int
+    fwd_flops: float
+    kw: dict
+    varlen: tuple | None  # (function, its parameters) or None where torch lacks it
+    varlen_kw: dict
+
+    @classmethod
+    def make(cls, case: Case) -> _TuneInputs:
+        torch.manual_seed(0)
+        total = sum(case.lengths)
+        q, k, v, do = (torch.randn(total, case.heads, case.dim, device="cuda", dtype=DTYPE)
+                       for _ in range(4))
+        fwd_flops = 4.0 * valid_pairs(case.lengths, case.causal, case.window) * case.heads \
+            * case.dim
+        vf, _ = _varlen_fn()
+        vkw = {}
+        if vf is not None and "window_size" in vf[1]:
+            vkw["window_size"] = (-1 if case.window is None else case.window[0],
+                                  0 if case.causal else -1)
+        return cls(case, q, k, v, do, offsets_from_lengths(case.lengths, "cuda"), total,
+                   max(case.lengths), fwd_flops,
+                   dict(causal=case.causal, window=case.window, scale=case.dim ** -0.5),
+                   vf, vkw)
+
+    def varlen_call(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        cu = self.offsets.to(torch.int32)
+        return self.varlen[0](q, k, v, cu, cu, self.max_len, self.max_len, **self.varlen_kw)
+
+
+def _tune_case(case: Case, emit, out_dir: Path) -> None:
+    t = _TuneInputs.make(case)
     _warm_gpu()
-    vf, _ = _varlen_fn()
-    cu = offsets.to(torch.int32)
-    vkw = {}
-    if vf is not None and "window_size" in vf[1]:
-        vkw["window_size"] = (-1 if case.window is None else case.window[0],
-                              0 if case.causal else -1)
-    if vf is not None:
-        ms = time_ms(lambda: vf[0](q, k, v, cu, cu, max_len, max_len, **vkw), rep_ms=200)
-        emit({"case": name, "dir": "fwd", "variant": "varlen_attn", "ms": ms,
-              "tflops": fwd_flops / ms / 1e9})
+    if t.varlen is not None:
+        ms = time_ms(lambda: t.varlen_call(t.q, t.k, t.v), rep_ms=200)
+        emit({"case": case.name, "dir": "fwd", "variant": "varlen_attn", "ms": ms,
+              "tflops": t.fwd_flops / ms / 1e9})
+    _tune_forward(t, emit)
+    if case.dim == 64:
+        _tune_backward_d64(t, emit)
+    if case.window is not None:
+        _tune_window(t, emit, out_dir)
+
+
+def _tune_forward(t: _TuneInputs, emit) -> None:
+    """Each forward config of TUNE_FWD at each tile boundary handling."""
+    from gem_kernels.jagged_attention.op import FwdConfig, ScheduleCache, jfa_forward
+
+    name = t.case.name
     for c in TUNE_FWD.get(name, []):
         for boundary in TUNE_BOUNDARIES:
             cfg = FwdConfig(*c)
             try:
-                sched = ScheduleCache(offsets, total)
+                sched = ScheduleCache(t.offsets, t.total)
 
                 def f(sched=sched, cfg=cfg, b=boundary):
-                    return jfa_forward(q, k, v, offsets, sched=sched, config=cfg, boundary=b,
-                                       **kw)
+                    return jfa_forward(t.q, t.k, t.v, t.offsets, sched=sched, config=cfg,
+                                       boundary=b, **t.kw)
                 f()
                 ms = time_ms(f, rep_ms=150)
                 r = {"case": name, "dir": "fwd", "cfg": c, "boundary": boundary, "ms": ms,
-                     "tflops": fwd_flops / ms / 1e9}
+                     "tflops": t.fwd_flops / ms / 1e9}
             except Exception as e:  # noqa: BLE001
                 r = {"case": name, "dir": "fwd", "cfg": c, "boundary": boundary,
                      "error": f"{type(e).__name__}: {str(e)[:200]}"}
             emit(r)
-    if case.dim == 64:
-        sched = ScheduleCache(offsets, total)
-        o, lse = jfa_forward(q, k, v, offsets, sched=sched, **kw)
-        for c in TUNE_BWD_D64:
-            try:
-                def b(cfg=BwdConfig(*c)):
-                    return jfa_backward(do, q, k, v, o, lse, offsets, sched=sched, config=cfg,
-                                        **kw)
-                b()
-                ms = time_ms(b, rep_ms=150)
-                r = {"case": name, "dir": "bwd", "cfg": c, "ms": ms,
-                     "tflops": 2.5 * fwd_flops / ms / 1e9}
-            except Exception as e:  # noqa: BLE001
-                r = {"case": name, "dir": "bwd", "cfg": c,
-                     "error": f"{type(e).__name__}: {str(e)[:200]}"}
-            emit(r)
-    if case.window is None:
-        return
-    qg, kg, vg = (x.clone().requires_grad_() for x in (q, k, v))
+
+
+def _tune_backward_d64(t: _TuneInputs, emit) -> None:
+    """Each backward config of TUNE_BWD_D64 (head_dim 64 cases)."""
+    from gem_kernels.jagged_attention.op import BwdConfig, ScheduleCache, jfa_backward, jfa_forward
+
+    name = t.case.name
+    sched = ScheduleCache(t.offsets, t.total)
+    o, lse = jfa_forward(t.q, t.k, t.v, t.offsets, sched=sched, **t.kw)
+    for c in TUNE_BWD_D64:
+        try:
+            def b(cfg=BwdConfig(*c)):
+                return jfa_backward(t.do, t.q, t.k, t.v, o, lse, t.offsets, sched=sched,
+                                    config=cfg, **t.kw)
+            b()
+            ms = time_ms(b, rep_ms=150)
+            r = {"case": name, "dir": "bwd", "cfg": c, "ms": ms,
+                 "tflops": 2.5 * t.fwd_flops / ms / 1e9}
+        except Exception as e:  # noqa: BLE001
+            r = {"case": name, "dir": "bwd", "cfg": c,
+                 "error": f"{type(e).__name__}: {str(e)[:200]}"}
+        emit(r)
+
+
+def _tune_window(t: _TuneInputs, emit, out_dir: Path) -> None:
+    """Sliding-window cases: the public op with ragged-TMA vs pointer loads (time and host
+    time per call), varlen_attn's fwd+bwd, and a kernel-by-kernel profile of one fwd+bwd."""
+    from gem_kernels.jagged_attention.op import jagged_attention_triton
+
+    case, name, do = t.case, t.case.name, t.do
+    qg, kg, vg = (x.clone().requires_grad_() for x in (t.q, t.k, t.v))
 
     def ours(opts=None):
-        return jagged_attention_triton(qg, kg, vg, offsets, max_len, causal=case.causal,
+        return jagged_attention_triton(qg, kg, vg, t.offsets, t.max_len, causal=case.causal,
                                        window=case.window, options=opts)
     for load in ("tma_ragged", "ptr"):
         opts = {"fwd": {"use_tma": load}, "bwd": {"use_tma": load}}
@@ -495,17 +535,19 @@ def _tune_case(case: Case, emit, out_dir: Path) -> None:
         for d, f in timed:
             emit({"case": name, "dir": d, "load": load, "ms": time_ms(f, rep_ms=200),
                   "host_us": host_us_per_call(f)})
-    if vf is not None:
+    if t.varlen is not None:
         def vfb():
-            o = vf[0](qg, kg, vg, cu, cu, max_len, max_len, **vkw)
-            return torch.autograd.grad(o, (qg, kg, vg), do)
+            return torch.autograd.grad(t.varlen_call(qg, kg, vg), (qg, kg, vg), do)
         emit({"case": name, "dir": "fwd+bwd", "variant": "varlen_attn",
               "ms": time_ms(vfb, rep_ms=200), "host_us": host_us_per_call(vfb)})
-    # kernel-by-kernel view of one fwd+bwd (GPU time per kernel, CPU time per op)
+    _profile_one_step(lambda: torch.autograd.grad(ours(), (qg, kg, vg), do),
+                      out_dir / "jfa_window_profile.txt")
+
+
+def _profile_one_step(fbd: Callable[[], object], path: Path) -> None:
+    """Kernel-by-kernel view of one fwd+bwd (GPU time per kernel, CPU time per op)."""
     from torch.profiler import ProfilerActivity, profile
 
-    def fbd():
-        return torch.autograd.grad(ours(), (qg, kg, vg), do)
     fbd()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -514,11 +556,11 @@ def _tune_case(case: Case, emit, out_dir: Path) -> None:
         torch.cuda.synchronize()
     table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25)
     print(table, flush=True)
-    (out_dir / "jfa_window_profile.txt").write_text(table)
+    path.write_text(table)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="gem_kernels.bench.jfa", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="gem_bench.kernels.jfa", description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="bench_results", help="folder for jfa.json")
     ap.add_argument("--quick", action="store_true", help="two small cases, shorter timing")
     ap.add_argument("--skip", default="", help="comma-separated variants to leave out")

@@ -2,8 +2,8 @@
 (short_q, short_q_stream, two_kernel) timed on the same inputs, eager and graph-replayed,
 with a bitwise repeatability check, against the plan the op picks by default.
 
-    PYTHONPATH=kernels python -m gem_kernels.bench.gdpa_pooled_sweep --out $OUT
-    PYTHONPATH=kernels python -m gem_kernels.bench.deterministic --pooled-sweep --out $OUT
+    PYTHONPATH=kernels:platform:bench python -m gem_bench.kernels.gdpa_pooled_sweep --out $OUT
+    python -m gem_bench.kernels.deterministic --pooled-sweep --out $OUT   (same PYTHONPATH)
 
 Writes gdpa_pooled_sweep.json. Rows: case "B{batch}_Q{q}_H{heads}_d{dim}", variant the plan,
 direction "bwd", ms (eager, host launch included); extra: ms_gpu (graph-replayed GPU time),
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from gem_kernels.bench.common import BenchRow, graph_replay_ms, write_json
+from gem_bench.kernels.common import BenchRow, graph_replay_ms, write_json
 from gem_kernels.testing import lognormal_lengths, offsets_from_lengths
 
 PLANS = ("short_q", "short_q_stream", "two_kernel")

@@ -2,7 +2,7 @@
 around its kernel launch (the forward's schedule and the backward's, prebuilt), at the shapes
 of recipes/h200.yaml's cross and pooled attention, and how many host->device copies it makes.
 
-    PYTHONPATH=kernels python -m gem_kernels.bench.gdpa_host --out $OUT
+    PYTHONPATH=kernels:platform:bench python -m gem_bench.kernels.gdpa_host --out $OUT
 
 Shapes (gem_platform.model.interaction, recipes/h200.yaml): batch 1024, histories log-normal
 with mean 400, sigma 1.0, clipped to 16..2048 (seed 0), heads 2, head_dim 128, bf16,
@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from gem_kernels.bench.common import BenchRow, add_ratios, print_table, write_json
+from gem_bench.kernels.common import BenchRow, add_ratios, print_table, write_json
 from gem_kernels.gdpa import op
 from gem_kernels.testing import lognormal_lengths, offsets_from_lengths
 

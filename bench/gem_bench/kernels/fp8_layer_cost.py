@@ -16,7 +16,7 @@ layer is launch-bound: narrow layers gain nothing from a faster GEMM until they 
 Command for docs/bench/fp8_layer_cost.json (on the H200):
     gemctl bench fp8-cost --out docs/bench
 or where gemctl is not installed:
-    PYTHONPATH=kernels:platform python -m gem_kernels.bench.fp8_layer_cost --out docs/bench
+    PYTHONPATH=kernels:platform:bench python -m gem_bench.kernels.fp8_layer_cost --out docs/bench
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from collections.abc import Callable
 
 import torch
 
-from gem_kernels.bench.common import (
+from gem_bench.kernels.common import (
     H200_BF16_TFLOPS,
     BenchRow,
     add_ratios,

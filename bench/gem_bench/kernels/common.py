@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
-import platform as _platform
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+
+from gem_platform.provenance import environment
 
 # Ceilings measured on the H200 we benchmark on (bf16 dense matmul, FP8 tensorwise
 # torch._scaled_mm, device-to-device copy counting read + write bytes).
@@ -98,19 +99,6 @@ def add_ratios(rows: list[BenchRow], ours: str, baseline: str) -> None:
             r.baseline = baseline
 
 
-def device_info() -> dict:
-    info = {"torch": torch.__version__, "python": _platform.python_version()}
-    if torch.cuda.is_available():
-        info["gpu"] = torch.cuda.get_device_name()
-    try:
-        import triton
-
-        info["triton"] = triton.__version__
-    except ImportError:
-        pass
-    return info
-
-
 def print_table(rows: list[BenchRow], title: str) -> None:
     """Plain fixed-width table (rich is not guaranteed on the GPU machine)."""
     cols = ["case", "variant", "direction", "ms", "useful_tflops", "frac_bf16_peak", "hbm_tbs",
@@ -135,6 +123,6 @@ def print_table(rows: list[BenchRow], title: str) -> None:
 def write_json(rows: list[BenchRow], path: str | Path, meta: dict | None = None) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    payload = {"device": device_info(), "meta": meta or {}, "rows": [asdict(r) for r in rows]}
+    payload = {"device": environment(), "meta": meta or {}, "rows": [asdict(r) for r in rows]}
     path.write_text(json.dumps(payload, indent=2))
     return path

@@ -21,7 +21,7 @@ Same run, same inputs, per shape (tokens x in -> out):
 Useful TFLOP/s count 2MKN per forward and 4MKN per backward for every variant.
 
 Command that produced docs/bench/fp8_linear.json (on the H200):
-    PYTHONPATH=kernels:platform python -m gem_kernels.bench.fp8_linear --out $OUT
+    PYTHONPATH=kernels:platform:bench python -m gem_bench.kernels.fp8_linear --out $OUT
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from collections.abc import Callable
 
 import torch
 
-from gem_kernels.bench.common import (
+from gem_bench.kernels.common import (
     H200_BF16_TFLOPS,
     H200_FP8_TFLOPS,
     BenchRow,
@@ -61,25 +61,9 @@ def _rowwise_fp8(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (t.float() / scale).to(torch.float8_e4m3fn), scale
 
 
-def _case_rows(m: int, k: int, n: int, rep_ms: float, errors: dict) -> list[BenchRow]:
-    from gem_kernels.dispatch import Kernel
-    from gem_kernels.fp8 import Fp8BlockLinear, Fp8Config, gemm, quantize, quantize_dual
-    from gem_kernels.fp8.linear import (
-        _scaled_mm_blockwise,
-        fp8_matmul,
-        hadamard_for,
-    )
-    from gem_kernels.fp8.quantize import quantize_triton
-
-    dev = "cuda"
-    case = f"{m}x{k}->{n}"
-    torch.manual_seed(0)
-    x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
-    gy = torch.randn(m, n, device=dev, dtype=torch.bfloat16)
-    lin = torch.nn.Linear(k, n, bias=False, device=dev, dtype=torch.bfloat16)
-    w = lin.weight
-    f_fwd, f_bwd = 2.0 * m * k * n, 4.0 * m * k * n
-    rows: list[BenchRow] = []
+def _adder(case: str, rows: list[BenchRow], rep_ms: float, errors: dict):
+    """A function that times one variant into ``rows``; a variant that cannot run here is
+    reported in ``errors``, not fatal."""
 
     def add(variant: str, direction: str, fn: Callable[[], object], flops: float | None = None,
             nbytes: float | None = None, peak: float = H200_FP8_TFLOPS, **extra) -> None:
@@ -92,14 +76,36 @@ def _case_rows(m: int, k: int, n: int, rep_ms: float, errors: dict) -> list[Benc
         rows.append(fill_rates(BenchRow(case, variant, direction, ms, extra=extra), flops,
                                nbytes, peak_tflops=peak))
 
-    # bf16 baseline
+    return add
+
+
+def _case_rows(m: int, k: int, n: int, rep_ms: float, errors: dict) -> list[BenchRow]:
+    dev = "cuda"
+    case = f"{m}x{k}->{n}"
+    torch.manual_seed(0)
+    x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+    gy = torch.randn(m, n, device=dev, dtype=torch.bfloat16)
+    lin = torch.nn.Linear(k, n, bias=False, device=dev, dtype=torch.bfloat16)
+    f_fwd, f_bwd = 2.0 * m * k * n, 4.0 * m * k * n
+    rows: list[BenchRow] = []
+    add = _adder(case, rows, rep_ms, errors)
+    _baseline_rows(add, x, gy, lin.weight, f_fwd, f_bwd)
+    _layer_rows(add, (m, k, n), case, x, gy, lin, errors, f_fwd, f_bwd)
+    _gemm_rows(add, x, gy, lin.weight, f_fwd)
+    _quantizer_rows(add, x)
+    if (m, k, n) in NORM_CASES:
+        rows += _norm_rows(case, x, gy, lin, rep_ms, errors, f_fwd, f_bwd)
+    return rows
+
+
+def _baseline_rows(add, x: torch.Tensor, gy: torch.Tensor, w: torch.Tensor, f_fwd: float,
+                   f_bwd: float) -> None:
+    """bf16 nn.Linear, and torch._scaled_mm rowwise (GEMMs only)."""
     xr = x.detach().requires_grad_()
     add("bf16", "fwd", lambda: torch.nn.functional.linear(x, w), f_fwd, peak=H200_BF16_TFLOPS)
     y = torch.nn.functional.linear(xr, w)
     add("bf16", "bwd", lambda: torch.autograd.grad(y, (xr, w), gy, retain_graph=True), f_bwd,
         peak=H200_BF16_TFLOPS)
-
-    # torch._scaled_mm rowwise, GEMMs only
     xq, xs = _rowwise_fp8(x)
     wq, ws = _rowwise_fp8(w)  # (n, k): per output channel
     gq, gs = _rowwise_fp8(gy)
@@ -113,10 +119,18 @@ def _case_rows(m: int, k: int, n: int, rep_ms: float, errors: dict) -> list[Benc
 
     add("rowwise_gemm", "bwd", rowwise_bwd, f_bwd)
 
+
+def _layer_rows(add, shape: tuple[int, int, int], case: str, x: torch.Tensor,
+                gy: torch.Tensor, lin: torch.nn.Linear, errors: dict, f_fwd: float,
+                f_bwd: float) -> None:
+    """Our Fp8BlockLinear layer at each block size, with Hadamard and with an FP8 wgrad."""
+    from gem_kernels.fp8 import Fp8BlockLinear, Fp8Config
+
+    xr, w = x.detach().requires_grad_(), lin.weight
     for block, hadamard, wgrad in ((32, False, "bf16"), (128, False, "bf16"),
                                    (128, False, "fp8"), (32, False, "fp8"), (32, True, "bf16")):
         name = f"fp8_b{block}" + ("_had" if hadamard else "") + ("_w8" if wgrad == "fp8" else "")
-        if hadamard and (m, k, n) not in ((65536, 2048, 2048), (16384, 1024, 1024)):
+        if hadamard and shape not in ((65536, 2048, 2048), (16384, 1024, 1024)):
             continue
         cfg = Fp8Config(block=block, hadamard=hadamard, hadamard_block=128, wgrad=wgrad)
         layer = Fp8BlockLinear.from_linear(lin, cfg)
@@ -129,12 +143,18 @@ def _case_rows(m: int, k: int, n: int, rep_ms: float, errors: dict) -> list[Benc
             errors[f"{case}/{name}/bwd"] = f"{type(e).__name__}: {e}"[:400]
             traceback.print_exc()
 
-    # GEMMs alone and the quantizer alone
+
+def _gemm_rows(add, x: torch.Tensor, gy: torch.Tensor, w: torch.Tensor, f_fwd: float) -> None:
+    """The GEMMs alone, and the backward's parts on the 128 route: what an FP8 weight gradient
+    can save at best."""
+    from gem_kernels.dispatch import Kernel
+    from gem_kernels.fp8 import gemm, quantize, quantize_dual
+    from gem_kernels.fp8.linear import _scaled_mm_blockwise, fp8_matmul
+
     a32, w32 = quantize(x, (32, 32)), quantize(w, (32, 32))
     add("gemm_b32", "fwd", lambda: gemm(a32, w32.t()), f_fwd)
     a128, w128 = quantize(x, (1, 128)), quantize(w, (128, 128))
     add("gemm_b128", "fwd", lambda: _scaled_mm_blockwise(a128, w128.t(), torch.bfloat16), f_fwd)
-    # the backward's parts on the 128 route: what an FP8 weight gradient can save at best
     g128, gt128 = quantize_dual(gy)
     _, xt128 = quantize_dual(x)
     wk = quantize(w, (128, 128)).k_major()
@@ -144,7 +164,16 @@ def _case_rows(m: int, k: int, n: int, rep_ms: float, errors: dict) -> list[Benc
                                                      Kernel.TRITON), f_fwd)
     add("gemm_bf16_wgrad", "bwd", lambda: gy.t() @ x, f_fwd, peak=H200_BF16_TFLOPS)
     add("gemm_bf16_dgrad", "bwd", lambda: gy @ w, f_fwd, peak=H200_BF16_TFLOPS)
-    elems = m * k
+
+
+def _quantizer_rows(add, x: torch.Tensor) -> None:
+    """The quantizer alone: block shapes, emulated cast, Hadamard, stochastic rounding, and
+    the dual (row- and column-wise) quantizer."""
+    from gem_kernels.fp8 import Fp8Config, quantize_dual
+    from gem_kernels.fp8.linear import hadamard_for
+    from gem_kernels.fp8.quantize import quantize_triton
+
+    elems = x.numel()
     for label, block, had, sr, hw in (("quant_32", (32, 32), False, False, None),
                                       ("quant_32_emul", (32, 32), False, False, False),
                                       ("quant_1x128", (1, 128), False, False, None),
@@ -160,9 +189,6 @@ def _case_rows(m: int, k: int, n: int, rep_ms: float, errors: dict) -> list[Benc
         nbytes=4.0 * elems + scales)
     add("quant_dual_sr", "fwd", lambda: quantize_dual(x, stochastic=True, seed=1),
         nbytes=4.0 * elems + scales)
-    if (m, k, n) in NORM_CASES:
-        rows += _norm_rows(case, x, gy, lin, rep_ms, errors, f_fwd, f_bwd)
-    return rows
 
 
 NORM_CASES = [(65536, 2048, 2048), (16384, 4096, 4096)]

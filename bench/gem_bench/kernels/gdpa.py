@@ -2,7 +2,7 @@
 under torch.compile, on self (long Q = KV), cross (long Q, 16 KV tokens) and pooled (8 query
 tokens, long KV) attention with log-normal jagged lengths; forward, backward and both.
 
-    PYTHONPATH=kernels:platform python -m gem_kernels.bench.gdpa --out $OUT --budget-s 120
+    PYTHONPATH=kernels:platform:bench python -m gem_bench.kernels.gdpa --out $OUT --budget-s 120
 (--budget-s only stops starting new variants after that many seconds; the errors of each case
 in gdpa.json name any variant it skipped. --cases self --ablations plans re-measures the self
 main rows with both baselines, then only the backward plans the op tunes between, forced.)
@@ -27,29 +27,7 @@ The second printed table shows these columns side by side. Backward ablation row
 short shapes (cross, pooled) also carry ms_gpu (their eager rows are host-bound); the other
 ablation rows are eager, launcher-level timings of one kernel variant.
 
-docs/bench/gdpa.json (H200, the command above; eager ms / graphed ms_gpu / host us per call):
-- self fwd 0.473 / 0.471 ms (381 TF/s) / 117 us; bwd 1.713 / 1.720 / 224; fwd+bwd 2.159 /
-  2.170 ms (250.0 / 248.8 TF/s) / 617. The previous committed run: fwd 0.474, bwd 1.767,
-  fwd+bwd 2.208 (244 TF/s). What moved the backward: the GELU derivative from s (the atomic
-  one-pass plan 1.731 ms here vs 1.767 there; the two-kernel plan, which evaluates act'
-  twice, 1.726 vs 1.878) and the phased plan (1.712 vs 1.731 in the same run; the op's own
-  timing: 1.726 vs 1.729). The identity-activation ceilings: fwd 0.329, bwd 1.518 / 1.508
-  (atomic / phased).
-- cross fwd 0.082 / 0.073 ms (64% / 72% of HBM) / 95 us; bwd 0.154 / 0.113 ms (52% / 70%)
-  / 158 us; fwd+bwd 0.380 / 0.181 ms. The eager rows of the short shapes sit at the host:
-  the GPU column is the kernels'. (Previous run, eager: fwd 0.073, bwd 0.218 with 243 us of
-  host per call; runs on different machines, so the host columns are not a same-run
-  comparison.)
-- pooled fwd 0.071 / 0.071 (73%); bwd 0.251 / 0.160 (41% / 64%); fwd+bwd 0.547 / 0.224.
-- Every baseline row captured; padded_compile vs ours: self fwd 21x, fwd+bwd 11.8x; cross
-  bwd 6.0x eager, 8.2x graphed.
-
-docs/bench/gdpa_self.json (H200, --cases self --ablations plans, a later run, dQ computed
-transposed): fwd 0.468 / 0.469 ms; bwd 1.580 / 1.591; fwd+bwd 2.032 / 2.043 ms (265.6 /
-264.3 TF/s); padded_compile fwd+bwd 25.55 ms (12.6x). Forced plans, bwd eager and fwd+bwd
-eager / graphed: dQ transposed atomic 3 stages 1.617, 2.063 / 2.060; 4 stages 1.588, 2.070 /
-2.030; phased 3 stages 1.615, 2.087 / 2.058; 4 stages 1.602, 2.104 / 2.050; the previous
-plans (dS K as a 32-row mma.sync) atomic 1.731, 2.166 / 2.164 and phased 1.710, 2.157 / 2.153.
+Measured figures: docs/bench/gdpa.json and gdpa_self.json (docs/bench/README.md).
 
 The self-attention backward: the op chooses in-run between plans with the same result
 (gem_kernels.gdpa.tuning; meta.cases.self.backward_tuning lists what it timed): the atomic
@@ -71,7 +49,7 @@ their CPU build time is reported separately.
 --tune times tile configs, scale modes, backward modes and the cross backward kernel's
 graphed GPU time in one run (gdpa_tune.json); with --public-only it uses only the public op
 and runs on an older checkout for a same-run before/after comparison:
-    PYTHONPATH=<old>/kernels:platform python kernels/gem_kernels/bench/gdpa.py --tune \
+    PYTHONPATH=<old>/kernels:platform:bench python bench/gem_bench/kernels/gdpa.py --tune \
         --public-only --cases self,cross --out $OUT/base
 """
 
@@ -86,7 +64,7 @@ from pathlib import Path
 
 import torch
 
-from gem_kernels.bench.common import (
+from gem_bench.kernels.common import (
     H200_BF16_TFLOPS,
     H200_HBM_TBS,
     BenchRow,
@@ -335,19 +313,10 @@ def bwd_variants(case: str, quick: bool, max_q: int, max_kv: int, dim: int):
                   ("bwd_fused_cta4", "short_q", replace(f, ctas_per_sm=4), None)]
 
 
-def run_case(c: Case, phase: str, quick: bool, rows: list[BenchRow], meta: dict,
-             deadline: float, baselines: bool = True,
-             checkpoint: Callable[[], object] | None = None) -> None:
-    """phase 'main': correctness check, ours and both padded baselines; 'ablations': the
-    schedule-order, prefetch and tile-shape variants; 'plans': only the backward plans the op
-    tunes between (128-key blocks), each forced, bwd and fwd+bwd, eager and graphed.
-    checkpoint (e.g. writing the JSON) runs after each main variant, so that a run cut short
-    keeps what it measured."""
-    from gem_kernels.gdpa import gdpa
-    from gem_kernels.gdpa.activations import ACT_CODE
-    from gem_kernels.gdpa.op import GDPAFunction, backward_mode, forward_schedule, num_sms
-    from gem_kernels.gdpa.reference import gdpa_padded
-    from gem_kernels.gdpa.schedule import build_schedule
+def _case_configs(c: Case) -> tuple[object, object, object, str]:
+    """The forward config, the backward mode and its dK/dV (or single-kernel) and dQ configs
+    the op picks for this case's shape."""
+    from gem_kernels.gdpa.op import backward_mode
     from gem_kernels.gdpa.triton_bwd import (
         dkdv_config,
         dq_config,
@@ -355,10 +324,8 @@ def run_case(c: Case, phase: str, quick: bool, rows: list[BenchRow], meta: dict,
         short_kv_stream_config,
         short_q_config,
     )
-    from gem_kernels.gdpa.triton_fwd import fwd_config, launch_fwd
+    from gem_kernels.gdpa.triton_fwd import fwd_config
 
-    scale = 1.0 / math.sqrt(c.dim)
-    sms = num_sms(c.q.device)
     cfg = fwd_config(c.max_q, c.max_kv, c.dim)
     cfg_kv, cfg_q = dkdv_config(c.max_q, c.max_kv, c.dim), dq_config(c.max_q, c.max_kv, c.dim)
     mode = backward_mode(c.max_q, c.max_kv)
@@ -368,20 +335,33 @@ def run_case(c: Case, phase: str, quick: bool, rows: list[BenchRow], meta: dict,
         cfg_kv = one_pass_config(c.max_q, c.max_kv, c.dim)
     elif mode == "short_q":
         cfg_kv = short_q_config(c.max_q, c.dim)
-    if phase == "main":
-        meta["cases"][c.name] = {
-            "lengths_q": {"sum": sum(c.ql), "max": c.max_q},
-            "lengths_kv": {"sum": sum(c.kl), "max": c.max_kv},
-            "fwd_config": vars(cfg), "bwd_mode": mode, "dkdv_config": vars(cfg_kv),
-            "dq_config": vars(cfg_q),
-            "schedule_fwd": sched_stats(c, cfg, not cfg.kv_major, sms),
-            "schedule_dkdv": sched_stats(c, cfg_kv, False, sms),
-            "schedule_dq": sched_stats(c, cfg_q, True, sms), "errors": {}}
-    info = meta["cases"][c.name]
+    return cfg, cfg_kv, cfg_q, mode
 
-    def record(variant: str, direction: str, fn, extra: dict | None = None
+
+def _describe_case(c: Case, sms: int) -> dict:
+    """meta.cases[<case>]: lengths, the configs the op picks and their schedules' balance."""
+    cfg, cfg_kv, cfg_q, mode = _case_configs(c)
+    return {
+        "lengths_q": {"sum": sum(c.ql), "max": c.max_q},
+        "lengths_kv": {"sum": sum(c.kl), "max": c.max_kv},
+        "fwd_config": vars(cfg), "bwd_mode": mode, "dkdv_config": vars(cfg_kv),
+        "dq_config": vars(cfg_q),
+        "schedule_fwd": sched_stats(c, cfg, not cfg.kv_major, sms),
+        "schedule_dkdv": sched_stats(c, cfg_kv, False, sms),
+        "schedule_dq": sched_stats(c, cfg_q, True, sms), "errors": {}}
+
+
+class _Recorder:
+    """Times callables of one case into ``rows``; a failure or the time budget is noted in
+    ``info['errors']`` instead, so one failing variant never loses the others."""
+
+    def __init__(self, c: Case, rows: list[BenchRow], info: dict, deadline: float) -> None:
+        self.c, self.rows, self.info, self.deadline = c, rows, info, deadline
+
+    def record(self, variant: str, direction: str, fn, extra: dict | None = None
                ) -> BenchRow | None:
-        if time.monotonic() > deadline:
+        c, info = self.c, self.info
+        if time.monotonic() > self.deadline:
             info["errors"][f"{variant}/{direction}"] = "skipped: time budget"
             return None
         try:
@@ -392,20 +372,20 @@ def run_case(c: Case, phase: str, quick: bool, rows: list[BenchRow], meta: dict,
             return None
         row = BenchRow(case=c.name, variant=variant, direction=direction, ms=ms,
                        extra=extra or {})
-        rows.append(fill_rates(row, c.flops[direction], c.bytes[direction]))
+        self.rows.append(fill_rates(row, c.flops[direction], c.bytes[direction]))
         return row
 
-    def record_main(variant: str, fwd, inputs, do, host_calls: int) -> None:
+    def record_main(self, variant: str, fwd, inputs, do, host_calls: int) -> None:
         """Eager rows (as the op is called), then the same callables' host time per call
         and their graph-replay GPU time, added to each row's extra."""
         try:
             f, b, fb = _grad_fns(fwd, inputs, do)
         except Exception as e:
-            info["errors"][variant] = f"{type(e).__name__}: {e}"[:500]
+            self.info["errors"][variant] = f"{type(e).__name__}: {e}"[:500]
             return
         got = {}
         for direction, fn in (("fwd", f), ("bwd", b), ("fwd+bwd", fb)):
-            row = record(variant, direction, fn)
+            row = self.record(variant, direction, fn)
             if row is not None:
                 try:
                     row.extra["host_us_per_call"] = round(host_us_per_call(fn, host_calls), 1)
@@ -414,8 +394,11 @@ def run_case(c: Case, phase: str, quick: bool, rows: list[BenchRow], meta: dict,
                 got[direction] = row
         del f, b, fb
         torch.cuda.empty_cache()
-        if not got:
-            return
+        if got:
+            self._add_graphed(variant, fwd, inputs, do, got)
+
+    def _add_graphed(self, variant: str, fwd, inputs, do, got: dict[str, BenchRow]) -> None:
+        c = self.c
         for direction, ms in graphed_ms(fwd, inputs, do, list(got)).items():
             extra = got[direction].extra
             if isinstance(ms, str):
@@ -428,7 +411,42 @@ def run_case(c: Case, phase: str, quick: bool, rows: list[BenchRow], meta: dict,
             extra["useful_tflops_gpu"] = gpu.useful_tflops
             extra["frac_hbm_gpu"] = gpu.frac_hbm
 
-    # --- ours: the public op (default configs) -----------------------------------------
+
+def run_case(c: Case, phase: str, quick: bool, rows: list[BenchRow], meta: dict,
+             deadline: float, baselines: bool = True,
+             checkpoint: Callable[[], object] | None = None) -> None:
+    """phase 'main': correctness check, ours and both padded baselines; 'ablations': the
+    schedule-order, prefetch and tile-shape variants; 'plans': only the backward plans the op
+    tunes between (128-key blocks), each forced, bwd and fwd+bwd, eager and graphed.
+    checkpoint (e.g. writing the JSON) runs after each main variant, so that a run cut short
+    keeps what it measured."""
+    from gem_kernels.gdpa.op import num_sms
+
+    scale = 1.0 / math.sqrt(c.dim)
+    sms = num_sms(c.q.device)
+    if phase == "main":
+        meta["cases"][c.name] = _describe_case(c, sms)
+    info = meta["cases"][c.name]
+    rec = _Recorder(c, rows, info, deadline)
+    if phase == "main":
+        _run_main(c, rec, scale, baselines, checkpoint or (lambda: None))
+    elif phase == "plans":
+        run_plans(c, rows, info, rec.record, scale)
+    else:
+        _forward_ablations(c, rec, quick, sms, scale)
+        _backward_ablations(c, rec, quick, scale)
+
+
+def _run_main(c: Case, rec: _Recorder, scale: float, baselines: bool,
+              checkpoint: Callable[[], object]) -> None:
+    """Ours (the public op, default configs) checked against the fp32 reference and timed,
+    the plans its backward tuner chose, then both padded baselines and the ratios to them."""
+    from gem_kernels.gdpa import gdpa
+    from gem_kernels.gdpa.op import TUNER
+    from gem_kernels.gdpa.reference import gdpa_padded
+
+    rows, info = rec.rows, rec.info
+
     def ours(q, k, v):
         return gdpa(q, k, v, c.qo, c.ko, c.max_q, c.max_kv, activation=ACTIVATION,
                     kernel="triton")
@@ -436,68 +454,71 @@ def run_case(c: Case, phase: str, quick: bool, rows: list[BenchRow], meta: dict,
     def padded(q, k, v):
         return gdpa_padded(q, k, v, None, activation=ACTIVATION, scale=scale)
 
-    if phase == "main":
-        try:
-            check_against_reference(c, ours, info)
-        except Exception as e:
-            info["errors"]["check"] = f"{type(e).__name__}: {e}"[:500]
+    try:
+        check_against_reference(c, ours, info)
+    except Exception as e:
+        info["errors"]["check"] = f"{type(e).__name__}: {e}"[:500]
+    torch.cuda.empty_cache()
+    rec.record_main("ours", ours, (c.q, c.k, c.v), c.do, 50)
+    info["ours_host_us_per_call"] = {
+        r.direction: r.extra.get("host_us_per_call") for r in rows
+        if r.case == c.name and r.variant == "ours"}
+    info["backward_tuning"] = [
+        {"key": [str(x) for x in key], "choice": _plan_name(rec_.choice),
+         "timings_ms": {_plan_name(cand): ms for cand, ms in rec_.timings}}
+        for key, rec_ in TUNER.records.items()]
+    checkpoint()
+    if not baselines:
+        return
+    compiled = torch.compile(padded, dynamic=False)
+    for variant, fn in (("padded_eager", padded), ("padded_compile", compiled)):
+        if time.monotonic() > rec.deadline:
+            info["errors"][variant] = "skipped: time budget"
+            continue
+        rec.record_main(variant, fn, (c.qp, c.kp, c.vp), c.dop, 10)
         torch.cuda.empty_cache()
-
-        record_main("ours", ours, (c.q, c.k, c.v), c.do, 50)
-        checkpoint = checkpoint or (lambda: None)
-        info["ours_host_us_per_call"] = {
-            r.direction: r.extra.get("host_us_per_call") for r in rows
-            if r.case == c.name and r.variant == "ours"}
-        from gem_kernels.gdpa.op import TUNER
-
-        info["backward_tuning"] = [
-            {"key": [str(x) for x in key], "choice": _plan_name(rec.choice),
-             "timings_ms": {_plan_name(cand): ms for cand, ms in rec.timings}}
-            for key, rec in TUNER.records.items()]
+        add_ratios(rows, "ours", "padded_compile")
         checkpoint()
+    base = {r.direction: r.extra.get("ms_gpu") for r in rows
+            if r.case == c.name and r.variant == "padded_compile"}
+    for r in rows:
+        if r.case == c.name and r.variant == "ours" and base.get(r.direction) \
+                and r.extra.get("ms_gpu"):
+            r.extra["ratio_to_baseline_gpu"] = base[r.direction] / r.extra["ms_gpu"]
 
-        # --- baselines on padded tensors ----------------------------------------------------
-        compiled = torch.compile(padded, dynamic=False)
-        for variant, fn in (("padded_eager", padded), ("padded_compile", compiled)):
-            if not baselines:
-                break
-            if time.monotonic() > deadline:
-                info["errors"][variant] = "skipped: time budget"
-                continue
-            record_main(variant, fn, (c.qp, c.kp, c.vp), c.dop, 10)
-            torch.cuda.empty_cache()
-            add_ratios(rows, "ours", "padded_compile")
-            checkpoint()
-        base = {r.direction: r.extra.get("ms_gpu") for r in rows
-                if r.case == c.name and r.variant == "padded_compile"}
-        for r in rows:
-            if r.case == c.name and r.variant == "ours" and base.get(r.direction) \
-                    and r.extra.get("ms_gpu"):
-                r.extra["ratio_to_baseline_gpu"] = base[r.direction] / r.extra["ms_gpu"]
-        return
 
-    if phase == "plans":
-        run_plans(c, rows, info, record, scale)
-        return
+def _forward_ablations(c: Case, rec: _Recorder, quick: bool, sms: int, scale: float) -> None:
+    """The forward without the snake schedule order, and each of fwd_variants."""
+    from gem_kernels.gdpa.activations import ACT_CODE
+    from gem_kernels.gdpa.op import forward_schedule
+    from gem_kernels.gdpa.schedule import build_schedule
+    from gem_kernels.gdpa.triton_fwd import launch_fwd
 
-    # --- forward ablations: schedule order, prefetch, tile shapes ----------------------
+    cfg = _case_configs(c)[0]
     act = ACT_CODE[ACTIVATION]
     rows_o, cols_o = (c.ko, c.qo) if cfg.kv_major else (c.qo, c.ko)
     natural = build_schedule(rows_o, cols_o, cfg.block_rows, cfg.block_cols, c.heads,
                              sms * cfg.ctas_per_sm, c.q.device, snake=False,
                              cover_empty_rows=cfg.kv_major)
-    record("ours_no_snake", "fwd",
-           lambda: launch_fwd(c.q, c.k, c.v, natural, cfg, act, 0, scale, c.max_kv))
+    rec.record("ours_no_snake", "fwd",
+               lambda: launch_fwd(c.q, c.k, c.v, natural, cfg, act, 0, scale, c.max_kv))
     for name, over in fwd_variants(c.name, quick):
         if "prefetch" in over and over["prefetch"] is None:
             over = {**over, "prefetch": not cfg.prefetch}
         vact = ACT_CODE[over.pop("activation", ACTIVATION)]
         vcfg = replace(cfg, **over)
         sched = forward_schedule(c.qo, c.ko, c.heads, vcfg, c.max_kv, c.q.device)
-        record(f"ours_{name}", "fwd",
-               lambda vcfg=vcfg, sched=sched, vact=vact: launch_fwd(
-                   c.q, c.k, c.v, sched, vcfg, vact, 0, scale, c.max_kv),
-               {"config": vars(vcfg)})
+        rec.record(f"ours_{name}", "fwd",
+                   lambda vcfg=vcfg, sched=sched, vact=vact: launch_fwd(
+                       c.q, c.k, c.v, sched, vcfg, vact, 0, scale, c.max_kv),
+                   {"config": vars(vcfg)})
+
+
+def _backward_ablations(c: Case, rec: _Recorder, quick: bool, scale: float) -> None:
+    """Each of bwd_variants forced through GDPAFunction; the short shapes' rows also carry
+    their graph-replay GPU time (their eager rows are host-bound)."""
+    from gem_kernels.gdpa.op import GDPAFunction
+
     for name, mode, ckv, cq, *vact in bwd_variants(c.name, quick, c.max_q, c.max_kv,
                                                     c.dim):
         def op(q, k, v, ckv=ckv, cq=cq, mode=mode, a=(vact or [ACTIVATION])[0]):
@@ -507,10 +528,10 @@ def run_case(c: Case, phase: str, quick: bool, rows: list[BenchRow], meta: dict,
         try:
             _, b, _ = _grad_fns(op, (c.q, c.k, c.v), c.do)
         except Exception as e:
-            info["errors"][f"ours_{name}"] = f"{type(e).__name__}: {e}"[:500]
+            rec.info["errors"][f"ours_{name}"] = f"{type(e).__name__}: {e}"[:500]
             continue
-        row = record(f"ours_{name}", "bwd", b, {"mode": mode, "dkdv": ckv and vars(ckv),
-                                                 "dq": cq and vars(cq)})
+        row = rec.record(f"ours_{name}", "bwd", b, {"mode": mode, "dkdv": ckv and vars(ckv),
+                                                     "dq": cq and vars(cq)})
         del b
         if row is not None and c.name != "self":  # short kernels: the eager row is host-bound
             ms = graphed_ms(op, (c.q, c.k, c.v), c.do, ["bwd"])["bwd"]
@@ -588,11 +609,6 @@ def tune_kernels(cases: dict[str, Case], emit, deadline: float) -> None:
     pipelines) with gelu_tanh and with identity (the same kernel without the activation: the
     matmul pipeline's ceiling); backward modes and tiles; the cross backward kernel's GPU time
     alone and its host time per call."""
-    from gem_kernels.gdpa.activations import ACT_CODE
-    from gem_kernels.gdpa.op import GDPAFunction, forward_schedule, schedule_for
-    from gem_kernels.gdpa.triton_bwd import launch_bwd_short_kv_stream, short_kv_stream_config
-    from gem_kernels.gdpa.triton_common import TileConfig
-    from gem_kernels.gdpa.triton_fwd import launch_fwd
 
     def timed(name: str, c: Case, direction: str, fn, **extra) -> None:
         if time.monotonic() > deadline:
@@ -609,7 +625,17 @@ def tune_kernels(cases: dict[str, Case], emit, deadline: float) -> None:
         emit({"case": c.name, "what": name, "direction": direction, "ms": ms,
               "tflops": row.useful_tflops, "frac_hbm": row.frac_hbm, **extra})
 
-    c = cases["cross"]
+    _tune_cross_backward(cases["cross"], emit)
+    _tune_self_forward(cases["self"], timed)
+    _tune_self_backward(cases["self"], timed, emit)
+
+
+def _tune_cross_backward(c: Case, emit) -> None:
+    """The cross backward kernel's tiles: graph-replayed GPU time and launcher host time."""
+    from gem_kernels.gdpa.activations import ACT_CODE
+    from gem_kernels.gdpa.op import schedule_for
+    from gem_kernels.gdpa.triton_bwd import launch_bwd_short_kv_stream, short_kv_stream_config
+
     act = ACT_CODE[ACTIVATION]
     base = short_kv_stream_config(c.max_kv, c.dim)
     for name, cfg in (("default", base), ("bm64_s2", replace(base, block_cols=64,
@@ -633,9 +659,15 @@ def tune_kernels(cases: dict[str, Case], emit, deadline: float) -> None:
             emit({"case": c.name, "what": f"bwd_kernel_graphed_{name}",
                   "error": f"{type(e).__name__}: {e}"[:400]})
 
-    c = cases["self"]
+
+def _tune_self_forward(c: Case, timed) -> None:
+    """Forward tile configs of the self case, each with the activations listed."""
+    from gem_kernels.gdpa.activations import ACT_CODE
+    from gem_kernels.gdpa.op import forward_schedule
+    from gem_kernels.gdpa.triton_common import TileConfig as T
+    from gem_kernels.gdpa.triton_fwd import launch_fwd
+
     scale = 1.0 / math.sqrt(c.dim)
-    T = TileConfig
     fwd = [
         ("ptr_128x64_w8_s3", T(128, 64, 8, 3, 1, True), ("gelu_tanh",)),
         ("ptr_128x64_w8_s3_runtime", T(128, 64, 8, 3, 1, True, scale_mode="runtime"),
@@ -659,6 +691,13 @@ def tune_kernels(cases: dict[str, Case], emit, deadline: float) -> None:
                       c.q, c.k, c.v, sched, cfg, ACT_CODE[act], 0, scale, c.max_kv),
                   config=vars(cfg))
 
+
+def _tune_self_backward(c: Case, timed, emit) -> None:
+    """Backward modes and tiles of the self case, each forced through GDPAFunction."""
+    from gem_kernels.gdpa.op import GDPAFunction
+    from gem_kernels.gdpa.triton_common import TileConfig as T
+
+    scale = 1.0 / math.sqrt(c.dim)
     bwd = [
         ("two_kernel_64x32_s3", "two_kernel", T(64, 32, 4, 3, 2, False),
          T(64, 32, 4, 3, 2, False), ("gelu_tanh",)),

@@ -11,7 +11,7 @@ HBM bytes: quantize 2 + 1 per element + 4 per block; dequantize 1 + 2 per elemen
 block; fraction of the H200's 4.27 TB/s. The eager chain is charged the same (useful) bytes.
 
 Command (on the H200):
-    PYTHONPATH=kernels:platform python -m gem_kernels.bench.fp8_saved --out $OUT
+    PYTHONPATH=kernels:platform:bench python -m gem_bench.kernels.fp8_saved --out $OUT
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import torch
 
-from gem_kernels.bench.common import (
+from gem_bench.kernels.common import (
     BenchRow,
     add_ratios,
     fill_rates,

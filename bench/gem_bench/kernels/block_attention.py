@@ -2,7 +2,7 @@
 without it, forward and forward+backward, on the same jagged inputs in the same run.
 
 Reproduce (H200; results committed as docs/bench/block_attention.json):
-    PYTHONPATH=kernels:platform python -m gem_kernels.bench.block_attention --out $OUT
+    PYTHONPATH=kernels:platform:bench python -m gem_bench.kernels.block_attention --out $OUT
 
 Variants (RoPE, base 10000, is part of every one except the *_norope rows):
 - ours: ``block_attention(..., rope=RopeConfig())``, RoPE inside the kernels, launch settings
@@ -50,7 +50,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from gem_kernels.bench.common import (
+from gem_bench.kernels.common import (
     BenchRow,
     add_ratios,
     fill_rates,
