@@ -15,6 +15,9 @@ import pytest
 import torch
 
 from gem_platform.data.meta import SparseFeatureSpec
+from gem_platform.parallel.host_split import GATHER_RANGE as GATHER
+from gem_platform.parallel.host_split import REDUCE_RANGE as REDUCE
+from gem_platform.parallel.host_split import WAIT_RANGE as WAIT
 from tests.parallel.harness import shard_batch, spawn, tiny_meta, tiny_recipe
 
 WORLD, PER_HOST = 4, 2
@@ -114,8 +117,11 @@ def _job(folder: str, rank: int, world: int) -> dict:
 
     r, par, opts = _build(True)
     Stateful(par.model, opts, r.parallel.model_dump(mode="json"), world).load(Path(folder), rank)
-    resumed = _steps(r, par, opts, rank, range(SAVE_AT, STEPS), [])
-    return dict(plain=plain, split=split, resumed=resumed, plain_state=plain_state,
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        resumed = _steps(r, par, opts, rank, range(SAVE_AT, STEPS), [])
+    ranges = [e.name for e in sorted(prof.events(), key=lambda e: e.time_range.start)
+              if e.name.startswith("gem.host_split")]
+    return dict(ranges=ranges, plain=plain, split=split, resumed=resumed, plain_state=plain_state,
                 split_state=split_state, resumed_state=_full_state(par, opts[1]),
                 plain_bytes=plain_bytes, pieces_bytes=pieces_bytes, adagrad_bytes=adagrad_bytes,
                 peaks=peaks, records=records, strategy=par.strategy)
@@ -145,6 +151,10 @@ def test_host_split_trains_as_replicated_tables_and_resumes():
         assert res["peaks"] == [res["pieces_bytes"]] * STEPS
         assert plan.memory_per_rank()["embedding_tables"] == res["pieces_bytes"]
         _assert_bytes_as_planned(res["records"], priced)
+        # In a trace: the first forward after loading waits on its own gather; from then on
+        # each step's gather is launched right after the optimizer step before it.
+        steps = STEPS - SAVE_AT
+        assert res["ranges"] == [WAIT, REDUCE] + [GATHER, WAIT, REDUCE] * (steps - 1) + [GATHER]
 
 
 def _assert_bytes_as_planned(records, priced) -> None:

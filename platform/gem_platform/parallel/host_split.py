@@ -32,10 +32,16 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.profiler import record_function
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 
 from gem_platform.topology.costs import ring_all_gather_bytes, ring_all_reduce_bytes
 
+# Profiler ranges: the gather's launch (after the optimizer step), the lookup's wait on it,
+# and the gradients' reduction after the backward.
+GATHER_RANGE = "gem.host_split_all_gather"
+WAIT_RANGE = "gem.host_split_wait"
+REDUCE_RANGE = "gem.host_split_reduce"
 HOST_GROUP = "embedding_host"
 REPLICATE_GROUP = "embedding_split_replicate"
 
@@ -191,7 +197,8 @@ class HostSplitTables:
         """Start the all-gather of the pieces as they are now (async); the next lookup waits
         on it. Called after each optimizer step."""
         if self._pending is None:
-            self._pending = self._start_gather()
+            with record_function(GATHER_RANGE):
+                self._pending = self._start_gather()
 
     def _start_gather(self) -> _Pending:
         p = self.groups.per_host
@@ -225,7 +232,8 @@ class HostSplitTables:
         if self._live:
             return
         self._gathered, self._served = [], set()
-        out = self._gather().view(self.groups.per_host, -1)
+        with record_function(WAIT_RANGE):
+            out = self._gather().view(self.groups.per_host, -1)
         for table in self.tables:
             full = out[:, table.offset: table.offset + table.padded]
             full = full.reshape(-1, table.dim)[: table.rows].clone()
@@ -254,8 +262,11 @@ class HostSplitTables:
         all-reduce the pieces across hosts, average over the world, and hand each piece's
         gradient to its DTensor (what the optimizer steps)."""
         gathered, self._gathered = self._gathered, []
-        if not gathered:
-            return
+        if gathered:
+            with record_function(REDUCE_RANGE):
+                self._reduce_into_pieces(gathered)
+
+    def _reduce_into_pieces(self, gathered: list[nn.Parameter]) -> None:
         p, n = self.groups.per_host, self.flat.numel()
         grads = torch.zeros(p, n, dtype=self.flat.dtype, device=self.flat.device)
         for table, full in zip(self.tables, gathered, strict=True):
