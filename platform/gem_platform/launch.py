@@ -407,6 +407,8 @@ def submit(recipe: Recipe, *, local: bool = False, address: str | None = None,
     world = 1 if local else recipe.parallel.workers
     check_world_size(recipe, meta, world)
     recipe.parallel.validate_against_world(world)
+    if not local:
+        recipe.parallel.check_host_split_trained()
 
     uri = resolve_tracking_uri(recipe.tracking.uri)
     tags = {"gem.mode": "local" if local else "ray", "gem.recipe": recipe.name,

@@ -179,11 +179,10 @@ def test_host_split_beside_other_strategies_is_refused(field):
     """Splitting TorchRec-sharded tables over a host is planned but not trained, nor is the
     split beside HSDP or expert parallelism: refused, naming the field and the fix."""
     from gem_platform.errors import RecipeError
-    from gem_platform.parallel.api import refuse_host_split_combinations
 
     r = tiny_recipe(workers=WORLD, gpus_per_host=PER_HOST, embedding_host_split=True, **field)
     with pytest.raises(RecipeError, match="embedding_host_split") as err:
-        refuse_host_split_combinations(r.parallel)
+        r.parallel.check_host_split_trained()
     assert f"parallel.{next(iter(field))}" in str(err.value)
     assert "Remove parallel.embedding_host_split" in str(err.value)
 

@@ -174,7 +174,7 @@ def _host_split(model: nn.Module, recipe: Recipe, choice: StrategyChoice,
     from gem_platform.parallel.host_split import HostSplitTables, build_split_groups
     from gem_platform.parallel.mesh import topology_mesh
 
-    refuse_host_split_combinations(recipe.parallel)
+    recipe.parallel.check_host_split_trained()
     mesh = topology_mesh(recipe.parallel, world)
     hosts = [list(g.ranks) for g in mesh[GroupKind.EMBEDDING_HOST].groups]
     device = next(model.parameters()).device
@@ -184,25 +184,6 @@ def _host_split(model: nn.Module, recipe: Recipe, choice: StrategyChoice,
     return Parallelized(model=model, dense_params=dense, sparse_params=list(split.shards),
                         replicated_params=dense, world_size=world, strategy=choice.name,
                         host_split=split)
-
-
-def refuse_host_split_combinations(parallel: ParallelConfig) -> None:
-    """parallel.embedding_host_split trains replicated tables with data-parallel dense
-    parameters; RecipeError naming the field for any other strategy beside it."""
-    others = {"embedding_sharding": parallel.embedding_sharding != "auto",
-              "embedding_group": parallel.embedding_group is not None,
-              "hsdp_shard_group": parallel.hsdp_shard_group is not None,
-              "expert_parallel": parallel.expert_parallel > 1}
-    asked = [f"parallel.{name}={getattr(parallel, name)}" for name, on in others.items() if on]
-    if asked:
-        raise RecipeError(
-            "parallel.embedding_host_split is trained on replicated tables with data-parallel "
-            f"dense parameters only; this recipe also sets {', '.join(asked)}. Splitting "
-            "TorchRec-sharded tables over a host, and HSDP or expert parallelism beside the "
-            "split, are planned by gemctl plan but not trained yet.",
-            "Remove parallel.embedding_host_split, or leave embedding_sharding at auto and "
-            "embedding_group, hsdp_shard_group and expert_parallel unset.",
-        )
 
 
 @dataclass

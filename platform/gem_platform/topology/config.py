@@ -103,6 +103,27 @@ class ParallelConfig(BaseModel):
         TorchRec but kept whole on every rank (or, split over each host, in pieces)."""
         return self.embedding_sharding == "auto" and self.embedding_group is None
 
+    def check_host_split_trained(self) -> None:
+        """RecipeError naming the field when embedding_host_split is combined with a strategy
+        training does not run beside it: the split is trained on replicated tables with
+        data-parallel dense parameters (gemctl plan prices the other combinations too)."""
+        if not self.embedding_host_split:
+            return
+        others = {"embedding_sharding": self.embedding_sharding != "auto",
+                  "embedding_group": self.embedding_group is not None,
+                  "hsdp_shard_group": self.hsdp_shard_group is not None,
+                  "expert_parallel": self.expert_parallel > 1}
+        asked = [f"parallel.{name}={getattr(self, name)}" for name, on in others.items() if on]
+        if asked:
+            raise RecipeError(
+                "parallel.embedding_host_split is trained on replicated tables with "
+                f"data-parallel dense parameters only; this recipe also sets {', '.join(asked)}. "
+                "Splitting TorchRec-sharded tables over a host, and HSDP or expert parallelism "
+                "beside the split, are planned by gemctl plan but not trained yet.",
+                "Remove parallel.embedding_host_split, or leave embedding_sharding at auto and "
+                "embedding_group, hsdp_shard_group and expert_parallel unset.",
+            )
+
     def shard_size(self, world: int | None = None) -> int:
         """Ranks in one dense shard group (the whole world when unset)."""
         world = self.workers if world is None else world
