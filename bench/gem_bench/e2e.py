@@ -68,6 +68,7 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
+from gem_bench import baseline  # noqa: F401  registers the off_the_shelf arms' variant here
 from gem_platform.errors import GemError
 from gem_platform.fresh_process import call_in_fresh_process
 from gem_platform.recipe import Recipe, apply_overrides, load_recipe, recipe_from_dict

@@ -30,6 +30,7 @@ from pydantic import (
 from gem_platform.balance.config import LoaderConfig
 from gem_platform.data.config import DataConfig
 from gem_platform.errors import RecipeError
+from gem_platform.model_variants import check_kernel
 from gem_platform.topology.config import ParallelConfig
 from gem_platform.tracking_names import KEY_RULE, tag_problems
 from gem_platform.validation import describe_invalid, shorten
@@ -82,10 +83,17 @@ class ModelConfig(_Strict):
     num_experts: int = Field(2, ge=1, le=1024, description="MLP experts per DHEN layer")
     expert_hidden: int = Field(128, ge=8, le=1 << 20, description="hidden width of an expert")
     head_hidden: int = Field(64, ge=8, le=1 << 20, description="hidden width of the CTR/CVR heads")
-    kernel: Literal["auto", "triton", "pytorch", "baseline"] = Field(
-        "auto", description="auto = Triton on CUDA, PyTorch reference elsewhere; baseline = "
-        "off-the-shelf parts (varlen_attn or padded SDPA, padded GDPA): the e2e bench's baseline"
+    kernel: str = Field(
+        "auto", description="auto = Triton on CUDA, PyTorch reference elsewhere; triton; "
+        "pytorch; or the name of an installed model variant (gem_platform.model_variants), "
+        "e.g. baseline = off-the-shelf parts (varlen_attn or padded SDPA, padded GDPA): the e2e "
+        "bench's baseline"
     )
+
+    @field_validator("kernel")
+    @classmethod
+    def _known_kernel(cls, value: str) -> str:
+        return check_kernel(value)
 
     @model_validator(mode="after")
     def _heads_divide(self) -> ModelConfig:

@@ -2,8 +2,9 @@
 
 Each gem_kernels op picks its Triton kernel on CUDA and its PyTorch reference elsewhere; the
 ``padded`` kind is the dense baseline (pad to the batch max, mask, SDPA) that the jagged
-kernels are measured against in ablations. ``kernel="baseline"`` takes the off-the-shelf parts
-of model/baseline.py instead (the e2e benchmark's same-run baseline).
+kernels are measured against in ablations. A ``kernel`` other than auto, triton or pytorch
+names a model variant (gem_platform.model_variants), which computes the attention instead:
+``baseline``, gem_bench's off-the-shelf parts, is the e2e benchmark's same-run baseline.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from gem_kernels import custom_ops
 from gem_kernels.block_attention import block_attention
 from gem_kernels.gdpa import gdpa
 from gem_kernels.jagged_attention import jagged_attention
+from gem_platform import model_variants
 
 
 @dataclass(frozen=True)
@@ -54,19 +56,6 @@ def _padded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets
     return out.transpose(1, 2)[seq_idx, pos]
 
 
-def _baseline_self_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                             offsets: torch.Tensor, max_len: int,
-                             spec: SelfAttentionSpec) -> torch.Tensor:
-    from gem_platform.model import baseline
-
-    if spec.kind == "block64":  # as the block64 op call below: every key of the block
-        return baseline.block_attention(q, k, v, offsets, spec.rope_base, causal=False)
-    window = None
-    if spec.kind == "sliding":
-        window = (spec.window, 0 if spec.causal else spec.window)
-    return baseline.self_attention(q, k, v, offsets, max_len, spec.causal, window)
-
-
 def self_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets: torch.Tensor,
                    max_len: int, spec: SelfAttentionSpec) -> torch.Tensor:
     """Self-attention over jagged sequences: q/k/v (T, H, d), offsets (B+1,) -> (T, H, d).
@@ -75,8 +64,8 @@ def self_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets: t
     opaque node each; eager calls take the public ops directly. Its FLOPs are counted by the
     calling block (SelfAttentionBlock.forward_flops), not here: counting needs the lengths on
     the host, which a compiled region must not sync for."""
-    if spec.kernel == "baseline" and spec.kind != "padded":
-        return _baseline_self_attention(q, k, v, offsets, max_len, spec)
+    if spec.kernel not in model_variants.KERNELS and spec.kind != "padded":
+        return model_variants.get(spec.kernel).self_attention(q, k, v, offsets, max_len, spec)
     compiling = torch.compiler.is_compiling()
     if spec.kind in ("full", "sliding"):
         window = None
@@ -108,10 +97,8 @@ def generalized_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                           kernel: str = "auto") -> torch.Tensor:
     """Cross / pooled attention in GDPA form (activation instead of softmax); its callers
     count its (query, key) pairs from their shapes (no device sync)."""
-    if kernel == "baseline":
-        from gem_platform.model import baseline
-
-        return baseline.gdpa(q, k, v, q_offsets, kv_offsets, max_q, max_kv,
-                             activation=activation, norm=norm)
+    if kernel not in model_variants.KERNELS:
+        return model_variants.get(kernel).generalized_attention(
+            q, k, v, q_offsets, kv_offsets, max_q, max_kv, activation=activation, norm=norm)
     return gdpa(q, k, v, q_offsets, kv_offsets, max_q, max_kv, activation=activation, norm=norm,
                 kernel=kernel)

@@ -23,6 +23,7 @@ from torchrec import (
     PoolingType,
 )
 
+from gem_platform import model_variants
 from gem_platform.data.batch import TASKS, JaggedBatch
 from gem_platform.data.meta import DatasetMeta
 from gem_platform.model.attention import SelfAttentionSpec
@@ -114,6 +115,8 @@ class GemModel(nn.Module):
         self.affinity_scale = d**0.5
         self.sparse_proj = nn.Linear(cfg.sparse_dim, d)
         self.dense_proj = nn.Linear(max(meta.dense_dim, 1), d)
+        if cfg.kernel not in model_variants.KERNELS:
+            model_variants.get(cfg.kernel)  # loaded here, not first inside a compiled region
         spec = SelfAttentionSpec(
             kind=cfg.attention, window=cfg.window, causal=cfg.causal,
             rope_base=10000.0 if cfg.rope else None, kernel=cfg.kernel,

@@ -1,5 +1,8 @@
-"""The same attention from off-the-shelf parts (``model.kernel: baseline``): the same-run
-baseline that ``gemctl bench e2e`` measures the platform's own build against.
+"""The same attention from off-the-shelf parts, the model variant ``baseline``
+(``model.kernel: baseline``): the same-run baseline that ``gemctl bench e2e`` measures the
+platform's own build against. pyproject.toml declares it in the entry-point group
+``gem_platform.model_variants``, so every process of an installed tree, Ray workers included,
+finds it by name; importing this module also registers it in this process.
 
 - self-attention: torch.nn.attention.varlen.varlen_attn (FlashAttention on jagged tensors) on
   CUDA where this torch has it; the padded SDPA path elsewhere. Block attention is varlen
@@ -22,6 +25,7 @@ from gem_kernels.block_attention import (
     sequence_positions,
 )
 from gem_kernels.gdpa.reference import gdpa_padded, pad_jagged, unpad_jagged
+from gem_platform.model_variants import register
 
 BLOCK = 64
 
@@ -118,3 +122,27 @@ def gdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: torch.Ten
     core = _compiled_core if q.is_cuda else _gdpa_core
     out = core(qp, kp, vp, kv_valid, kv_len, activation, norm)
     return unpad_jagged(out, q_offsets, q.shape[0])
+
+
+class OffTheShelf:
+    """The ``baseline`` variant: the model's two attention calls through the parts above."""
+
+    def self_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       offsets: torch.Tensor, max_len: int, spec) -> torch.Tensor:
+        """As gem_platform.model.attention.self_attention for ``spec`` (a SelfAttentionSpec)."""
+        if spec.kind == "block64":  # as the block64 op: every key of the block
+            return block_attention(q, k, v, offsets, spec.rope_base, causal=False)
+        window = None
+        if spec.kind == "sliding":
+            window = (spec.window, 0 if spec.causal else spec.window)
+        return self_attention(q, k, v, offsets, max_len, spec.causal, window)
+
+    def generalized_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                              q_offsets: torch.Tensor, kv_offsets: torch.Tensor, max_q: int,
+                              max_kv: int, *, activation: str, norm: str) -> torch.Tensor:
+        return gdpa(q, k, v, q_offsets, kv_offsets, max_q, max_kv, activation=activation,
+                    norm=norm)
+
+
+VARIANT = OffTheShelf()
+register("baseline", VARIANT)
