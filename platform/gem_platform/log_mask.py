@@ -102,7 +102,8 @@ class MaskedLines(io.TextIOBase):
         self.sink.flush()
 
     def isatty(self) -> bool:
-        return self.sink.isatty()
+        # Libraries ask at exit (colorama's atexit hook, via Ray), after the sink may be closed.
+        return not self.sink.closed and self.sink.isatty()
 
     def fileno(self) -> int:
         return self.sink.fileno()

@@ -175,3 +175,15 @@ def test_one_line_stream_masks_for_the_terminal_and_the_log():
     routed.write(f"\x1b[33mhttp://bob:{SECRET}@h\n[a seed 0] step 1/2\nboom\npart")
     routed.flush()
     assert log.getvalue() == "http://bob:***@h\nboom\n"
+
+
+def test_masked_stream_answers_isatty_after_its_sink_closed(tmp_path):
+    # Ray's colorama asks its wrapped stdout isatty() at interpreter exit, after gemctl closed
+    # the log file under it: that must be False, not a traceback at the end of the output.
+    from gem_platform.log_mask import MaskedLines
+
+    sink = open(tmp_path / "log.txt", "w")  # noqa: SIM115 (closed below, on purpose)
+    stream = MaskedLines(sink)
+    stream.write("user:secret@host line\n")
+    sink.close()
+    assert stream.isatty() is False
