@@ -77,6 +77,11 @@ class ModelConfig(_Strict):
         "it has attended to the whole history with softmax) joins the DHEN tokens: a "
         "summary of the recent events whatever the history's length, which GDPA's pooled "
         "mean over the whole history cannot give")
+    item_vectors: Literal["learned", "planted"] = Field(
+        "learned", description="what stands for an item (history event or candidate): "
+        "learned = its rows in the item and category tables; planted = the synthetic world's "
+        "own latent vector of the item, fixed (synthetic data only): a diagnostic that tells "
+        "whether quality is held back by learning the tables or by the rest of the network")
     sparse_dim: int = Field(16, ge=2, le=65536,
                             description="TorchRec embedding dim of sparse features")
     dhen_layers: int = Field(2, ge=1, le=256, description="DHEN interaction layers")
@@ -311,6 +316,11 @@ class Recipe(_Strict):
                 "backward in 8 bits, but precision.mode=fp32 keeps every activation in fp32, so "
                 "nothing would be compressed: set precision.mode=bf16 (or fp8_block), or "
                 "train.saved_activations=bf16")
+        if self.model.item_vectors == "planted" and self.data.source != "synthetic":
+            raise ValueError(
+                f"model.item_vectors=planted needs synthetic data (data.source is "
+                f"{self.data.source!r}): only a generated world knows its items' vectors; use "
+                "model.item_vectors=learned")
         # Raises RecipeError itself (naming the fields and the valid sizes).
         self.parallel.validate_against_world()
         return self

@@ -69,10 +69,22 @@ def unit_norm_init(dim: int) -> dict[str, float]:
 
 
 class GemModel(nn.Module):
-    def __init__(self, cfg: ModelConfig, meta: DatasetMeta) -> None:
+    def __init__(self, cfg: ModelConfig, meta: DatasetMeta,
+                 planted_items: torch.Tensor | None = None) -> None:
+        """``planted_items`` (num_items+1, k <= d_model): with model.item_vectors=planted, the
+        fixed vectors that stand for items instead of the tables' rows (zero-padded to d)."""
         super().__init__()
         d = cfg.d_model
         self.cfg, self.meta = cfg, meta
+        if (cfg.item_vectors == "planted") != (planted_items is not None):
+            raise ValueError("model.item_vectors=planted needs the planted item vectors "
+                             "(and only it takes them)")
+        self.planted_items: torch.Tensor | None
+        if planted_items is not None:
+            planted = nn.functional.pad(planted_items.float(), (0, d - planted_items.shape[1]))
+            self.register_buffer("planted_items", planted, persistent=False)
+        else:
+            self.planted_items = None
         # Item and category tables share one collection: the category (a small vocabulary,
         # seen in every batch) carries what an item has in common with its kind, so
         # history-candidate affinity is learnable long before each item's own row is.
@@ -175,6 +187,8 @@ class GemModel(nn.Module):
 
     def _item_lookup(self, batch: JaggedBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """(T, d) history and (B, d) candidate item embeddings (item + category rows)."""
+        if self.planted_items is not None:
+            return self.planted_items[batch.seq_item_ids], self.planted_items[batch.ad_item_id]
         out = self.item_embeddings(self._item_features(batch))
         hist, ad = out["hist_item"].values(), out["ad_item"].values()
         if self.use_categories:

@@ -167,9 +167,23 @@ def lr_factor(recipe: Recipe) -> Callable[[int], float]:
     return f
 
 
+def planted_item_vectors(recipe: Recipe) -> torch.Tensor | None:
+    """The synthetic world's item vectors, where model.item_vectors=planted asks for them."""
+    if recipe.model.item_vectors != "planted":
+        return None
+    from gem_platform.data.synthetic import PlantedWorld
+
+    vectors = torch.as_tensor(PlantedWorld.build(recipe.data.synthetic).item_vec)
+    if vectors.shape[1] > recipe.model.d_model:
+        raise ValueError(
+            f"model.item_vectors=planted needs model.d_model >= {vectors.shape[1]} (the "
+            f"planted vectors' size); it is {recipe.model.d_model}.")
+    return vectors
+
+
 def build_model(recipe: Recipe, meta: DatasetMeta, device: torch.device) -> nn.Module:
     torch.manual_seed(recipe.train.seed)
-    model = GemModel(recipe.model, meta)
+    model = GemModel(recipe.model, meta, planted_item_vectors(recipe))
     if recipe.precision.mode == "fp8_block":
         from gem_platform.precision.convert import convert_to_fp8
 
