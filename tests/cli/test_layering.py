@@ -55,3 +55,15 @@ def test_nothing_below_imports_the_benchmarks():
             for package in ("gem_bench", "gem_profile"):
                 assert not _imports(path, package), path
                 assert f"import {package}" not in path.read_text(), path
+
+
+def test_gemctl_imports_the_measuring_packages_only_where_a_command_runs():
+    """gemctl is their one importer, and only inside the commands that use them: the CLI's
+    other commands start without loading a benchmark or the profiler."""
+    for path in (REPO / "gemctl").glob("*.py"):
+        tree = ast.parse(path.read_text())
+        top = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+        names = {a.name for n in top if isinstance(n, ast.Import) for a in n.names}
+        names |= {n.module for n in top if isinstance(n, ast.ImportFrom) and n.module}
+        assert not {m for m in names if m.split(".")[0] in ("gem_bench", "gem_profile")}, path
+
