@@ -106,31 +106,6 @@ def check_reshard(saved: Layout, parallel: dict[str, Any], world: int, folder: s
             "or resume from a checkpoint saved at the end of an epoch (train.checkpoint_every "
             "a multiple of the steps per epoch).")
     _check_experts(saved, parallel, folder)
-    _check_host_split(saved, parallel, world, folder)
-
-
-def _check_host_split(saved: Layout, parallel: dict[str, Any], world: int, folder: str) -> None:
-    """Tables split over each host (embedding_host_split) resume only under the layout they
-    were split by: the same world, ranks per host and split. Resharding the split pieces to
-    another split or to whole tables is not supported yet."""
-    keys = ("embedding_host_split", "gpus_per_host")
-    before = {k: saved.parallel.get(k) for k in keys}
-    now = {k: parallel.get(k) for k in keys}
-    if not (before["embedding_host_split"] or now["embedding_host_split"]):
-        return
-    if before == now and saved.world == world:
-        return
-    raise ReshardError(
-        f"The checkpoint {folder} was written by {saved.world} worker(s) with "
-        f"parallel.embedding_host_split={bool(before['embedding_host_split'])} and "
-        f"parallel.gpus_per_host={before['gpus_per_host']}; this layout has {world} worker(s), "
-        f"embedding_host_split={bool(now['embedding_host_split'])}, gpus_per_host="
-        f"{now['gpus_per_host']}. Resharding tables split over each host to another split or "
-        "to whole tables is not supported yet.",
-        f"Resume with parallel.workers={saved.world}, parallel.gpus_per_host="
-        f"{before['gpus_per_host']} and parallel.embedding_host_split="
-        f"{str(bool(before['embedding_host_split'])).lower()} (other parallel settings may "
-        "change).")
 
 
 def _check_experts(saved: Layout, parallel: dict[str, Any], folder: str) -> None:
