@@ -122,6 +122,14 @@ class TrainConfig(_Strict):
         "eps). At 1e-10 a row's first update is lr per element whatever its gradient, so a row "
         "seen once takes a full step from one sample; an eps near the size of one sample's "
         "gradient keeps rarely seen rows quiet while frequent rows train as plain Adagrad")
+    sparse_accumulator_init: float = Field(
+        0.0, ge=0, le=100,
+        description="starting value of every Adagrad accumulator of the embedding tables "
+        "(the sum of squared gradients): update = lr * g / sqrt(init + sum g^2). At 0 a row's "
+        "first update is lr per element whatever its gradient, so the first, noisy gradients "
+        "of a fresh table move rows by full steps; a small init (1e-4 to 1e-3, with a larger "
+        "train.sparse_lr) makes the early steps proportional to the gradient, as TensorFlow's "
+        "Adagrad (init 0.1) does")
     weight_decay: float = Field(0.01, ge=0, le=10, description="AdamW weight decay")
     warmup_steps: int = Field(20, ge=0, le=10**9, description="linear learning-rate warm-up steps")
     grad_clip: float | None = Field(1.0, gt=0, le=1e6,

@@ -57,6 +57,7 @@ from gem_platform.data.prepare import prepare_dataset
 from gem_platform.model import GemModel
 from gem_platform.model.flops import FlopMeter
 from gem_platform.parallel import Parallelized, parallelize
+from gem_platform.parallel.fused_state import fill_fused_state
 from gem_platform.recipe import Recipe, TrainConfig
 from gem_platform.train.checkpoint import Stateful
 from gem_platform.train.compile_watch import CompileWatch
@@ -366,8 +367,12 @@ def setup(recipe: Recipe, info: RankInfo) -> Run:
     par = parallelize(build_model(recipe, meta, device), recipe)
     dense_opt = dense_optimizer(par.dense_params, recipe.train, device)
     # Sharded tables (TorchRec) train with their fused optimizer; replicated ones with Adagrad.
+    init = recipe.train.sparse_accumulator_init
     sparse_opt = par.sparse_optimizer or torch.optim.Adagrad(
-        par.sparse_params, lr=recipe.train.sparse_lr, eps=recipe.train.sparse_eps)
+        par.sparse_params, lr=recipe.train.sparse_lr, eps=recipe.train.sparse_eps,
+        initial_accumulator_value=init)
+    if par.sparse_optimizer is not None and init:
+        fill_fused_state(par.sparse_optimizer, init)
     optimizers = [dense_opt, sparse_opt]
     schedules = [torch.optim.lr_scheduler.LambdaLR(o, lr_factor(recipe)) for o in optimizers]
 
