@@ -1,20 +1,17 @@
 """Training progress as a user watches it: step/total, loss, train NE beside the latest
 held-out NE, samples/s, elapsed and ETA, per run, per sweep trial and for a sweep overall.
 
-It reads the progress lines the training loop prints on rank 0 (``step N/T loss L ne_ctr E
-samples/s S ...``, and at each scheduled evaluation ``eval step N/T held-out ne_ctr H ...``),
-whether they arrive through the echo callback (``gemctl submit``, local or on Ray) or through
-Ray's log forwarding from sweep trials (``[arm seed S] step ...``). In a terminal it draws rich
-progress bars; elsewhere (a log, CI, a pipe) it prints plain lines without ANSI codes, each
-with elapsed time and ETA. Evaluation lines and warnings are printed as they come, in both.
+It renders the typed events of gem_platform.progress that the training loop (rank 0), the
+sweep trials and the sweep runner send through the echo callback: StepProgress,
+EvalProgress, TrialProgress (a trial's event), TrialDone, and text. In a terminal it draws
+rich progress bars; elsewhere (a log, CI, a pipe) it prints plain lines without ANSI codes,
+each with elapsed time and ETA. Evaluations, text and warnings are printed as they come, in
+both.
 """
 
 from __future__ import annotations
 
-import math
-import re
 import time
-from dataclasses import dataclass
 from types import TracebackType
 
 from rich.console import Console
@@ -28,63 +25,17 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from gem_platform.progress import EvalProgress, Event, StepProgress, TrialDone, TrialProgress
 from gemctl.render import duration
 
-STEP = re.compile(r"\bstep\s+(?P<step>\d+)/(?P<total>\d+)\s+loss\s+(?P<loss>\S+)"
-                  r"(?:\s+ne_ctr\s+(?P<ne>\S+))?(?:\s+samples/s\s+(?P<sps>[\d,.]+))?")
-EVAL = re.compile(r"\beval step\s+(?P<step>\d+)/(?P<total>\d+)\s+held-out ne_ctr\s+(?P<ne>\S+)")
-# A sweep trial's lines, possibly behind Ray's "(run_trial pid=123)" prefix.
-TRIAL = re.compile(r"^(?:\([^)]*\)\s*)?\[(?P<arm>[^\]\s]+) seed (?P<seed>-?\d+)\]\s?(?P<rest>.*)$")
-TRIAL_DONE = re.compile(r"\btrial (?P<arm>\S+) seed (?P<seed>-?\d+) "
-                        r"(?P<what>finished|already recorded|FAILED)")
-INPROCESS_DONE = re.compile(r"^(NE ctr |already in )")
 
-
-@dataclass(frozen=True)
-class StepReport:
-    """One progress line of the training loop."""
-
-    step: int
-    total: int
-    loss: float
-    ne: float | None = None
-    samples_per_s: float | None = None
-
-    def stats(self, held_out_ne: float | None = None) -> str:
-        """Loss, train NE and, once the run has evaluated, the latest held-out NE beside it."""
-        parts = [f"loss {self.loss:.4f}"]
-        if self.ne is not None:
-            parts.append(f"train ne {self.ne:.4f}")
-        if held_out_ne is not None:
-            parts.append(f"held-out ne {held_out_ne:.4f}")
-        if self.samples_per_s is not None:
-            parts.append(f"{self.samples_per_s:,.0f} samples/s")
-        return "  ".join(parts)
-
-
-def _number(text: str | None) -> float | None:
-    if text is None:
-        return None
-    try:
-        return float(text.replace(",", ""))
-    except ValueError:
-        return None
-
-
-def parse_step(line: str) -> StepReport | None:
-    """The StepReport in a progress line, or None for any other line."""
-    m = STEP.search(line)
-    if m is None:
-        return None
-    loss = _number(m["loss"])
-    return StepReport(int(m["step"]), int(m["total"]), math.nan if loss is None else loss,
-                      _number(m["ne"]), _number(m["sps"]))
-
-
-def parse_eval(line: str) -> float | None:
-    """The held-out CTR NE of an evaluation line, or None for any other line."""
-    m = EVAL.search(line)
-    return None if m is None else _number(m["ne"])
+def step_stats(event: StepProgress, held_out_ne: float | None = None) -> str:
+    """Loss, train NE and, once the run has evaluated, the latest held-out NE beside it."""
+    parts = [f"loss {event.loss:.4f}", f"train ne {event.train_ne:.4f}"]
+    if held_out_ne is not None:
+        parts.append(f"held-out ne {held_out_ne:.4f}")
+    parts.append(f"{event.samples_per_s:,.0f} samples/s")
+    return "  ".join(parts)
 
 
 class _Clock:
@@ -113,10 +64,8 @@ class _Clock:
 class TrainingProgress:
     """Progress display for one run (``label``) or a sweep of ``trials`` trials.
 
-    Feed it lines with :meth:`echo` (any line: progress lines update the display, others are
-    printed as they are) or :meth:`take` (for routed library output: returns True for the
-    sweep lines it shows, False for lines that belong in the log). ``plain`` defaults to
-    "stdout is not a terminal".
+    Feed it events with :meth:`echo` (steps update the display, the others are printed as
+    they come). ``plain`` defaults to "stdout is not a terminal".
     """
 
     def __init__(self, console: Console, label: str, trials: int | None = None,
@@ -158,57 +107,40 @@ class TrainingProgress:
         """A message line (printed literally, above the bars in a terminal)."""
         self.console.print(text, markup=False, highlight=False, soft_wrap=True)
 
-    def echo(self, line: str) -> None:
-        """Show one line of training output."""
-        if not self.take(line):
-            self.print(line)
+    def echo(self, event: Event) -> None:
+        """Show one progress event (of the run, of a sweep trial, or a trial's end)."""
+        if isinstance(event, TrialProgress):
+            self._show(event.trial, event.event, prefix=f"[{event.trial}] ")
+        elif isinstance(event, TrialDone):
+            self.print(str(event))
+            self._trial_done(event.trial)
+        else:
+            self._show(self.label, event, prefix="")
 
-    def take(self, line: str) -> bool:
-        """Show ``line`` if it is progress (of the run or of a sweep trial); True if shown."""
-        m = TRIAL.match(line)
-        if m is not None:
-            key = f"{m['arm']} seed {m['seed']}"
-            rest = m["rest"]
-            if INPROCESS_DONE.match(rest):
-                self.print(f"[{key}] {rest}")
-                self._trial_done(key)
-                return True
-            return self._step(key, rest, prefix=f"[{key}] ")
-        done = TRIAL_DONE.search(line)
-        if done is not None:
-            self.print(line[done.start():])
-            self._trial_done(f"{done['arm']} seed {done['seed']}")
-            return True
-        if self.trials is None:
-            return self._step(self.label, line, prefix="")
-        return False
+    def _show(self, key: str, event: StepProgress | EvalProgress | str, prefix: str) -> None:
+        if isinstance(event, EvalProgress):
+            if event.held_out_ne is not None:
+                self._held_out[key] = event.held_out_ne
+            self.print(f"{prefix}{event}")
+        elif isinstance(event, StepProgress):
+            self._step(key, event, prefix)
+        else:
+            self.print(f"{prefix}{event}")
 
-    def _step(self, key: str, text: str, prefix: str) -> bool:
-        held_out = parse_eval(text)
-        if held_out is not None:
-            self._held_out[key] = held_out
-            self.print(prefix + text)
-            return True
-        report = parse_step(text)
-        if report is None:
-            if prefix:  # a trial's other lines (resumed from ..., warnings it printed)
-                self.print(prefix + text)
-                return True
-            return False
-        # A run's clock starts with the command; a sweep trial's with its first line.
+    def _step(self, key: str, event: StepProgress, prefix: str) -> None:
+        # A run's clock starts with the command; a sweep trial's with its first event.
         clock = self.clock if key == self.label else self._clocks.setdefault(key, _Clock())
-        eta = clock.eta(report.step, report.total)
-        stats = report.stats(self._held_out.get(key))
+        eta = clock.eta(event.step, event.total)
+        stats = step_stats(event, self._held_out.get(key))
         if self._bars is None:
-            self.print(f"{prefix}step {report.step:>{len(str(report.total))}}/{report.total}  "
+            self.print(f"{prefix}step {event.step:>{len(str(event.total))}}/{event.total}  "
                        f"{stats}  elapsed {duration(clock.elapsed())}  eta "
                        f"{'-' if eta is None else duration(eta)}")
-            return True
+            return
         if key not in self._tasks:
-            self._tasks[key] = self._bars.add_task(key, total=report.total, stats="")
-        self._bars.update(self._tasks[key], completed=report.step, total=report.total,
+            self._tasks[key] = self._bars.add_task(key, total=event.total, stats="")
+        self._bars.update(self._tasks[key], completed=event.step, total=event.total,
                           stats=stats)
-        return True
 
     def _trial_done(self, key: str) -> None:
         if key in self._done:

@@ -5,8 +5,8 @@ terminal.
 
 Routing works on the file descriptors (1 and 2), so output from C++ code and from loggers
 created before the command started is caught too. gemctl's consoles keep writing to the
-terminal. Lines that a caller wants to see (a sweep's trial progress, which reaches the
-driver through Ray's log forwarding) can be picked out with ``on_line``.
+terminal. Training progress does not pass through here: it reaches gemctl as typed events
+(gem_platform.progress), never as library lines.
 
 Either way (log file or ``--verbose``), credentials in library lines are masked: every log
 record and every line written to ``sys.stdout``/``sys.stderr`` (gem_platform.log_mask).
@@ -18,7 +18,6 @@ import os
 import re
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import TextIO
@@ -51,9 +50,8 @@ class LibraryOutput:
     render's consoles and JSON results keep the real terminal. With ``verbose`` nothing is
     redirected. ``path`` is None when verbose."""
 
-    def __init__(self, label: str, verbose: bool = False,
-                 on_line: Callable[[str], bool] | None = None) -> None:
-        self.verbose, self.on_line = verbose, on_line
+    def __init__(self, label: str, verbose: bool = False) -> None:
+        self.verbose = verbose
         self.path: Path | None = None if verbose else log_path(label)
         for key, value in QUIET_ENV.items():
             if key != "RAY_DEDUP_LOGS" or not verbose:
@@ -87,8 +85,7 @@ class LibraryOutput:
         render.console.file, render.err_console.file = terminals[0], terminals[1]
         render.result_stream = terminals[0]
         for name in ("stdout", "stderr"):
-            setattr(sys, name, log_mask.MaskedLines(self._log, strip_ansi=True,
-                                                    on_line=self._route))
+            setattr(sys, name, log_mask.MaskedLines(self._log, strip_ansi=True))
         return self
 
     def _show_masked(self) -> None:
@@ -100,10 +97,6 @@ class LibraryOutput:
         render.result_stream = self._sys[0]
         sys.stdout = log_mask.MaskedLines(self._sys[0])  # type: ignore[assignment]
         sys.stderr = log_mask.MaskedLines(self._sys[1])  # type: ignore[assignment]
-
-    def _route(self, line: str) -> bool:
-        """Offer a library line to ``on_line`` (settable while active); False: log it."""
-        return bool(self.on_line and self.on_line(line))
 
     def __exit__(self, kind: type[BaseException] | None, err: BaseException | None,
                  tb: TracebackType | None) -> None:

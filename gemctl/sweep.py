@@ -286,7 +286,6 @@ def _sweep_on_ray(plan, con, *, new: bool, address: str | None, allow_code_chang
         from gem_platform.sweep.runner import run_sweep
 
         with TrainingProgress(con, plan.name, trials=len(plan.trials())) as progress:
-            lib.on_line = progress.take
             try:
                 outcome = run_sweep(plan, new=new, address=address, echo=progress.echo,
                                     allow_code_change=allow_code_change)

@@ -1,11 +1,11 @@
-"""Call a function in a fresh (spawned) Python process, its progress lines streamed back.
+"""Call a function in a fresh (spawned) Python process, its progress events streamed back.
 
 A training run leaves state in its process that changes the next run's figures: compiled
 graphs and Dynamo's caches, the allocator's pools, cuBLAS's workspace setting (read once per
 process). Benchmark arms, sweep trials and repeatability checks that must not depend on what
 ran before them each get a process of their own. ``fn`` must be importable by name (spawn
 pickles it so) and return a picklable value; when it has an ``echo`` parameter, its progress
-callback, the lines it echoes come back as they are written.
+callback, what it echoes (text or gem_platform.progress events) comes back as it is sent.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ POLL_S = 1.0  # how often the parent checks that the child is still alive
 
 
 def call_in_fresh_process(fn: Callable[..., Any], *args: Any,
-                          echo: Callable[[str], None] = print) -> Any:
-    """``fn(*args)`` in a spawned process, with ``echo=`` when ``fn`` takes it: each line it
+                          echo: Callable[[Any], None] = print) -> Any:
+    """``fn(*args)`` in a spawned process, with ``echo=`` when ``fn`` takes it: each event it
     echoes goes to ``echo`` here. Its exception is raised here (as a RuntimeError naming it
     when it does not pickle); a child that dies without answering (killed, out of host
     memory) raises a RuntimeError."""
@@ -39,7 +39,7 @@ def call_in_fresh_process(fn: Callable[..., Any], *args: Any,
                     raise RuntimeError(f"{fn.__name__} in a fresh process exited with code "
                                        f"{child.exitcode} before returning") from None
                 continue
-            if kind == "line":
+            if kind == "event":
                 echo(payload)
             elif kind == "error":
                 raise payload
@@ -53,7 +53,7 @@ def call_in_fresh_process(fn: Callable[..., Any], *args: Any,
 
 def _child(channel: Any, fn: Callable[..., Any], args: tuple) -> None:
     streams = "echo" in inspect.signature(fn).parameters
-    kwargs = {"echo": lambda line: channel.put(("line", str(line)))} if streams else {}
+    kwargs = {"echo": lambda event: channel.put(("event", event))} if streams else {}
     try:
         result = fn(*args, **kwargs)
     except BaseException as err:  # handed to the parent

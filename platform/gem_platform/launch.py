@@ -13,13 +13,13 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gem_platform.data.meta import DatasetMeta
 from gem_platform.errors import ClusterError, GemError, RecipeError
 from gem_platform.net import parse_url, require_reachable
+from gem_platform.progress import Echo, Event, drain_while
 from gem_platform.recipe import Recipe
 from gem_platform.topology import Placement
 from gem_platform.tracking import (
@@ -140,8 +140,8 @@ def _ray_worker_loop(config: dict[str, Any]) -> None:
     tracker = RunTracker(config["tracking_uri"], config["run_id"]) if info.is_chief else None
     progress = config["progress"]
 
-    def echo(line: str) -> None:
-        progress.put(("line", line))
+    def echo(event: Event) -> None:
+        progress.put(("event", event))
 
     progress.put(("location", worker_location(info.rank, recipe.parallel.zone_label)))
     store = (RayStore(recipe.train.checkpoint_every, fallback=config.get("resume_from"))
@@ -171,7 +171,7 @@ def ray_run_dir(recipe: Recipe, run_id: str) -> str:
 
 
 def _run_on_ray(recipe: Recipe, tracker: RunTracker, address: str | None,
-                echo: Callable[[str], None], resume: ResumePoint | None) -> dict[str, Any]:
+                echo: Echo, resume: ResumePoint | None) -> dict[str, Any]:
     """Place ranks by topology (each host's ranks contiguous, each zone's hosts contiguous),
     pin every worker to its planned node, train, and check that Ray put them there."""
     from ray.util.queue import Queue
@@ -233,17 +233,18 @@ def _build_trainer(recipe: Recipe, tracker: RunTracker, placement: Placement, pr
 
 @dataclass
 class _WorkerReports:
-    """What the workers sent through the progress queue: lines (echoed as they come), a
-    divergence, each rank's location (the last report of a restarted rank wins) and rank 0's
-    summary."""
+    """What the workers sent through the progress queue: progress events (echoed as they
+    come), a divergence, each rank's location (the last report of a restarted rank wins) and
+    rank 0's summary."""
 
-    echo: Callable[[str], None]
+    echo: Echo
     summary: dict[str, Any] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
     locations: dict[int, Any] = field(default_factory=dict)
 
-    def take(self, kind: str, payload: Any) -> None:
-        if kind == "line":
+    def take(self, message: tuple[str, Any]) -> None:
+        kind, payload = message
+        if kind == "event":
             self.echo(payload)
         elif kind == "failed":
             self.failures.append(payload)
@@ -254,36 +255,11 @@ class _WorkerReports:
 
 
 def _fit_while_draining(trainer: Any, progress: Any, reports: _WorkerReports) -> None:
-    """Run ``trainer.fit()`` in a thread while this one hands the queue's messages to
-    ``reports``; re-raise what fit raised or the result's error."""
-    import threading
-
-    from ray.util.queue import Empty
-
-    outcome: dict[str, Any] = {}
-
-    def fit() -> None:
-        try:
-            outcome["result"] = trainer.fit()
-        except BaseException as err:  # surfaced in the driver thread below
-            outcome["error"] = err
-
-    def drain(block: bool) -> None:
-        while True:
-            try:
-                reports.take(*progress.get(block=block, timeout=0.5))
-            except Empty:
-                return
-
-    thread = threading.Thread(target=fit, name="ray-train-fit", daemon=True)
-    thread.start()
-    while thread.is_alive():
-        drain(block=True)
-    drain(block=False)
-    if "error" in outcome:
-        raise outcome["error"]
-    if outcome["result"].error is not None:
-        raise outcome["result"].error
+    """Run ``trainer.fit()`` while the queue's messages go to ``reports``; re-raise what fit
+    raised or the result's error."""
+    result = drain_while(trainer.fit, progress, reports.take)
+    if result.error is not None:
+        raise result.error
 
 
 def _check_and_record(reports: _WorkerReports, placement: Placement, tracker: RunTracker
@@ -304,7 +280,7 @@ def _check_and_record(reports: _WorkerReports, placement: Placement, tracker: Ru
     return reports.summary
 
 
-def _run_local(recipe: Recipe, tracker: RunTracker, echo: Callable[[str], None],
+def _run_local(recipe: Recipe, tracker: RunTracker, echo: Echo,
                resume: ResumePoint | None) -> dict[str, Any]:
     from gem_platform.train.checkpoint import LOCAL_ROOT, LocalStore
     from gem_platform.train.loop import train
@@ -349,7 +325,7 @@ def _layout_changes(recipe: Recipe, point: ResumePoint, world: int) -> list[str]
     return resume_changes(point.folder, recipe.parallel.model_dump(mode="json"), world)
 
 
-def _note_resume(point: ResumePoint, tracker: RunTracker, echo: Callable[[str], None],
+def _note_resume(point: ResumePoint, tracker: RunTracker, echo: Echo,
                  changes: list[str] | None = None) -> None:
     """Say which checkpoints the resume passed over and why (and a legacy one's note), and
     what changed in the layout: in the output, the command's log and the run's record (an
@@ -365,7 +341,7 @@ def _note_resume(point: ResumePoint, tracker: RunTracker, echo: Callable[[str], 
 
 
 def _linear_reference(recipe: Recipe, meta: DatasetMeta, tracker: RunTracker,
-                      echo: Callable[[str], None]) -> dict[str, float]:
+                      echo: Echo) -> dict[str, float]:
     """The dataset's linear reference (reference/linear/*), logged beside the run's own
     held-out metrics; empty when it is neither cached nor quick to compute."""
     from gem_platform.reference.linear import summary_metrics
@@ -385,7 +361,7 @@ def learning_tag(summary: dict[str, Any]) -> str:
 
 
 def submit(recipe: Recipe, *, local: bool = False, address: str | None = None,
-           echo: Callable[[str], None] = print, resume: str | None = None) -> RunOutcome:
+           echo: Echo = print, resume: str | None = None) -> RunOutcome:
     """Validate, open the MLflow run, train, record the summary, close the run.
 
     GemError (bad input) raised before the run is opened leaves nothing behind; any failure

@@ -17,7 +17,6 @@ import io
 import logging
 import re
 import threading
-from collections.abc import Callable
 from typing import Any, TextIO
 
 from gem_platform.net import redact
@@ -62,14 +61,10 @@ class MaskedLines(io.TextIOBase):
     partial line waits for its end (a URI split over two writes is masked whole) or for
     ``flush``.
 
-    ``strip_ansi`` drops terminal colour codes (for a log file). ``on_line`` is offered each
-    complete line first and returns True when it took it (the line is then not written); with
-    it, a partial line waits for its end even past ``flush``, so it is offered whole. A
-    failing ``on_line`` never loses the line."""
+    ``strip_ansi`` drops terminal colour codes (for a log file)."""
 
-    def __init__(self, sink: TextIO, *, strip_ansi: bool = False,
-                 on_line: Callable[[str], bool] | None = None) -> None:
-        self.sink, self.strip_ansi, self.on_line, self._partial = sink, strip_ansi, on_line, ""
+    def __init__(self, sink: TextIO, *, strip_ansi: bool = False) -> None:
+        self.sink, self.strip_ansi, self._partial = sink, strip_ansi, ""
 
     def writable(self) -> bool:
         return True
@@ -77,26 +72,19 @@ class MaskedLines(io.TextIOBase):
     def _clean(self, text: str) -> str:
         return redact(ANSI.sub("", text) if self.strip_ansi else text)
 
-    def _taken(self, line: str) -> bool:
-        try:
-            return bool(self.on_line and self.on_line(line))
-        except Exception:  # a display problem must never lose the line
-            return False
-
     def write(self, text: str) -> int:
         if self.sink.closed:
             return len(text)
         self._partial += text
         *lines, self._partial = self._partial.split("\n")
-        for line in map(self._clean, lines):
-            if not self._taken(line):
-                self.sink.write(line + "\n")
+        for line in lines:
+            self.sink.write(self._clean(line) + "\n")
         return len(text)
 
     def flush(self) -> None:
         if self.sink.closed:
             return
-        if self._partial and self.on_line is None:
+        if self._partial:
             self.sink.write(self._clean(self._partial))
             self._partial = ""
         self.sink.flush()

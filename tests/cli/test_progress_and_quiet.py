@@ -8,30 +8,39 @@ import re
 import subprocess
 import sys
 import textwrap
+from dataclasses import replace
 
 from rich.console import Console
 
-from gemctl.progress import TrainingProgress, parse_eval, parse_step
+from gem_platform.progress import (
+    EvalProgress,
+    StepProgress,
+    TaskScores,
+    TrialDone,
+    TrialProgress,
+)
+from gemctl.progress import TrainingProgress
 from tests.cli.conftest import REPO
 
 LINE = "step     4/10  loss 0.6931  ne_ctr 0.9876  samples/s 1234  straggler 3.0%"
+STEP = StepProgress(4, 10, 0.6931, 0.9876, 1234.0, 0.03)
 ANSI = re.compile(r"\x1b\[")
 
 
-def test_parse_the_training_loops_line():
-    report = parse_step(LINE)
-    assert report is not None
-    assert (report.step, report.total, report.loss, report.ne, report.samples_per_s) == \
-        (4, 10, 0.6931, 0.9876, 1234.0)
-    assert parse_step("resumed from step 4 (gem_runs/local/x)") is None
+def step(n: int) -> StepProgress:
+    return replace(STEP, step=n)
+
+
+def test_a_step_event_is_the_loops_line_in_a_log():
+    assert str(STEP) == LINE
 
 
 def test_plain_lines_when_not_a_terminal():
     out = io.StringIO()
     with TrainingProgress(Console(file=out, width=120), "run") as progress:
-        progress.echo(LINE)
+        progress.echo(STEP)
         progress.echo("resumed from step 4")
-        progress.echo(LINE.replace("4/10", "6/10"))
+        progress.echo(step(6))
     text = out.getvalue()
     assert not ANSI.search(text)
     lines = text.splitlines()
@@ -44,16 +53,17 @@ def test_plain_lines_when_not_a_terminal():
 EVAL_LINE = ("eval step     4/10  held-out ne_ctr 1.4700  train ne_ctr 0.3820  "
              "held-out ne_cvr 1.3300  auc_ctr 0.5530 (17% of planted lift)  auc_cvr 0.5690  "
              "calibration_ctr 1.45  calibration_cvr 1.20")
+EVAL = EvalProgress(4, 10, 0.382, {"ctr": TaskScores(1.47, 0.553, 1.45, 0.17),
+                                   "cvr": TaskScores(1.33, 0.569, 1.2)})
 
 
 def test_held_out_ne_beside_train_ne_in_plain_lines():
-    assert parse_eval(EVAL_LINE) == 1.47 and parse_eval(LINE) is None
-    assert parse_step(EVAL_LINE) is None
+    assert str(EVAL) == EVAL_LINE and EVAL.held_out_ne == 1.47
     out = io.StringIO()
     with TrainingProgress(Console(file=out, width=300), "run") as progress:
-        progress.echo(EVAL_LINE)
+        progress.echo(EVAL)
         progress.echo("warning: held-out NE ctr 1.470 >= 1 at step 4: ...")
-        progress.echo(LINE.replace("4/10", "6/10"))
+        progress.echo(step(6))
     lines = out.getvalue().splitlines()
     assert lines[:2] == [EVAL_LINE, "warning: held-out NE ctr 1.470 >= 1 at step 4: ..."]
     assert lines[2].startswith("step  6/10  loss 0.6931  train ne 0.9876  held-out ne 1.4700  ")
@@ -62,15 +72,15 @@ def test_held_out_ne_beside_train_ne_in_plain_lines():
 def test_held_out_ne_on_the_bars_and_per_trial():
     out = io.StringIO()
     with TrainingProgress(Console(file=out, force_terminal=True, width=200), "run") as progress:
-        progress.echo(EVAL_LINE)
-        progress.echo(LINE.replace("4/10", "6/10"))
+        progress.echo(EVAL)
+        progress.echo(step(6))
     text = ANSI.sub("", out.getvalue())
     assert "held-out ne_ctr 1.4700" in text and "held-out ne 1.4700" in text
     out = io.StringIO()
     with TrainingProgress(Console(file=out, width=300), "sweep", trials=2) as progress:
-        assert progress.take(f"(run_trial pid=7) [bf16 seed 0] {EVAL_LINE}")
-        assert progress.take(f"[bf16 seed 0] {LINE}")
-        assert progress.take(f"[fp8 seed 0] {LINE}")
+        progress.echo(TrialProgress("bf16 seed 0", EVAL))
+        progress.echo(TrialProgress("bf16 seed 0", STEP))
+        progress.echo(TrialProgress("fp8 seed 0", STEP))
     text = out.getvalue()
     assert f"[bf16 seed 0] {EVAL_LINE}" in text
     assert "[bf16 seed 0] step  4/10  loss 0.6931  train ne 0.9876  held-out ne 1.4700" in text
@@ -81,7 +91,7 @@ def test_bars_in_a_terminal():
     out = io.StringIO()
     con = Console(file=out, force_terminal=True, width=160)
     with TrainingProgress(con, "run") as progress:
-        progress.echo(LINE)
+        progress.echo(STEP)
     text = ANSI.sub("", out.getvalue())
     assert "4/10" in text and "loss 0.6931" in text and "eta" in text and "elapsed" in text
 
@@ -89,13 +99,28 @@ def test_bars_in_a_terminal():
 def test_sweep_trials_and_overall():
     out = io.StringIO()
     with TrainingProgress(Console(file=out, width=160), "sweep", trials=2) as progress:
-        assert progress.take(f"(run_trial pid=7) [bf16 seed 0] {LINE}")
-        assert progress.take("trial bf16 seed 0 finished: NE ctr 0.9, AUC ctr 0.7 (run x)")
-        assert progress.take("[fp8 seed 0] NE ctr 0.910000  AUC ctr 0.7000  -> out.json")
-        assert not progress.take("(raylet) some Ray noise")
+        progress.echo(TrialProgress("bf16 seed 0", STEP))
+        progress.echo(TrialDone("bf16 seed 0", "finished", 0.9, 0.7, "run x"))
+        progress.echo(TrialDone("fp8 seed 0", "kept", where="out.json"))
     text = out.getvalue()
     assert "[bf16 seed 0] step  4/10" in text
+    assert "trial bf16 seed 0 finished: NE ctr 0.9000, AUC ctr 0.7000 (run x)" in text
+    assert "trial fp8 seed 0 already in out.json, kept" in text
     assert "trials 1/2 done" in text and "trials 2/2 done" in text
+
+
+def test_the_loop_sends_typed_events(tmp_path):
+    """A real in-process run: one StepProgress per logged step and an EvalProgress per
+    evaluation reach the callback as objects, not text."""
+    from tests.platform.tiny_training import tiny_tree, train_losses
+
+    events: list = []
+    train_losses(tiny_tree(tmp_path / "data", steps=4, eval_every=2), echo=events.append)
+    steps = [e for e in events if isinstance(e, StepProgress)]
+    evals = [e for e in events if isinstance(e, EvalProgress)]
+    assert [e.step for e in steps] == [1, 2, 3, 4] and {e.total for e in steps} == {4}
+    assert all(e.samples_per_s > 0 and e.loss == e.loss for e in steps)
+    assert [e.step for e in evals] == [2, 4] and evals[-1].held_out_ne is not None
 
 
 ROUTED = textwrap.dedent("""
@@ -103,11 +128,10 @@ ROUTED = textwrap.dedent("""
     sys.path[:0] = [{root!r}, {platform!r}]
     from gemctl import render
     from gemctl.quiet import LibraryOutput
-    with LibraryOutput("t", verbose={verbose}, on_line=lambda l: l.startswith("[a seed 0]")) as lib:
+    with LibraryOutput("t", verbose={verbose}) as lib:
         os.write(1, b"C-level banner\\n")
         os.write(2, b"C-level warning\\n")
         print("library print")
-        print("[a seed 0] step 1/2 loss 1.0")
         warnings.warn("a deprecation")
         logging.getLogger("mlflow").warning("INFO-like line")
         render.console.print("[green]shown[/]")
@@ -129,13 +153,12 @@ def test_library_output_goes_to_the_log(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[:2] == ["shown", "{"]
     assert '"ok": 1' in proc.stdout
-    for noise in ("C-level", "library print", "deprecation", "INFO-like", "[a seed 0]"):
+    for noise in ("C-level", "library print", "deprecation", "INFO-like"):
         assert noise not in proc.stdout + proc.stderr
     log = next((tmp_path / "gem_runs" / "logs").glob("t-*.log")).read_text()
     for noise in ("C-level banner", "C-level warning", "library print", "a deprecation",
                   "INFO-like line"):
         assert noise in log
-    assert "[a seed 0]" not in log  # taken by on_line, not logged
     assert "after gem_runs/logs/t-" in proc.stdout
 
 

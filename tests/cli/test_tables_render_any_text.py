@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from rich.console import Console
 
 from gem_platform.net import redact
+from gem_platform.progress import StepProgress, TrialProgress
 from gem_platform.remote import JobView
 from gem_platform.sweep.compare import compare_trials
 from gem_platform.sweep.gates import Gates, check_gates
@@ -162,5 +163,5 @@ def test_progress_lines(lines, terminal):
     with TrainingProgress(con, "run", trials=2 if terminal else None) as progress:
         for line in lines:
             progress.echo(line)
-            progress.take(f"(run_trial pid=1) [{line.split(']')[0] or 'a'} seed 0] step 1/2 "
-                          "loss 0.5 ne_ctr 0.9 samples/s 10")
+            progress.echo(TrialProgress(f"{line.split(']')[0] or 'a'} seed 0",
+                                        StepProgress(1, 2, 0.5, 0.9, 10.0)))

@@ -150,6 +150,6 @@ def test_ray_run_checkpoints_to_object_storage_and_resumes(local_and_remote, s3,
     # the run resumed from the bucket continues after its saved step (2: the last step
     # before the end that is a multiple of checkpoint_every)
     lines: list[str] = []
-    resumed = submit(recipe, echo=lines.append, resume=outcome.run_id)
+    resumed = submit(recipe, echo=lambda event: lines.append(str(event)), resume=outcome.run_id)
     assert resumed.run_id == outcome.run_id
     assert any("resumed from step 2" in line for line in lines), lines

@@ -175,7 +175,7 @@ def test_resume_after_fallback_trains_on_exactly(trained, ckpts, monkeypatch):
     lines: list[str] = []
     logged: list[tuple[int, float]] = []
     train(recipe, sink=lambda m, s: logged.append((s, m["train/loss"]))
-          if "train/loss" in m else None, echo=lines.append,
+          if "train/loss" in m else None, echo=lambda event: lines.append(str(event)),
           checkpoints=LocalStore(ckpts, every=2, keep=5), published_through=2)
     assert any(line.startswith("resumed from step 2") for line in lines)
     assert [s for s, _ in logged] == [3, 4, 5, 6]

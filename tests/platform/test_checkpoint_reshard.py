@@ -131,13 +131,13 @@ def _resume_elsewhere(tree: dict, root: str, out: str, rank: int, world: int) ->
     lines: list[str] = []
     run = setup(recipe_from_dict(tree), RankInfo.current())
     loop, epoch = resume(run, LocalStore(Path(root), every=0, keep=10),
-                         Reporter(rank == 0, None, lines.append))
+                         Reporter(rank == 0, None, lambda event: lines.append(str(event))))
     loader = run.batcher.state_dict()
     run.state.save(Path(out), loop.step, rank, CheckpointExtras(loop, loader, []))
     del run
     losses: list[float] = []
     train(recipe_from_dict(tree), sink=lambda m, s: losses.append(m["train/loss"])
-          if "train/loss" in m else None, echo=lines.append,
+          if "train/loss" in m else None, echo=lambda event: lines.append(str(event)),
           checkpoints=LocalStore(Path(root), every=0, keep=10))
     return {"loader": loader, "epoch": epoch, "lines": lines, "losses": losses}
 

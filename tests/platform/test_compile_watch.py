@@ -52,7 +52,7 @@ def test_training_reports_compiles_past_the_warm_up(tmp_path, monkeypatch, warmu
     tree = tiny_tree(tmp_path / "data", seq_layers=1, steps=3, log_every=3, eval_max_samples=64,
                      perf_warmup_steps=warmup, compile=True, compile_backend="aot_eager")
     lines: list[str] = []
-    _, summary = train_losses(tree, echo=lines.append)
+    _, summary = train_losses(tree, echo=lambda event: lines.append(str(event)))
     late = [line for line in lines if "after the warm-up" in line]
     if warmup == 0:  # the first step's compiles count: no step was left to warm up
         assert summary["perf/compiles_after_warmup"] >= 3

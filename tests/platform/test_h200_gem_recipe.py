@@ -54,7 +54,7 @@ def test_shrunk_recipe_trains_in_process(tmp_path):
 
     r = load_recipe(RECIPE, [*SHRINK, f"data.path={tmp_path / 'data'}"])
     lines: list[str] = []
-    summary = train(r, echo=lines.append)
+    summary = train(r, echo=lambda event: lines.append(str(event)))
     assert summary["train/steps"] == 2.0
     assert math.isfinite(summary["train/final_loss"])
     assert summary["perf/qps"] > 0 and summary["perf/train_flops_per_step"] > 0

@@ -132,7 +132,7 @@ def test_recompute_budget_trains_the_same_and_counts_no_extra_flops(tiny_tree):
     lines: list[str] = []
     recomputed: list[float] = []
     summary = train(recipe_from_dict(tree), sink=lambda m, s: recomputed.append(m["train/loss"])
-                    if "train/loss" in m else None, echo=lines.append)
+                    if "train/loss" in m else None, echo=lambda event: lines.append(str(event)))
     assert recomputed == pytest.approx(plain, rel=1e-5, abs=1e-6)
     assert summary["perf/train_flops_per_step"] == pytest.approx(
         plain_summary["perf/train_flops_per_step"])

@@ -100,6 +100,9 @@ def test_interrupted_sweep_resumes_without_duplicates(swept):
     out = swept.second.stdout
     assert swept.second.returncode == 0, swept.second.stderr[-3000:] + out[-3000:]
     assert "resuming sweep ablate-" in out and "already recorded" in out
+    # the trials' step events reach the display through the Ray queue, drawn per trial
+    assert any(line.startswith("[sliding seed 1] step ") for line in out.splitlines()), out
+    assert "trial sliding seed 1 finished: NE ctr" in out
     parents, children = sweep_runs(swept.uri)
     assert len(parents) == 1 and len(children) == 4
     pairs = [(c.data.tags["gem.arm"], c.data.tags["gem.seed"]) for c in children]

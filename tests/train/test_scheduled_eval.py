@@ -34,8 +34,9 @@ def test_default_schedule_records_the_learning_curve(tmp_path, monkeypatch):
     tree = tiny_tree(tmp_path / "data", seq_layers=1, steps=6, log_every=2, eval_sample=64,
                      target_ne=5.0)
     tree["tracking"] = {"uri": uri, "experiment": "learning"}
-    lines: list[str] = []
-    outcome = submit(recipe_from_dict(tree), local=True, echo=lines.append)
+    events: list = []  # what the loop sent: typed events, text for the rest
+    outcome = submit(recipe_from_dict(tree), local=True, echo=events.append)
+    lines = [str(event) for event in events]
     summary = outcome.summary
 
     curve = summary["quality/eval_curve"]
@@ -74,8 +75,8 @@ def test_default_schedule_records_the_learning_curve(tmp_path, monkeypatch):
     # the progress display: held-out NE beside train NE, evaluation and warning lines shown
     out = io.StringIO()
     with TrainingProgress(Console(file=out, width=200), "run") as progress:
-        for line in lines:
-            progress.echo(line)
+        for event in events:
+            progress.echo(event)
     shown = out.getvalue()
     assert "eval step     2/6  held-out ne_ctr" in shown
     held_out_2 = f"held-out ne {curve[0]['ne_ctr']:.4f}"
@@ -133,7 +134,7 @@ def test_stop_at_target_ends_training_at_the_first_evaluation_that_reaches_it(tm
                      eval_sample=64, target_ne=5.0, stop_at_target=True)
     lines: list[str] = []
     losses: list[int] = []
-    summary = train(recipe_from_dict(tree), echo=lines.append,
+    summary = train(recipe_from_dict(tree), echo=lambda event: lines.append(str(event)),
                     sink=lambda m, s: losses.append(s) if "train/loss" in m else None)
     assert summary["train/steps"] == 2.0
     # the final evaluation (on eval_max_samples) takes the stopping step's place in the curve

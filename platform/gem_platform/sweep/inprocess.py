@@ -33,13 +33,13 @@ import json
 import math
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from gem_platform.errors import GemError
 from gem_platform.fresh_process import call_in_fresh_process
+from gem_platform.progress import Echo, TrialDone, in_trial
 from gem_platform.provenance import environment
 from gem_platform.recipe import Recipe
 from gem_platform.sweep.config import SweepPlan, load_sweep
@@ -63,7 +63,7 @@ class _History:
 
 
 def _check_commits(done: list[TrialRun], now: str | None, out: Path,
-                   allow_code_change: bool, echo: Callable[[str], None]) -> None:
+                   allow_code_change: bool, echo: Echo) -> None:
     """Refuse to add trials of this commit to a file whose trials came from another, unless
     ``allow_code_change``; either way say which trials came from which commit."""
     by_commit: dict[str, list[str]] = {}
@@ -81,18 +81,18 @@ def _check_commits(done: list[TrialRun], now: str | None, out: Path,
          f"train with commit {(now or 'unknown')[:12]}")
 
 
-def train_trial(recipe: Recipe, label: str, echo: Callable[[str], None] = print
+def train_trial(recipe: Recipe, label: str, echo: Echo = print
                 ) -> tuple[dict[str, Any], dict[str, list[tuple[int, float]]]]:
-    """Train one trial in this process: its summary and its HISTORY step series; progress
-    lines prefixed with ``label``."""
+    """Train one trial in this process: its summary and its HISTORY step series; its progress
+    events go to ``echo`` as the TrialProgress of ``label``."""
     from gem_platform.train.loop import train
 
     history = _History()
-    summary = train(recipe, sink=history, echo=lambda line: echo(f"[{label}] {line}"))
+    summary = train(recipe, sink=history, echo=in_trial(label, echo))
     return summary, history.points
 
 
-def run_in_process(plan: SweepPlan, out: str | Path, echo: Callable[[str], None] = print,
+def run_in_process(plan: SweepPlan, out: str | Path, echo: Echo = print,
                    resume: bool = True, allow_code_change: bool = False,
                    isolate: bool = True) -> list[TrialRun]:
     """Train every (arm, seed) of ``plan``, in the plan's order (all arms of a seed before
@@ -132,7 +132,7 @@ def run_in_process(plan: SweepPlan, out: str | Path, echo: Callable[[str], None]
               "recipes": recipes, "provenance": record}
     for arm, seed in plan.trials():
         if (arm, str(seed)) in have:
-            echo(f"[{arm} seed {seed}] already in {out}, kept")
+            echo(TrialDone(f"{arm} seed {seed}", "kept", where=str(out)))
             continue
         recipe, label = plan.trial_recipe(arm, seed), f"{arm} seed {seed}"
         t0 = time.perf_counter()
@@ -145,8 +145,8 @@ def run_in_process(plan: SweepPlan, out: str | Path, echo: Callable[[str], None]
                              metrics=metrics, sweep_id=plan.name, commit=commit,
                              history=points))
         write_results(out, header, done)
-        echo(f"[{arm} seed {seed}] NE ctr {metrics.get('eval/ne_ctr', float('nan')):.6f}  "
-             f"AUC ctr {metrics.get('eval/auc_ctr', float('nan')):.4f}  -> {out}")
+        echo(TrialDone(label, "finished", metrics.get("eval/ne_ctr", math.nan),
+                       metrics.get("eval/auc_ctr", math.nan), f"in {out}"))
     return done
 
 

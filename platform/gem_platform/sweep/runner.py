@@ -9,12 +9,12 @@ finished is reported, not rerun (``new=True`` starts a fresh one).
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shutil
 import signal
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ from ray.tune import Callback
 
 from gem_platform.errors import GemError
 from gem_platform.launch import check_world_size, start_ray
+from gem_platform.progress import Echo, TrialDone, draining
 from gem_platform.provenance import TAG_COMMIT, TAG_DATASET
 from gem_platform.sweep import store
 from gem_platform.sweep.config import SweepError, SweepPlan
@@ -110,7 +111,7 @@ def describe_commits(commits: dict[str, list[str]]) -> str:
 
 
 def check_code(plan: SweepPlan, run: Any, record: dict[str, Any], allow_code_change: bool,
-               echo: Callable[[str], None]) -> None:
+               echo: Echo) -> None:
     """Refuse to resume a sweep whose trials so far trained with another commit (or another
     dataset) unless ``allow_code_change``; say which trials came from which commit."""
     tags, uri = run.data.tags, plan.arms[0].recipe.tracking.uri or ""
@@ -152,7 +153,7 @@ def _record_parent(tracker: RunTracker, record: dict[str, Any]) -> None:
         tracker.set_tag(TAG_DATASET, _dataset_digests(record))
 
 
-def _open_parent(plan: SweepPlan, uri: str, new: bool, echo: Callable[[str], None],
+def _open_parent(plan: SweepPlan, uri: str, new: bool, echo: Echo,
                  allow_code_change: bool = False) -> tuple[RunTracker, str, str, bool]:
     """Reuse the latest parent with this fingerprint unless ``new``; else create one.
     A parent that is resumed must have trained with this commit (see ``check_code``).
@@ -210,45 +211,52 @@ def _finished_children(uri: str, parent_run_id: str) -> dict[tuple[str, int], st
 
 
 class Progress(Callback):
-    """One line per finished or failed trial (the per-step lines come from the trial).
+    """A TrialDone event per finished or failed trial (the trials send their own step events).
 
-    Tune pickles callbacks with its experiment state; the echo function (a console) is not
-    picklable and not worth restoring, so a restored copy prints plainly.
+    Tune pickles callbacks with its experiment state and a restored sweep runs the unpickled
+    copy; the echo function (a console) does not pickle, so a restored copy sends its events
+    to the echo of the sweep that restored it (``live``), else prints them.
     """
 
-    def __init__(self, echo: Callable[[str], None]) -> None:
+    live: Echo | None = None  # the echo of the sweep running in this process
+
+    def __init__(self, echo: Echo) -> None:
         self.echo = echo
+        Progress.live = echo
 
     def __getstate__(self) -> dict[str, Any]:
         return {}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.echo = print
+        self.echo = Progress.live or print
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         r, c = trial.last_result or {}, trial.config["trial"]
         if "run_id" not in r:
             return
-        what = "already recorded" if r.get("reused") else "finished"
-        self.echo(f"trial {c['arm']} seed {c['seed']} {what}: NE ctr "
-                  f"{r.get('eval/ne_ctr', float('nan')):.4f}, AUC ctr "
-                  f"{r.get('eval/auc_ctr', float('nan')):.4f} (run {r['run_id']})")
+        self.echo(TrialDone(f"{c['arm']} seed {c['seed']}",
+                            "already recorded" if r.get("reused") else "finished",
+                            r.get("eval/ne_ctr", math.nan), r.get("eval/auc_ctr", math.nan),
+                            f"run {r['run_id']}"))
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         c = trial.config["trial"]
-        self.echo(f"trial {c['arm']} seed {c['seed']} FAILED")
+        self.echo(TrialDone(f"{c['arm']} seed {c['seed']}", "FAILED"))
 
 
 def _tuner(plan: SweepPlan, sweep_id: str, parent_run_id: str, todo: list[tuple[str, int]],
-           echo: Callable[[str], None]) -> Any:
+           echo: Echo, events: Any) -> Any:
+    """The Tuner of the trials still to run (restored where Tune's state allows); the trials
+    send their progress events to the Ray queue ``events``."""
     from ray import tune
 
-    plan_dict = {"sweep_id": sweep_id, "parent_run_id": parent_run_id,
+    plan_dict = {"sweep_id": sweep_id, "parent_run_id": parent_run_id, "progress": events,
                  "recipes": {a.name: a.recipe.model_dump(mode="json") for a in plan.arms}}
     trainable = tune.with_resources(tune.with_parameters(run_trial, plan_dict=plan_dict),
                                     {"cpu": _trial_cpus(plan)})
     storage = Path(TUNE_STORAGE).resolve()
     path = storage / sweep_id
+    callback = Progress(echo)  # also what a restored copy of Tune's callback reports to
     if tune.Tuner.can_restore(path):
         try:
             tuner = tune.Tuner.restore(str(path), trainable, resume_unfinished=True,
@@ -268,7 +276,7 @@ def _tuner(plan: SweepPlan, sweep_id: str, parent_run_id: str, todo: list[tuple[
                                     reuse_actors=True),
         run_config=tune.RunConfig(name=sweep_id, storage_path=str(storage), verbose=0,
                                   failure_config=tune.FailureConfig(max_failures=0),
-                                  callbacks=[Progress(echo)]),
+                                  callbacks=[callback]),
     )
 
 
@@ -292,7 +300,7 @@ def _close(tracker: RunTracker, status: str, reason: str | None = None) -> None:
     c.set_terminated(tracker.run_id, status=status)
 
 
-def _summarize(outcome: SweepOutcome, plan: SweepPlan, echo: Callable[[str], None]) -> None:
+def _summarize(outcome: SweepOutcome, plan: SweepPlan, echo: Echo) -> None:
     """Log the comparison of the finished trials (with the spec's gates) on the parent run."""
     from gem_platform.sweep.compare import compare
     from gem_platform.sweep.summary import log_comparison
@@ -306,12 +314,13 @@ def _summarize(outcome: SweepOutcome, plan: SweepPlan, echo: Callable[[str], Non
 
 
 def run_sweep(plan: SweepPlan, *, new: bool = False, address: str | None = None,
-              echo: Callable[[str], None] = print, allow_code_change: bool = False
+              echo: Echo = print, allow_code_change: bool = False
               ) -> SweepOutcome:
     """Run (or resume) the sweep; the parent run ends FINISHED, FAILED or KILLED, carrying
     the comparison of its finished trials (``summary``). Resuming a sweep started with
     another commit raises SweepError unless ``allow_code_change``."""
     import ray
+    from ray.util.queue import Queue
 
     uri = plan.arms[0].recipe.tracking.uri or ""
     check_reachable(uri)
@@ -336,7 +345,10 @@ def run_sweep(plan: SweepPlan, *, new: bool = False, address: str | None = None,
         started = False
         try:
             started = _init_ray(plan, address)
-            results = _tuner(plan, sweep_id, tracker.run_id, todo, echo).fit()
+            events = Queue(actor_options={"num_cpus": 0})
+            tuner = _tuner(plan, sweep_id, tracker.run_id, todo, echo, events)
+            with draining(events, echo):
+                results = tuner.fit()
             outcome.errors = _trial_errors(results)
         except BaseException as err:
             interrupted = isinstance(err, KeyboardInterrupt | SystemExit)

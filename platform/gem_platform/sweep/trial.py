@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gem_platform.progress import in_trial
 from gem_platform.recipe import Recipe
 from gem_platform.sweep import store
 from gem_platform.sweep.results import finite_metrics
@@ -60,7 +61,8 @@ def settle_earlier_attempts(recipe: Recipe, sweep_id: str, arm: str, seed: int
 
 def run_trial(config: dict[str, Any], plan_dict: dict[str, Any]) -> None:
     """Tune function trainable: ``config["trial"]`` holds the arm and seed, ``plan_dict`` the
-    sweep (its id, parent run and one resolved recipe per arm)."""
+    sweep (its id, parent run, one resolved recipe per arm and the Ray queue its progress
+    events go to)."""
     from ray import tune
 
     from gem_platform.launch import submit
@@ -74,7 +76,8 @@ def run_trial(config: dict[str, Any], plan_dict: dict[str, Any]) -> None:
         tune.report(done)
         return
     recipe = child_recipe(recipe, sweep_id, parent, arm, seed)
-    prefix = f"[{arm} seed {seed}]"
+    events = plan_dict.get("progress")
     outcome = submit(recipe, local=recipe.parallel.workers == 1,
-                     echo=lambda line: print(f"{prefix} {line}", flush=True))
+                     echo=in_trial(f"{arm} seed {seed}",
+                                   print if events is None else events.put))
     tune.report(_report(outcome.summary, outcome.run_id, reused=False))

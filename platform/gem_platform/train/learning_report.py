@@ -1,5 +1,5 @@
 """How a held-out evaluation is reported: the curve point it makes, the metrics it publishes
-(MLflow), its progress line and warning lines, and the run summary's learning entries.
+(MLflow), its progress event and warning lines, and the run summary's learning entries.
 
 Names it writes (every evaluation, at its step):
 - ``eval/{ne,auc,logloss,base_rate,count,calibration}_{task}``: held-out scores;
@@ -22,6 +22,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from gem_platform.progress import EvalProgress, TaskScores
 from gem_platform.train.learning import (
     EvalPoint,
     LearningCurve,
@@ -59,23 +60,15 @@ def eval_metrics(point: EvalPoint, firing: Sequence[LearningWarning],
     return out
 
 
-def eval_line(point: EvalPoint, total: int, ceilings: dict[str, float] | None) -> str:
-    """The progress line of an evaluation: held-out NE beside train NE first (the progress
-    display reads those two), then AUC (with the share of the planted lift) and calibration."""
-    parts = [f"eval step {point.step:>5}/{total}"]
-    for task, q in point.tasks.items():
-        parts.append(f"held-out ne_{task} {q.ne:.4f}")
-        if task == "ctr":
-            parts.append(f"train ne_ctr {point.train_ne:.4f}")
-    for task, q in point.tasks.items():
-        auc = f"auc_{task} {q.auc:.4f}"
-        if ceilings and task in ceilings:
-            share = lift_share(q.auc, ceilings[task])
-            if math.isfinite(share):
-                auc += f" ({share:.0%} of planted lift)"
-        parts.append(auc)
-    parts += [f"calibration_{task} {q.calibration:.2f}" for task, q in point.tasks.items()]
-    return "  ".join(parts)
+def eval_progress(point: EvalPoint, total: int, ceilings: dict[str, float] | None
+                  ) -> EvalProgress:
+    """The progress event of an evaluation: held-out scores per task (with the share of the
+    planted lift where the data has a ceiling) beside the train NE."""
+    tasks = {task: TaskScores(q.ne, q.auc, q.calibration,
+                              lift_share(q.auc, ceilings[task])
+                              if ceilings and task in ceilings else None)
+             for task, q in point.tasks.items()}
+    return EvalProgress(point.step, total, point.train_ne, tasks)
 
 
 def warning_line(warning: LearningWarning) -> str:

@@ -58,15 +58,16 @@ from gem_platform.model import GemModel
 from gem_platform.model.flops import FlopMeter
 from gem_platform.parallel import Parallelized, parallelize
 from gem_platform.parallel.fused_state import fill_fused_state
+from gem_platform.progress import Echo, Event, StepProgress
 from gem_platform.recipe import Recipe, TrainConfig
 from gem_platform.train.checkpoint import Stateful
 from gem_platform.train.compile_watch import CompileWatch
 from gem_platform.train.determinism import deterministic_mode
 from gem_platform.train.launched import LaunchedStep, StepClock, StepResult
 from gem_platform.train.learning_report import (
-    eval_line,
     eval_metrics,
     eval_point,
+    eval_progress,
     summary_entries,
     warning_line,
 )
@@ -292,19 +293,21 @@ class CheckpointStore(Protocol):
 
 @dataclass
 class Reporter:
-    """Where a rank's progress goes. Only rank 0 reports: ``echo`` takes progress lines,
+    """Where a rank's progress goes. Only rank 0 reports: ``echo`` takes progress events
+    (gem_platform.progress: a StepProgress per logged step, an EvalProgress per evaluation,
+    text for the rest),
     ``sink(metrics, step)`` step, eval and summary metrics (MLflow logging). Metrics of steps
     the run's record already holds (``step <= published_through``, replayed after a resume)
     are not sent again, so the record has no gap and no repeat."""
 
     chief: bool
     sink: MetricSink | None = None
-    echo: Callable[[str], None] = print
+    echo: Echo = print
     published_through: int = 0
 
-    def line(self, text: str) -> None:
+    def line(self, event: Event) -> None:
         if self.chief:
-            self.echo(text)
+            self.echo(event)
 
     def publish(self, metrics: dict[str, float], step: int) -> None:
         if self.chief and self.sink and step > self.published_through:
@@ -598,10 +601,9 @@ def log_step(run: Run, state: LoopState, result: StepResult, step_balance: dict[
         **step_balance,
     }
     state.window = Totals()
-    report.line(f"step {state.step:>5}/{run.recipe.train.steps}  loss {result.loss:.4f}  "
-                f"ne_ctr {metrics['train/ne_ctr']:.4f}  "
-                f"samples/s {metrics['perf/samples_per_s']:.0f}  "
-                f"straggler {step_balance['balance/straggler_overhead']:.1%}")
+    report.line(StepProgress(state.step, run.recipe.train.steps, result.loss,
+                             metrics["train/ne_ctr"], metrics["perf/samples_per_s"],
+                             step_balance["balance/straggler_overhead"]))
     report.publish(metrics, state.step)
 
 
@@ -620,7 +622,7 @@ def record_eval(run: Run, state: LoopState, scores: dict[str, float], report: Re
                        state.since_eval.pop())
     firing, new = state.curve.add(point)
     ceilings = run.meta.planted_auc
-    report.line(eval_line(point, run.recipe.train.steps, ceilings))
+    report.line(eval_progress(point, run.recipe.train.steps, ceilings))
     for warning in new:
         report.line(warning_line(warning))
     return {**scores, **eval_metrics(point, firing, ceilings)}
@@ -714,13 +716,13 @@ def summarize(run: Run, state: LoopState, report: Reporter) -> RunSummary:
 
 
 def train(recipe: Recipe, sink: MetricSink | None = None,
-          echo: Callable[[str], None] = print,
+          echo: Echo = print,
           checkpoints: CheckpointStore | None = None,
           published_through: int = 0,
           on_step: Callable[[int, nn.Module], None] | None = None) -> RunSummary:
     """Train per the recipe on this rank; returns the run summary (same on every rank).
 
-    ``sink`` and ``echo`` receive metrics and progress lines on rank 0 (see Reporter). With
+    ``sink`` and ``echo`` receive metrics and progress events on rank 0 (see Reporter). With
     ``checkpoints``, the run resumes from the latest checkpoint and saves one every
     ``checkpoints.every`` steps. A resumed run replays the steps after its checkpoint;
     ``published_through`` (the last step the run's record already holds) keeps those from
