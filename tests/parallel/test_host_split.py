@@ -241,3 +241,62 @@ def test_split_checkpoint_resumes_under_another_split_or_whole_tables():
             for key, tensor in saved.items():
                 torch.testing.assert_close(loaded[key], tensor, rtol=0, atol=0,
                                            msg=f"{name}: {key}")
+
+
+class _SkipsItems(torch.nn.Module):
+    """Item and feature tables, of which a forward may look up only the features (as GemModel
+    does with model.item_vectors=planted)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from torchrec import (
+            EmbeddingBagCollection,
+            EmbeddingBagConfig,
+            EmbeddingCollection,
+            EmbeddingConfig,
+        )
+
+        self.items = EmbeddingCollection(tables=[EmbeddingConfig(
+            name="item", embedding_dim=4, num_embeddings=6, feature_names=["i"])])
+        self.features = EmbeddingBagCollection(tables=[EmbeddingBagConfig(
+            name="f", embedding_dim=4, num_embeddings=5, feature_names=["f"])])
+
+    def forward(self, ids, use_items: bool) -> torch.Tensor:
+        from torchrec import KeyedJaggedTensor
+
+        kjt = lambda key: KeyedJaggedTensor.from_lengths_sync(  # noqa: E731
+            [key], ids, torch.ones_like(ids))
+        out = self.features(kjt("f")).values().sum()
+        if use_items:
+            out = out + self.items(kjt("i"))["i"].values().sum()
+        return out
+
+
+def test_a_forward_that_skips_a_table_frees_it_and_leaves_it_untouched():
+    """A forward that looks up only some tables still frees every gathered copy by its end;
+    the skipped table gets no gradient (no update, as whole tables), and the next forward
+    looks up the pieces as they are now, never a stale copy."""
+    from gem_platform.parallel.host_split import HostSplitTables, build_split_groups
+    from gem_platform.parallel.single import ensure_process_group
+
+    created = not torch.distributed.is_initialized()
+    ensure_process_group(torch.device("cpu"))
+    try:
+        model = _SkipsItems()
+        split = HostSplitTables.apply(model, build_split_groups([[0]], "cpu"), 1)
+        ids = torch.tensor([0, 3, 4])
+        model(ids, use_items=False).backward()
+        assert split.table_bytes() == split.flat.untyped_storage().nbytes()
+        split.reduce_gradients()
+        items, features = split.shards
+        assert items.grad is None and features.grad is not None
+        with torch.no_grad():
+            features.to_local().add_(1.0)
+        before = model(ids, use_items=True)
+        with torch.no_grad():
+            features.to_local().add_(1.0)
+        assert float(model(ids, use_items=True) - before) == pytest.approx(3 * 4)
+        assert split.table_bytes() == split.flat.untyped_storage().nbytes()
+    finally:
+        if created:  # later tests start their own default group
+            torch.distributed.destroy_process_group()

@@ -25,6 +25,7 @@ plan `gemctl plan` prints for the layout.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -142,20 +143,25 @@ class HostSplitTables:
     _pending: _Pending | None = None
     _gathered: list[nn.Parameter] = field(default_factory=list)
     _served: set[int] = field(default_factory=set)
-    _collections: int = 0
+    _owned: dict[int, list[int]] = field(default_factory=dict)  # collection -> its tables
     _live: bool = False
 
     @classmethod
     def apply(cls, model: nn.Module, groups: HostSplitGroups, world: int) -> HostSplitTables:
         """Split every table of ``model`` in place (every rank must hold the same weights) and
-        hook its lookup modules."""
+        hook its lookup modules, and ``model`` itself: a forward of the model starts with a
+        fresh gather and ends with every gathered table freed, whichever lookups it ran."""
         split = cls(groups, world)
-        split._take_tables(split_tables(model))
+        modules = split_tables(model)
+        split._take_tables(modules)
+        index = {id(m): i for i, m in enumerate(modules)}
         for collection in model.modules():
             if isinstance(collection, EmbeddingCollection | EmbeddingBagCollection):
+                split._owned[id(collection)] = [index[id(m)] for m in split_tables(collection)]
                 collection.register_forward_pre_hook(split._before_lookup)
                 collection.register_forward_hook(split._after_lookup)
-                split._collections += 1
+        model.register_forward_pre_hook(split._before_forward)
+        model.register_forward_hook(split._after_forward)
         return split
 
     def _take_tables(self, modules: list[nn.Module]) -> None:
@@ -226,34 +232,43 @@ class HostSplitTables:
                 pending.work.wait()
         return pending.out
 
-    def _before_lookup(self, module: nn.Module, args: object) -> None:
-        """At a forward's first lookup: install whole tables (one gather for every table) in
-        place of the pieces. Gradients of an earlier forward never reduced are dropped."""
-        if self._live:
-            return
-        self._gathered, self._served = [], set()
-        with record_function(WAIT_RANGE):
-            out = self._gather().view(self.groups.per_host, -1)
-        for table in self.tables:
-            full = out[:, table.offset: table.offset + table.padded]
-            full = full.reshape(-1, table.dim)[: table.rows].clone()
-            full = nn.Parameter(full, requires_grad=torch.is_grad_enabled())
-            table.module._parameters["weight"] = full
-            self._gathered.append(full)
-        self._live = True
-
-    def _after_lookup(self, module: nn.Module, args: object, output: object) -> None:
-        """Once every lookup module of the forward ran: free the gathered copy's storage (the
-        lookups' backward reads only its shape) and put the pieces back."""
-        self._served.add(id(module))
-        if len(self._served) < self._collections:
-            return
-        for table, shard, full in zip(self.tables, self.shards, self._gathered, strict=True):
-            table.module._parameters["weight"] = shard
-            full.untyped_storage().resize_(0)
+    def _before_forward(self, module: nn.Module, args: object) -> None:
         self._live = False
+
+    def _after_forward(self, module: nn.Module, args: object, output: object) -> None:
+        """Free what no lookup of this forward used (e.g. a table the model skips)."""
+        self._release(range(len(self.tables)))
         if not torch.is_grad_enabled():
             self._gathered = []
+
+    def _before_lookup(self, module: nn.Module, args: object) -> None:
+        """At a forward's first lookup (or a lookup module run twice): gather every table
+        once, then install this module's whole tables in place of its pieces. Gradients of
+        an earlier forward never reduced are dropped."""
+        if not self._live or id(module) in self._served:
+            self._gathered, self._served = [], set()
+            with record_function(WAIT_RANGE):
+                out = self._gather().view(self.groups.per_host, -1)
+            for table in self.tables:
+                full = out[:, table.offset: table.offset + table.padded]
+                full = full.reshape(-1, table.dim)[: table.rows].clone()
+                self._gathered.append(nn.Parameter(full, requires_grad=torch.is_grad_enabled()))
+            del out
+            self._live = True
+        for i in self._owned[id(module)]:
+            self.tables[i].module._parameters["weight"] = self._gathered[i]
+
+    def _after_lookup(self, module: nn.Module, args: object, output: object) -> None:
+        """Right after a lookup module ran: free its gathered tables (their backward reads
+        only the shape) and put its pieces back."""
+        self._served.add(id(module))
+        self._release(self._owned[id(module)])
+
+    def _release(self, indices: Iterable[int]) -> None:
+        for i in indices:
+            if i < len(self._gathered):
+                self.tables[i].module._parameters["weight"] = self.shards[i]
+                self._gathered[i].untyped_storage().resize_(0)
 
     # -- gradients ----------------------------------------------------------------------
 
@@ -274,7 +289,10 @@ class HostSplitTables:
                 block = grads[:, table.offset: table.offset + table.padded]
                 block.copy_(_padded(full.grad, p * table.chunk).view(p, -1))
         mine = self._reduce(grads)
-        for table, shard in zip(self.tables, self.shards, strict=True):
+        for table, shard, full in zip(self.tables, self.shards, gathered, strict=True):
+            if full.grad is None:  # a table this step did not look up: no update, as unsplit
+                shard.grad = None
+                continue
             local = self._local_view(table, mine)
             shard.grad = DTensor.from_local(local, self.groups.mesh, [Replicate(), Shard(0)],
                                             run_check=False, shape=shard.shape,
