@@ -67,3 +67,19 @@ def test_gemctl_imports_the_measuring_packages_only_where_a_command_runs():
         names |= {n.module for n in top if isinstance(n, ast.ImportFrom) and n.module}
         assert not {m for m in names if m.split(".")[0] in ("gem_bench", "gem_profile")}, path
 
+
+
+def test_commands_are_registered_one_way():
+    """Every command is added by its module's register(app): no module decorates a function
+    with app.command, and main.py registers every module that has a register function."""
+    main = (REPO / "gemctl" / "main.py").read_text()
+    for path in (REPO / "gemctl").glob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef):
+                for deco in node.decorator_list:
+                    call = deco.func if isinstance(deco, ast.Call) else deco
+                    assert not (isinstance(call, ast.Attribute) and call.attr == "command"), \
+                        f"{path.name}: {node.name} is registered by a decorator"
+        if any(isinstance(n, ast.FunctionDef) and n.name == "register" for n in tree.body):
+            assert f"    {path.stem},\n" in main, f"main.py does not register {path.stem}"

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from typer.testing import CliRunner
 
-from gem_platform.data.learnability import learnable_effects, main, report
+from gem_platform.data.learnability import learnable_effects, report
 from gem_platform.data.parquet import SampleTable, load_meta
 from gem_platform.data.synthetic import SPARSE_EFFECT_STD, generate_synthetic
 
@@ -52,8 +53,12 @@ def test_command_prints_json(make_config, tmp_path: Path, capsys) -> None:
     recipe = tmp_path / "r.yaml"
     recipe.write_text(json.dumps({"name": "r", "data": make_config(tmp_path / "d").model_dump(
         mode="json")}))
-    assert main([str(recipe), "--set", "data.synthetic.num_users=100", "--json"]) == 0
-    out = json.loads(capsys.readouterr().out)
+    from gemctl.main import app
+
+    result = CliRunner().invoke(app, ["data", "learnability", str(recipe), "--set",
+                                      "data.synthetic.num_users=100", "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
     assert out["num_users"] == 100
     assert set(out["auc"]["cvr"]) == {"planted", "ids_as_learnable", "category_level",
                                       "ids_and_category"}

@@ -14,14 +14,11 @@ samples each id has, and the AUC ceilings that follow:
 - ``category_level``: items known only by their category (no item-level detail learned);
 - ``ids_and_category``: both at once: what remains when the data is too thin for either.
 
-    python -m gem_platform.data.learnability recipes/demo.yaml [--set data.synthetic.x=v]
+    gemctl data learnability recipes/demo.yaml [--set data.synthetic.x=v] [--json]
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
@@ -157,36 +154,3 @@ def report(syn: SyntheticConfig) -> dict:
                                                       joined.ad_item_id - 1)
     return {"num_train": syn.num_train, "num_users": syn.num_users, "num_items": syn.num_items,
             "samples_per_id": per_id, "auc": ceilings(world, ids, parts)}
-
-
-def _format(name: str, result: dict) -> str:
-    ids = result["samples_per_id"]
-    lines = [f"{name}: {result['num_train']} train samples, {result['num_users']} users, "
-             f"{result['num_items']} items",
-             "  training samples per id: mean over ids; over eval samples' ids: median, 10th "
-             "percentile, share unseen"]
-    for key, q in ids.items():
-        lines.append(f"    {key:22s} {q['mean_per_id']:10.1f} {q['median_seen']:8.0f} "
-                     f"{q['p10_seen']:8.0f} {q['unseen']:7.1%}")
-    lines.append("  AUC ceiling: " + "; ".join(
-        f"{task} " + ", ".join(f"{k} {v:.3f}" for k, v in res.items())
-        for task, res in result["auc"].items()))
-    return "\n".join(lines)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    from gem_platform.recipe import load_recipe
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("recipe")
-    parser.add_argument("--set", dest="overrides", action="append", default=[])
-    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    args = parser.parse_args(argv)
-    recipe = load_recipe(args.recipe, args.overrides)
-    result = report(recipe.data.synthetic)
-    print(json.dumps(result, indent=2) if args.json else _format(args.recipe, result))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
