@@ -150,7 +150,7 @@ def _ray_worker_loop(config: dict[str, Any]) -> None:
         with sampling_this_host(config.get("node_metrics"), info.rank, config["tracking_uri"],
                                 config["run_id"], echo):
             summary = train(recipe, sink=tracker.log_metrics if tracker else None, echo=echo,
-                            checkpoints=store,
+                            checkpoints=store, meta=config["meta"],
                             published_through=tracker.last_step() if tracker else 0)
     except TrainingDiverged as err:
         # Every rank stops at the same step; ending normally keeps Ray from retrying a run
@@ -170,7 +170,7 @@ def ray_run_dir(recipe: Recipe, run_id: str) -> str:
     return run_dir(recipe, run_id)
 
 
-def _run_on_ray(recipe: Recipe, tracker: RunTracker, address: str | None,
+def _run_on_ray(recipe: Recipe, meta: DatasetMeta, tracker: RunTracker, address: str | None,
                 echo: Echo, resume: ResumePoint | None) -> dict[str, Any]:
     """Place ranks by topology (each host's ranks contiguous, each zone's hosts contiguous),
     pin every worker to its planned node, train, and check that Ray put them there."""
@@ -190,15 +190,16 @@ def _run_on_ray(recipe: Recipe, tracker: RunTracker, address: str | None,
     progress = Queue(actor_options={"num_cpus": 0})
     if resume is not None and resume.folder is None:
         echo(NO_CHECKPOINT)
-    trainer = _build_trainer(recipe, tracker, placement, progress,
+    trainer = _build_trainer(recipe, meta, tracker, placement, progress,
                              resume.folder if resume is not None else None, node_metrics)
     reports = _WorkerReports(echo)
     _fit_while_draining(trainer, progress, reports)
     return _check_and_record(reports, placement, tracker)
 
 
-def _build_trainer(recipe: Recipe, tracker: RunTracker, placement: Placement, progress: Any,
-                   resume_from: str | None = None, node_metrics: Any = None) -> Any:
+def _build_trainer(recipe: Recipe, meta: DatasetMeta, tracker: RunTracker,
+                   placement: Placement, progress: Any, resume_from: str | None = None,
+                   node_metrics: Any = None) -> Any:
     """Ray Train's TorchTrainer for the run: one worker per rank pinned by ``placement``'s
     label selectors, checkpoints under ``ray_run_dir``. A resumed run continues from the
     latest checkpoint in that folder: Ray Train V2 restores a run whose name and storage
@@ -213,7 +214,8 @@ def _build_trainer(recipe: Recipe, tracker: RunTracker, placement: Placement, pr
 
     return TorchTrainer(
         train_loop_per_worker=_ray_worker_loop,
-        train_loop_config={"recipe": recipe.model_dump(mode="json"), "run_id": tracker.run_id,
+        train_loop_config={"recipe": recipe.model_dump(mode="json"), "meta": meta,
+                           "run_id": tracker.run_id,
                            "tracking_uri": tracker.uri, "progress": progress,
                            "resume_from": resume_from, "node_metrics": node_metrics},
         torch_config=TorchConfig(backend=recipe.parallel.resolved_backend()),
@@ -280,7 +282,7 @@ def _check_and_record(reports: _WorkerReports, placement: Placement, tracker: Ru
     return reports.summary
 
 
-def _run_local(recipe: Recipe, tracker: RunTracker, echo: Echo,
+def _run_local(recipe: Recipe, meta: DatasetMeta, tracker: RunTracker, echo: Echo,
                resume: ResumePoint | None) -> dict[str, Any]:
     from gem_platform.train.checkpoint import LOCAL_ROOT, LocalStore
     from gem_platform.train.loop import train
@@ -294,7 +296,7 @@ def _run_local(recipe: Recipe, tracker: RunTracker, echo: Echo,
                            start=resume)
         if resume is not None and resume.folder is None:
             echo(NO_CHECKPOINT)
-    return train(recipe, sink=tracker.log_metrics, echo=echo, checkpoints=store,
+    return train(recipe, sink=tracker.log_metrics, echo=echo, checkpoints=store, meta=meta,
                  published_through=tracker.last_step() if resume is not None else 0)
 
 
@@ -379,7 +381,7 @@ def submit(recipe: Recipe, *, local: bool = False, address: str | None = None,
                      recipe.tracking.tags)
     from gem_platform.data.prepare import prepare_dataset  # generator: torch, TorchRec
 
-    meta = prepare_dataset(recipe.data)
+    meta = prepare_dataset(recipe.data)  # once per run: the ranks receive this meta
     world = 1 if local else recipe.parallel.workers
     check_world_size(recipe, meta, world)
     recipe.parallel.validate_against_world(world)
@@ -408,9 +410,9 @@ def submit(recipe: Recipe, *, local: bool = False, address: str | None = None,
         if point is not None:
             _note_resume(point, tracker, echo, changes)
         if local:
-            summary = _run_local(recipe, tracker, echo, resume=point)
+            summary = _run_local(recipe, meta, tracker, echo, resume=point)
         else:
-            summary = _run_on_ray(recipe, tracker, address, echo, resume=point)
+            summary = _run_on_ray(recipe, meta, tracker, address, echo, resume=point)
         summary.update(_linear_reference(recipe, meta, tracker, echo))
         tracker.log_json(summary, "summary.json")
         tracker.set_tag("gem.learning_warnings", learning_tag(summary))

@@ -125,11 +125,12 @@ def _resume_elsewhere(tree: dict, root: str, out: str, rank: int, world: int) ->
     """Under ``tree``'s layout: load the newest checkpoint under ``root`` and save it again to
     ``out`` (the loaded state, for comparison), then train on from it to ``train.steps``.
     Returns the loader state it continued at, the lines rank 0 printed, its losses."""
-    from gem_platform.train.loop import RankInfo, Reporter, resume, setup, train
+    from gem_platform.train.loop import RankInfo, Reporter, pick_device, resume, setup, train
     from gem_platform.train.state import CheckpointExtras
 
     lines: list[str] = []
-    run = setup(recipe_from_dict(tree), RankInfo.current())
+    recipe = recipe_from_dict(tree)
+    run = setup(recipe, RankInfo.current(), pick_device(recipe), prepare_dataset(recipe.data))
     loop, epoch = resume(run, LocalStore(Path(root), every=0, keep=10),
                          Reporter(rank == 0, None, lambda event: lines.append(str(event))))
     loader = run.batcher.state_dict()

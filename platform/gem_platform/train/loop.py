@@ -355,11 +355,10 @@ def _stored_bytes(recipe: Recipe, model: nn.Module) -> Callable[[torch.Tensor], 
     return lambda t: stored_bytes(t, weights)
 
 
-def setup(recipe: Recipe, info: RankInfo) -> Run:
-    """Load this rank's data, build and parallelize the model, its optimizers, LR schedules
-    and batcher (the same on every rank apart from its data)."""
-    device = pick_device(recipe)
-    meta = prepare_dataset(recipe.data)
+def setup(recipe: Recipe, info: RankInfo, device: torch.device, meta: DatasetMeta) -> Run:
+    """Load this rank's data (the dataset ``meta`` describes, already prepared), build and
+    parallelize the model on ``device``, its optimizers, LR schedules and batcher (the same on
+    every rank apart from its data)."""
     loader = recipe.loader_config()
     truncate = recipe.data.history_overflow == "truncate"
     train_table = open_table(recipe.data.path, "train", info.rank, info.world_size, loader,
@@ -719,7 +718,8 @@ def train(recipe: Recipe, sink: MetricSink | None = None,
           echo: Echo = print,
           checkpoints: CheckpointStore | None = None,
           published_through: int = 0,
-          on_step: Callable[[int, nn.Module], None] | None = None) -> RunSummary:
+          on_step: Callable[[int, nn.Module], None] | None = None,
+          meta: DatasetMeta | None = None) -> RunSummary:
     """Train per the recipe on this rank; returns the run summary (same on every rank).
 
     ``sink`` and ``echo`` receive metrics and progress events on rank 0 (see Reporter). With
@@ -730,20 +730,24 @@ def train(recipe: Recipe, sink: MetricSink | None = None,
     (a profiler's clock; the model's gradients are that step's until the next forward, once
     the device has finished it). With ``train.deterministic`` the run trains inside
     ``determinism.deterministic_mode(train.seed)``; the summary's ``train/deterministic`` says
-    whether it did (1.0) or not (0.0).
+    whether it did (1.0) or not (0.0). ``meta``: the dataset as the run's driver prepared it
+    (launch.submit prepares each dataset once per run and hands its meta to every rank); None
+    prepares it here, for a run started in this process. The rank and its device are read
+    once, here.
     """
-    report = Reporter(RankInfo.current().is_chief, sink, echo, published_through)
-    mode = (deterministic_mode(recipe.train.seed, pick_device(recipe))
+    info, device = RankInfo.current(), pick_device(recipe)
+    meta = meta if meta is not None else prepare_dataset(recipe.data)
+    report = Reporter(info.is_chief, sink, echo, published_through)
+    mode = (deterministic_mode(recipe.train.seed, device)
             if recipe.train.deterministic else contextlib.nullcontext())
     with mode:
-        return _train(recipe, report, checkpoints, on_step)
+        return _train(setup(recipe, info, device, meta), report, checkpoints, on_step)
 
 
-def _train(recipe: Recipe, report: Reporter, checkpoints: CheckpointStore | None,
+def _train(run: Run, report: Reporter, checkpoints: CheckpointStore | None,
            on_step: Callable[[int, nn.Module], None] | None) -> RunSummary:
-    """``train``'s stages, in order."""
-    info = RankInfo.current()
-    run = setup(recipe, info)
+    """``train``'s stages, in order, on the rank ``setup`` made."""
+    recipe = run.recipe
     if run.regions.budget_gb is not None:
         report.line(run.regions.describe())
     state, start_epoch = resume(run, checkpoints, report)
