@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from gem_platform.checkpoint.store import LocalStore, latest_checkpoint
 from gem_platform.recipe import Recipe
-from gem_platform.train.checkpoint import LocalStore, latest_checkpoint
 from gem_platform.train.loop import RunSummary, train
 
 Losses = list[tuple[int, float]]

@@ -30,7 +30,7 @@ from gem_platform.tracking import (
 )
 
 if TYPE_CHECKING:
-    from gem_platform.train.intact import ResumePoint
+    from gem_platform.checkpoint.intact import ResumePoint
 
 log = logging.getLogger(__name__)
 NO_CHECKPOINT = "no checkpoint of this run was found: it restarts from step 0"
@@ -129,9 +129,9 @@ def _ray_worker_loop(config: dict[str, Any]) -> None:
     """Body of each Ray Train worker: train, with rank 0 streaming progress to the driver."""
     import torch
 
+    from gem_platform.checkpoint.store import RayStore
     from gem_platform.node_metrics import sampling_this_host
     from gem_platform.topology import worker_location
-    from gem_platform.train.checkpoint import RayStore
     from gem_platform.train.loop import RankInfo, TrainingDiverged, train
 
     recipe = Recipe.model_validate(config["recipe"])
@@ -284,7 +284,7 @@ def _check_and_record(reports: _WorkerReports, placement: Placement, tracker: Ru
 
 def _run_local(recipe: Recipe, meta: DatasetMeta, tracker: RunTracker, echo: Echo,
                resume: ResumePoint | None) -> dict[str, Any]:
-    from gem_platform.train.checkpoint import LOCAL_ROOT, LocalStore
+    from gem_platform.checkpoint.store import LOCAL_ROOT, LocalStore
     from gem_platform.train.loop import train
 
     root = LOCAL_ROOT.resolve() / tracker.run_id
@@ -305,8 +305,8 @@ def resume_point(recipe: Recipe, run_id: str, local: bool) -> ResumePoint:
     the newest intact one, with the newer torn ones it passes over. CheckpointError (bad
     input: the run's status stays as it was) when the run has checkpoints and none is
     intact."""
-    from gem_platform.train.checkpoint import LOCAL_ROOT
-    from gem_platform.train.intact import CheckpointError, ResumePoint, find_resume_point
+    from gem_platform.checkpoint.intact import CheckpointError, ResumePoint, find_resume_point
+    from gem_platform.checkpoint.store import LOCAL_ROOT
 
     if not re.fullmatch(r"[A-Za-z0-9_-]+", run_id):
         return ResumePoint(run_id)  # not a run id: RunTracker.reopen refuses it
@@ -322,7 +322,7 @@ def _layout_changes(recipe: Recipe, point: ResumePoint, world: int) -> list[str]
     """How the resume's layout differs from its checkpoint's (None: the checkpoint does not
     record one); ReshardError (bad input, the run's record untouched) when it can't be
     resharded to this one."""
-    from gem_platform.train.reshard import resume_changes
+    from gem_platform.checkpoint.reshard import resume_changes
 
     return resume_changes(point.folder, recipe.parallel.model_dump(mode="json"), world)
 

@@ -24,7 +24,7 @@ from gem_platform.errors import GemError
 from gem_platform.recipe import Recipe
 
 DEFAULT_STORAGE = "gem_runs/ray"
-STEP_FILE = "gem_step.json"  # what a complete checkpoint folder holds (train/checkpoint.py)
+STEP_FILE = "gem_step.json"  # what a complete checkpoint folder holds (checkpoint/store.py)
 
 
 class StorageError(GemError):

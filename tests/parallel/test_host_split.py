@@ -96,7 +96,7 @@ def _plan_collectives(r):
 
 
 def _job(folder: str, rank: int, world: int) -> dict:
-    from gem_platform.train.checkpoint import Stateful
+    from gem_platform.checkpoint.store import Stateful
 
     r, par, opts = _build(False)
     plain = _steps(r, par, opts, rank, range(STEPS), [])
@@ -208,7 +208,7 @@ RESHARDS = {"split_to_whole": ((True, 2), (False, 2)), "whole_to_split": ((False
 
 
 def _reshard_job(folder: str, rank: int, world: int) -> dict:
-    from gem_platform.train.checkpoint import Stateful
+    from gem_platform.checkpoint.store import Stateful
 
     out = {}
     for name, (before, after) in RESHARDS.items():

@@ -17,8 +17,8 @@ import torch
 import yaml
 from mlflow.tracking import MlflowClient
 
+from gem_platform.checkpoint.store import Stateful
 from gem_platform.recipe import recipe_from_dict
-from gem_platform.train.checkpoint import Stateful
 from gem_platform.train.loop import train
 from tests.resume import crash_and_resume, losses_of
 

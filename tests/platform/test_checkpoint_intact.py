@@ -18,14 +18,14 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from gem_platform.recipe import recipe_from_dict
-from gem_platform.train.checkpoint import LocalStore, latest_checkpoint
-from gem_platform.train.intact import (
+from gem_platform.checkpoint.intact import (
     MANIFEST_FILE,
     CheckpointError,
     check_checkpoint,
     find_resume_point,
 )
+from gem_platform.checkpoint.store import LocalStore, latest_checkpoint
+from gem_platform.recipe import recipe_from_dict
 from gem_platform.train.loop import train
 from tests.resume import losses_of
 

@@ -18,10 +18,7 @@ import torch
 import yaml
 from mlflow.tracking import MlflowClient
 
-from gem_platform.data.prepare import prepare_dataset
-from gem_platform.recipe import recipe_from_dict
-from gem_platform.train.checkpoint import LocalStore
-from gem_platform.train.reshard import (
+from gem_platform.checkpoint.reshard import (
     Layout,
     ReshardError,
     check_reshard,
@@ -31,6 +28,9 @@ from gem_platform.train.reshard import (
     map_loader,
     read_layout,
 )
+from gem_platform.checkpoint.store import LocalStore
+from gem_platform.data.prepare import prepare_dataset
+from gem_platform.recipe import recipe_from_dict
 
 TABLE_WISE_2 = {"workers": 2, "embedding_sharding": "table_wise"}
 EXPERTS_2 = {"workers": 2, "gpus_per_host": 2, "expert_parallel": 2,

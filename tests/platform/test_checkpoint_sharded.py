@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from gem_platform.checkpoint.manifest import MANIFEST_FILE
+from gem_platform.checkpoint.store import LocalStore, latest_checkpoint
 from gem_platform.data.prepare import prepare_dataset
 from gem_platform.recipe import recipe_from_dict
-from gem_platform.train.checkpoint import LocalStore, latest_checkpoint
 from gem_platform.train.loop import train
-from gem_platform.train.manifest import MANIFEST_FILE
 
 STEPS, STOP_AT = 5, 2  # straight: 5 steps; interrupted after the step-2 checkpoint, resumed
 LAYOUTS = {

@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 import yaml
 
+from gem_platform.checkpoint.store import LocalStore, latest_checkpoint
 from gem_platform.data.prepare import prepare_dataset
 from gem_platform.parallel import parallelize
 from gem_platform.parallel.single import (
@@ -22,7 +23,6 @@ from gem_platform.parallel.single import (
     warn_dense_tables,
 )
 from gem_platform.recipe import recipe_from_dict
-from gem_platform.train.checkpoint import LocalStore, latest_checkpoint
 from gem_platform.train.loop import build_model, train
 from gem_platform.train.optim import dense_optimizer
 from tests.platform.tiny_training import TINY

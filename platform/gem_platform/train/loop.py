@@ -49,6 +49,8 @@ from torch.profiler import record_function
 from gem_platform.balance import Batcher, LoaderConfig, make_batcher
 from gem_platform.balance.cost import batch_work
 from gem_platform.balance.stats import measure_step
+from gem_platform.checkpoint.reshard import fit_schedule, layout_changes, map_loader
+from gem_platform.checkpoint.store import Stateful
 from gem_platform.data.batch import TASKS, JaggedBatch
 from gem_platform.data.loader import Table, expected_work, iterate, open_table
 from gem_platform.data.meta import DatasetMeta
@@ -60,7 +62,6 @@ from gem_platform.parallel import Parallelized, parallelize
 from gem_platform.parallel.fused_state import fill_fused_state
 from gem_platform.progress import Echo, Event, StepProgress
 from gem_platform.recipe import Recipe, TrainConfig
-from gem_platform.train.checkpoint import Stateful
 from gem_platform.train.compile_watch import CompileWatch
 from gem_platform.train.determinism import deterministic_mode
 from gem_platform.train.launched import LaunchedStep, StepClock, StepResult
@@ -82,7 +83,6 @@ from gem_platform.train.regions import (
     compile_enabled,
     setup_regions,
 )
-from gem_platform.train.reshard import fit_schedule, layout_changes, map_loader
 from gem_platform.train.saved_activations import (
     model_weight_shapes,
     saved_activations,

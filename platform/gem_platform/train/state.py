@@ -2,7 +2,7 @@
 
 ``LoopState`` is the loop's own progress (step, last loss, time and FLOP totals, balance and
 running-NE accumulators, the held-out learning curve); ``CheckpointExtras`` is everything a
-rank saves beside the model and optimizer state (see gem_platform.train.checkpoint) so that a
+rank saves beside the model and optimizer state (see gem_platform.checkpoint.store) so that a
 resumed run continues exactly where the saved one stood.
 """
 

@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from gem_platform.checkpoint.manifest import FORMAT, MANIFEST_FILE, STEP_FILE, Manifest, crc32_of
 from gem_platform.data.source import filesystem, is_remote
 from gem_platform.errors import GemError
-from gem_platform.train.manifest import FORMAT, MANIFEST_FILE, STEP_FILE, Manifest, crc32_of
 
 DCP_INDEX = ".metadata"
 MARKERS = (STEP_FILE, MANIFEST_FILE, DCP_INDEX)  # a folder holding one is a checkpoint's

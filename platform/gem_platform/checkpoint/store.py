@@ -40,14 +40,14 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torchrec.optim.keyed import KeyedOptimizer
 
-from gem_platform.train.intact import (
+from gem_platform.checkpoint.intact import (
     DCP_INDEX,
     CheckpointError,
     ResumePoint,
     check_checkpoint,
     find_resume_point,
 )
-from gem_platform.train.manifest import (
+from gem_platform.checkpoint.manifest import (
     STEP_FILE,
     FileEntry,
     durable_entry,
@@ -56,7 +56,7 @@ from gem_platform.train.manifest import (
     write_manifest,
     write_step_file,
 )
-from gem_platform.train.reshard import (
+from gem_platform.checkpoint.reshard import (
     LAYOUT_FILE,
     Layout,
     ReshardError,
