@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from gemctl import bench_kernels
 from gemctl.errors import user_errors
 from gemctl.options import epilog
 
@@ -177,4 +178,6 @@ def register(app: typer.Typer) -> None:
             f"gemctl bench {name} --out bench_results --quick"))(user_errors(_command(module)))
     for name, (function, help_text, examples) in RECIPE_COMMANDS.items():
         bench.command(name, help=help_text, epilog=epilog(*examples))(user_errors(function))
+    bench.command("kernels", help=bench_kernels.HELP, epilog=epilog(*bench_kernels.EXAMPLES))(
+        user_errors(bench_kernels.kernels))
     app.add_typer(bench, name="bench")
