@@ -215,6 +215,9 @@ def _gdpa_bwd_short_q_kernel(Q, K, V, DO, DK, DV, DQ32, items, prog_ptr,
         nblk, nh, nr0, nrlen, nc0, nclen = mblk, mh, mr0, mrlen, mc0, mclen
 
 
+# Longer than 80 lines on purpose: its body is one software-pipelined loop whose prefetched
+# K/V tiles and item metadata are carried across iterations in registers; split into helpers,
+# the pipeline's stages would cross call boundaries, and the kernel's speed was tuned whole.
 @triton.jit
 def _gdpa_dkdv_kernel(Q, K, V, DO, DK, DV, DQ, DQ32, items, prog_ptr,
                       stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
