@@ -24,7 +24,7 @@ from gem_platform.errors import GemError
 from gem_platform.model import GemModel
 from gem_platform.recipe import ModelConfig
 from tests.conftest import REPO, run_gemctl
-from tests.platform.tiny_training import TINY
+from tests.tiny_training import TINY
 
 LENGTHS = [5, 0, 130, 1, 64]
 

@@ -10,7 +10,7 @@ import torch
 
 from gem_bench.compile_check import beyond_tolerance, relative_errors
 from tests.conftest import run_gemctl
-from tests.platform.tiny_training import TINY
+from tests.tiny_training import TINY
 
 
 def test_relative_errors_rank_the_worst_first():

@@ -12,7 +12,7 @@ from gem_bench.e2e import ARMS, arm_recipe, bench, write
 from gem_platform.errors import GemError
 from gem_platform.recipe import recipe_from_dict
 from tests.conftest import run_gemctl
-from tests.platform.tiny_training import TINY
+from tests.tiny_training import TINY
 
 
 @pytest.fixture

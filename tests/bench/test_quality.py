@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from gem_bench.quality import QualityArm, pick_target, place_target
 from gemctl.main import app
-from tests.platform.tiny_training import tiny_tree
+from tests.tiny_training import tiny_tree
 
 
 def _arm(name: str, nes: list[float], error: str | None = None) -> QualityArm:

@@ -9,7 +9,7 @@ import math
 from gem_bench import repro
 from gem_bench.repro import first_differing
 from tests.conftest import run_gemctl
-from tests.platform.tiny_training import TINY
+from tests.tiny_training import TINY
 
 
 def test_repro_bench_reports_cost_and_agreement(tmp_path, monkeypatch):

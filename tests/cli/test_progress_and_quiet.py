@@ -112,7 +112,7 @@ def test_sweep_trials_and_overall():
 def test_the_loop_sends_typed_events(tmp_path):
     """A real in-process run: one StepProgress per logged step and an EvalProgress per
     evaluation reach the callback as objects, not text."""
-    from tests.platform.tiny_training import tiny_tree, train_losses
+    from tests.tiny_training import tiny_tree, train_losses
 
     events: list = []
     train_losses(tiny_tree(tmp_path / "data", steps=4, eval_every=2), echo=events.append)

@@ -28,7 +28,7 @@ from torchrec import KeyedJaggedTensor
 from gem_platform.data.batch import JaggedBatch
 from gem_platform.data.meta import DatasetMeta, SparseFeatureSpec
 from gem_platform.recipe import Recipe
-from tests.platform.conftest import make_batch
+from tests.model_inputs import make_batch
 
 STEPS = 3
 OPTIMIZERS = ("adamw", "sgd")

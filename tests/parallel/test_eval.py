@@ -16,7 +16,7 @@ from gem_platform.data.parquet import SampleTable
 from gem_platform.data.prepare import prepare_dataset
 from gem_platform.recipe import Recipe, recipe_from_dict
 from tests.parallel.harness import spawn
-from tests.platform.tiny_training import TINY
+from tests.tiny_training import TINY
 
 WORLD = 2
 SIZES = (37, 20)  # eval samples per rank; local batch 16: 3 and 2 batches

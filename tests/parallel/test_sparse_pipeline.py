@@ -18,7 +18,7 @@ from gem_platform.parallel.sparse_pipeline import SPARSE_INPUT_DIST
 from gem_platform.recipe import recipe_from_dict
 from gem_platform.train.loop import BACKWARD, train, with_upcoming
 from tests.parallel.harness import spawn
-from tests.platform.tiny_training import tiny_tree
+from tests.tiny_training import tiny_tree
 
 WORLD, STEPS = 2, 4
 

@@ -12,7 +12,7 @@ from gem_platform.node_metrics import NodeMetricsPlan, NodeSampler, sampling_thi
 from gem_platform.recipe import recipe_from_dict
 from gem_platform.topology.cluster import Cluster, Host
 from gem_platform.tracking import RunTracker
-from tests.platform.tiny_training import tiny_tree
+from tests.tiny_training import tiny_tree
 
 
 def test_one_sampler_per_host_named_by_host_index(monkeypatch):

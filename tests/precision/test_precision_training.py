@@ -11,7 +11,7 @@ import yaml
 
 from gem_platform.recipe import recipe_from_dict
 from gem_platform.train.loop import train
-from tests.platform.tiny_training import TINY
+from tests.tiny_training import TINY
 
 
 @pytest.mark.parametrize("attention", ["full", "block64"])

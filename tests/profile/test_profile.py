@@ -12,7 +12,7 @@ from gem_platform.errors import GemError
 from gem_platform.recipe import recipe_from_dict
 from gem_profile.profile import is_annotation, kernel_kind, main, profile_recipe
 from tests.conftest import run_gemctl
-from tests.platform.tiny_training import TINY
+from tests.tiny_training import TINY
 
 
 @pytest.mark.parametrize("name, kind", [

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from gemctl import render
 from gemctl.main import app
 from tests.conftest import run_gemctl
-from tests.platform.tiny_training import TINY
+from tests.tiny_training import TINY
 
 REFERENCE_NAME = "reference-linear.json"
 

@@ -19,7 +19,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from tests.conftest import run_gemctl
-from tests.platform.tiny_training import TINY
+from tests.tiny_training import TINY
 
 pytestmark = pytest.mark.slow
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from gem_platform.launch import submit
 from gem_platform.recipe import recipe_from_dict
-from tests.platform.tiny_training import tiny_tree
+from tests.tiny_training import tiny_tree
 
 
 def test_a_run_prepares_its_dataset_once_and_picks_its_device_once(tmp_path, monkeypatch):

@@ -11,7 +11,7 @@ from gem_platform.data.synthetic import PlantedWorld
 from gem_platform.errors import RecipeError
 from gem_platform.recipe import recipe_from_dict
 from gem_platform.train.loop import build_model
-from tests.platform.tiny_training import tiny_tree, train_losses
+from tests.tiny_training import tiny_tree, train_losses
 
 
 def test_planted_vectors_stand_for_items_and_the_run_trains(tmp_path):

@@ -18,8 +18,8 @@ from gem_platform.recipe import recipe_from_dict
 from gem_platform.train.loop import train
 from gemctl.progress import TrainingProgress
 from gemctl.render import summary_tables
-from tests.platform.tiny_training import tiny_tree
 from tests.resume import crash_and_resume, losses_of
+from tests.tiny_training import tiny_tree
 
 
 def _history(client: MlflowClient, run_id: str, key: str) -> list[tuple[int, float]]:

@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 from gem_platform.recipe import recipe_from_dict
 from gem_platform.train.loop import train
-from tests.platform.tiny_training import tiny_tree
+from tests.tiny_training import tiny_tree
 
 
 def _item_table(model: torch.nn.Module) -> torch.Tensor:

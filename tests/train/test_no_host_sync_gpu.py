@@ -17,7 +17,7 @@ import torch
 
 from gem_platform.recipe import recipe_from_dict
 from gem_platform.train.loop import train
-from tests.platform.tiny_training import tiny_tree
+from tests.tiny_training import tiny_tree
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]

@@ -17,7 +17,7 @@ from gem_platform.errors import GemError
 from gem_platform.recipe import recipe_from_dict
 from gem_platform.train.determinism import CUBLAS_ENV, deterministic_mode
 from gem_platform.train.loop import train
-from tests.platform.tiny_training import TINY
+from tests.tiny_training import TINY
 
 
 def _timing(key: str) -> bool:

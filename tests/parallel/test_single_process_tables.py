@@ -25,7 +25,7 @@ from gem_platform.parallel.single import (
 from gem_platform.recipe import recipe_from_dict
 from gem_platform.train.loop import build_model, train
 from gem_platform.train.optim import dense_optimizer
-from tests.platform.tiny_training import TINY
+from tests.tiny_training import TINY
 
 
 @pytest.fixture

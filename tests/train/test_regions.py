@@ -25,8 +25,8 @@ from gem_platform.train.regions import (
     model_regions,
     plan_checkpointing,
 )
-from tests.platform.tiny_training import tiny_tree as tiny_tree_at
-from tests.platform.tiny_training import train_losses
+from tests.tiny_training import tiny_tree as tiny_tree_at
+from tests.tiny_training import train_losses
 
 
 def _regions() -> list[Region]:

@@ -25,8 +25,8 @@ from gem_platform.train.saved_activations import (
     stored_bytes,
     weight_shapes,
 )
-from tests.platform.tiny_training import tiny_tree as tiny_tree_at
-from tests.platform.tiny_training import train_losses
+from tests.tiny_training import tiny_tree as tiny_tree_at
+from tests.tiny_training import train_losses
 
 
 def _block_amax(x: torch.Tensor) -> torch.Tensor:

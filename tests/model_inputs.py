@@ -1,5 +1,6 @@
 """Small jagged batches and dataset metas built by hand, for model-block tests; the tiny
-checkpointing recipe the checkpoint tests share."""
+checkpointing recipe the checkpoint tests share. The test folders that use them import these
+fixtures in their conftest.py."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from torchrec import KeyedJaggedTensor
 
 from gem_platform.data.batch import JaggedBatch
 from gem_platform.data.meta import DatasetMeta, SparseFeatureSpec
-from tests.platform.tiny_training import TINY
+from tests.tiny_training import TINY
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_gemctl
-from tests.platform.tiny_training import TINY
+from tests.tiny_training import TINY
 
 REPO = Path(__file__).resolve().parents[2]
 

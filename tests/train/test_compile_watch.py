@@ -10,7 +10,7 @@ import torch
 import triton
 
 from gem_platform.train.compile_watch import CompileEvents, CompileWatch
-from tests.platform.tiny_training import tiny_tree, train_losses
+from tests.tiny_training import tiny_tree, train_losses
 
 
 def test_counts_dynamo_graphs_and_triton_kernels_and_chains_the_previous_hook():
