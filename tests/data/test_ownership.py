@@ -153,3 +153,27 @@ def test_files_the_platform_keeps_beside_a_dataset_do_not_block_regeneration(mak
     assert not (folder / REFERENCE_FILE).exists()  # it described the replaced dataset
     (folder / "results.json").write_text(json.dumps({"kind": "mine"}))
     _refuses(lambda: generate_synthetic(make_config(folder, seed=10)), folder, "results.json")
+
+
+def test_submit_refuses_a_folder_it_did_not_write(gemctl, tmp_path, monkeypatch,
+                                                  converted) -> None:
+    """A recipe whose data.path is a converted MovieLens folder (with a file of the user's
+    beside it) or a folder whose meta.json is not ours: submit exits 2 before any run opens,
+    and every byte there is kept."""
+    monkeypatch.chdir(tmp_path)
+    (converted / "notes.md").write_text("my notes")
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "meta.json").write_text('{"not": "meta"}')
+    for folder, reason in ((converted, "holds notes.md, which the synthetic generator did "
+                                       "not write"),
+                           (foreign, "holds a meta.json that the synthetic generator did not "
+                                     "write")):
+        before = _snapshot(folder)
+        result = gemctl("submit", str(REPO / "recipes/demo.yaml"), "--local",
+                        "--set", f"data.path={folder}",
+                        "--set", "data.synthetic.num_samples=300")
+        refused(result, f"data.path {str(folder)!r} {reason}", FIX, "nothing was written")
+        assert _snapshot(folder) == before
+    runs = tmp_path / "gem_runs"
+    assert not runs.exists() or {p.name for p in runs.iterdir()} <= {"logs"}, "a run opened"
