@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,25 @@ def test_a_dataset_larger_than_the_free_disk_is_refused_at_once(make_config, tmp
     assert "GiB of shards" in problem and "100,000,000,000 samples" in problem
     assert "GiB free" in problem and "data.synthetic.num_samples" in err.value.fix
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # no folder, no staging, no lock
+
+
+def test_a_dataset_too_large_for_the_disk_is_refused_before_torch_loads(tmp_path) -> None:
+    """The refusal needs only the recipe and the disk: preparing data never waits for torch
+    and TorchRec to load first (seconds, before the refusal of a `gemctl data generate` or a
+    submit)."""
+    script = (
+        "import sys\nfrom gem_platform.data.config import DataConfig\n"
+        "from gem_platform.data.prepare import prepare_dataset\n"
+        "from gem_platform.errors import DataError\n"
+        "cfg = DataConfig(path=sys.argv[1], synthetic={'num_samples': 10**11})\n"
+        "try:\n    prepare_dataset(cfg)\n"
+        "except DataError as err:\n    print('refused:', err.problem)\n"
+        "print('loaded:', sorted(m for m in ('torch', 'torchrec') if m in sys.modules))\n")
+    result = subprocess.run([sys.executable, "-c", script, str(tmp_path / "ds")], cwd=REPO,
+                            env=ENV, capture_output=True, text=True, timeout=120)
+    assert "refused: data.synthetic asks for about" in result.stdout, result.stderr
+    assert "loaded: []" in result.stdout
+    assert not (tmp_path / "ds").exists()
 
 
 def test_a_world_larger_than_memory_is_refused_at_once(make_config, tmp_path) -> None:
@@ -84,6 +104,30 @@ def test_stale_staging_folders_are_removed_and_live_or_foreign_ones_kept(make_co
     assert not dead.exists() and not reused.exists()
     assert alive.exists() and remote.exists() and unknown.exists() and other.exists()
     assert WriterRecord.read(alive) == WriterRecord.mine()
+
+
+def test_stale_staging_of_any_dataset_is_removed_even_when_the_dataset_is_reused(
+        make_config, tmp_path) -> None:
+    """A generation killed while writing another dataset of the same folder (gem_data/.demo...
+    while this recipe writes gem_data/ds) leaves its staging folder; the next preparation in
+    that folder removes it, even one that only reuses a current dataset. Folders that record
+    no writer, or a live one, are kept."""
+    host = socket.gethostname()
+    generate_synthetic(make_config(tmp_path / "ds"))
+    dead = {"host": host, "pid": _dead_pid(), "started": None}
+    mine_dead = _staging(tmp_path, "1-0123abcd", dead)
+    other_dead = tmp_path / ".demo.tmp-2-89abcdef"
+    other_dead.mkdir()
+    (other_dead / WRITER_FILE).write_text(json.dumps(dead))
+    other_alive = tmp_path / ".demo.tmp-3-00000000"
+    other_alive.mkdir()
+    (other_alive / WRITER_FILE).write_text(json.dumps(asdict(WriterRecord.mine())))
+    unmarked = tmp_path / ".notes.tmp-mine"  # a user's folder, nothing of ours in it
+    unmarked.mkdir()
+    (unmarked / "keep.txt").write_text("keep")
+    generate_synthetic(make_config(tmp_path / "ds"))  # current: reused, nothing written
+    assert not mine_dead.exists() and not other_dead.exists()
+    assert other_alive.exists() and (unmarked / "keep.txt").read_text() == "keep"
 
 
 def test_the_staging_folder_of_a_killed_generation_is_removed_by_the_next(make_config,

@@ -32,8 +32,8 @@ from gem_platform.data.meta import DatasetMeta, SparseFeatureSpec, is_count
 from gem_platform.data.ownership import Writer
 from gem_platform.errors import DataError
 
-if TYPE_CHECKING:  # the Parquet writer (torch, TorchRec) loads once the input checks out
-    from gem_platform.data.parquet import SampleArrays
+if TYPE_CHECKING:  # the arrays and the Parquet writer load once the input checks out
+    from gem_platform.data.arrays import SampleArrays
 
 # MovieLens 1M age codes; 100K raw ages map onto the same buckets.
 AGE_BUCKETS: tuple[int, ...] = (1, 18, 25, 35, 45, 50, 56)
@@ -307,7 +307,7 @@ def _samples(
     max_history: int,
 ) -> SampleArrays:
     """Samples for the time-sorted rating positions ``rows`` (histories from earlier rows)."""
-    from gem_platform.data.parquet import SampleArrays, gather_jagged
+    from gem_platform.data.arrays import SampleArrays, gather_jagged
 
     n = len(rows)
     lengths = np.minimum(rows - user_start[rows], max_history)
@@ -461,7 +461,7 @@ def _write_splits(out: Path, split_rows: dict[str, np.ndarray], t: _Timeline, us
                   movies: Movies, dense: np.ndarray, specs: list[SparseFeatureSpec],
                   max_history: int, rows_per_shard: int) -> dict[str, _SplitStats]:
     """Every split's shards in ``out``; click, conversion and length counts per split."""
-    from gem_platform.data.parquet import shard_name, write_shard
+    from gem_platform.data.shards import shard_name, write_shard
 
     stats = {}
     for split, rows in split_rows.items():

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from gem_platform.data.config import DataConfig
 from gem_platform.data.meta import DatasetMeta
-from gem_platform.data.parquet import load_meta
+from gem_platform.data.shards import load_meta
 from gem_platform.data.synthetic import generate_synthetic
 
 

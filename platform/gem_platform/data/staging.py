@@ -3,9 +3,10 @@
 A dataset is written into a hidden staging folder beside its place (``.NAME.tmp-PID-XXXX``),
 renamed into place only once complete, so a crash never leaves half a dataset where one was.
 Each staging folder records its writer (host, process id, process start time) while it is
-being written. A later writer of the same folder removes staging folders whose writer is gone
-(same host, process no longer running); it never touches one whose writer is alive, runs on
-another host, or did not record itself (those are named in a warning instead).
+being written. Every later generation or conversion into the same parent folder (one that only
+reuses a current dataset too) removes the staging folders there, of any dataset, whose writer is
+gone (same host, process no longer running); it never touches one whose writer is alive, runs on
+another host, or did not record itself (those of the same dataset are named in a warning).
 
 Errors of the operating system while writing (a read-only folder, a name too long for the
 filesystem, a full disk) become one DataError naming the setting and the fix.
@@ -17,6 +18,7 @@ import errno
 import json
 import logging
 import os
+import re
 import shutil
 import socket
 import uuid
@@ -30,6 +32,7 @@ from gem_platform.errors import DataError
 
 log = logging.getLogger(__name__)
 WRITER_FILE = ".gem-writer.json"
+STAGING_NAME = re.compile(r"\..+\.tmp-.+")  # .NAME.tmp-PID-XXXX, see staged_dataset
 
 
 @dataclass(frozen=True)
@@ -78,26 +81,37 @@ def _start_ticks(pid: int) -> int | None:
         return None
 
 
-def staging_folders(out: Path) -> list[Path]:
-    """The staging folders of ``out`` beside it (any writer's, alive or not)."""
-    prefix = f".{out.name}.tmp-"
+def _is_staging_of(name: str, out: Path) -> bool:
+    return name.startswith(f".{out.name}.tmp-")
+
+
+def staging_folders(out: Path, *, any_dataset: bool = False) -> list[Path]:
+    """The staging folders of ``out`` beside it (any writer's, alive or not); with
+    ``any_dataset``, every staging-named folder (``.NAME.tmp-...``) in ``out``'s parent."""
     try:
         names = os.listdir(out.parent)
-    except FileNotFoundError:
+    except OSError:  # no parent yet, or one this user can't list: nothing to clean
         return []
-    return [out.parent / n for n in sorted(names)
-            if n.startswith(prefix) and (out.parent / n).is_dir()
-            and not (out.parent / n).is_symlink()]
+    found = []
+    for name in sorted(names):
+        folder = out.parent / name
+        named = _is_staging_of(name, out) or (any_dataset and STAGING_NAME.fullmatch(name))
+        if named and folder.is_dir() and not folder.is_symlink():
+            found.append(folder)
+    return found
 
 
 def remove_stale_staging(out: Path) -> list[Path]:
-    """Remove the staging folders of ``out`` whose writer is gone; returns those removed."""
+    """Remove the staging folders beside ``out`` (of any dataset) that record a writer which
+    is gone; returns those removed. A folder that records no writer is kept, and named in a
+    warning when it is ``out``'s."""
     removed = []
-    for folder in staging_folders(out):
+    for folder in staging_folders(out, any_dataset=True):
         record = WriterRecord.read(folder)
         if record is None:
-            log.warning("%s: a staging folder that records no writer; remove it yourself if no "
-                        "generation of %s is running", folder, out)
+            if _is_staging_of(folder.name, out):
+                log.warning("%s: a staging folder that records no writer; remove it yourself if "
+                            "no generation of %s is running", folder, out)
         elif record.gone():
             shutil.rmtree(folder, ignore_errors=True)
             removed.append(folder)

@@ -38,19 +38,15 @@ from pathlib import Path
 
 import numpy as np
 
+from gem_platform.data.arrays import SampleArrays
 from gem_platform.data.budget import check_affordable, synthetic_cost
 from gem_platform.data.ceilings import CATEGORY_LEVEL, PLANTED, auc, ceiling_aucs
 from gem_platform.data.config import RECENT_WINDOW, DataConfig, SeqLenConfig, SyntheticConfig
 from gem_platform.data.meta import META_FILE, DatasetMeta, SparseFeatureSpec, is_count
 from gem_platform.data.ownership import Writer, check_replaceable
-from gem_platform.data.parquet import (
-    SPLITS,
-    SampleArrays,
-    load_meta,
-    shard_name,
-    write_shard,
-)
-from gem_platform.data.staging import os_errors, staged_dataset
+from gem_platform.data.shards import load_meta, shard_name, write_shard
+from gem_platform.data.source import SPLITS
+from gem_platform.data.staging import os_errors, remove_stale_staging, staged_dataset
 from gem_platform.data.worlds import (
     W_LONG_RANGE,
     Interests,
@@ -562,12 +558,14 @@ def generate_synthetic(cfg: DataConfig, *, force: bool = False) -> DatasetMeta:
     (ownership.py) and the dataset fits on disk and in memory (budget.py), it is written to a
     staging folder and renamed into place, so a crash never leaves half-written shards behind.
     Concurrent calls on one host wait for each other, and the later ones reuse what the first
-    wrote. Anything the system refuses (read-only folder, name too long) is a DataError.
+    wrote. Staging folders beside it that a killed writer left are removed first (staging.py).
+    Anything the system refuses (read-only folder, name too long) is a DataError.
     """
     syn = cfg.synthetic
     out = Path(cfg.path)
     fingerprint = _fingerprint(syn)
     with os_errors("data.path", out):
+        remove_stale_staging(out)  # a killed writer's leftovers, even when nothing is written
         if not force and _is_current(out, fingerprint):
             return load_meta(out)
         check_replaceable(out, "data.path", SYNTHETIC)
