@@ -125,3 +125,36 @@ def test_an_unwritable_plot_path_keeps_the_verdicts(tmp_path: Path):
     no_traceback(result, 1)
     assert "plots were not written" in " ".join(result.stderr.split())
     assert json.loads(result.stdout)["verdicts"][0]["verdict"] == "fail"
+
+
+def evaluated_without_cvr_ne(path: Path) -> Path:
+    """Every run evaluated both tasks, but the eval split holds no CVR positive: a run records
+    eval/count_cvr and no eval/ne_cvr or eval/auc_cvr (NaN is not recorded)."""
+    trials = [{"arm": arm, "seed": str(seed), "run_id": f"{arm}{seed}",
+               "metrics": {"eval/ne_ctr": ne, "eval/auc_ctr": 0.7, "eval/count_ctr": 100.0,
+                           "eval/count_cvr": 0.0, "eval/base_rate_cvr": 0.0,
+                           "perf/qps": 1000.0}}
+              for seed, ne in enumerate(BASE_NE) for arm in ("base", "arm")]
+    path.write_text(json.dumps({"format": "gem-sweep-results/1", "sweep": path.stem,
+                                "baseline": "base", "trials": trials}))
+    return path
+
+
+def test_a_task_no_run_could_measure_keeps_its_gate(tmp_path: Path, monkeypatch):
+    """CTR passes, but no run could compute CVR's NE: the CVR gate is INCONCLUSIVE and says
+    why, not dropped with "gates passed"; a saved comparison reads back to the same verdict."""
+    monkeypatch.chdir(tmp_path)
+    path = evaluated_without_cvr_ne(tmp_path / "r.json")
+    result = gemctl("compare", str(path), "--max-ne-regression", "0.1%", "--max-auc-drop",
+                    "0.01")
+    out = no_traceback(result, 3)
+    assert "gates passed" not in out and "gates INCONCLUSIVE" in out
+    assert "NE cvr is not finite in every run" in out and "seed 0: missing" in out
+    first = gemctl("compare", str(path), "--max-ne-regression", "0.1%", "--json", "--no-plot")
+    body = json.loads(no_traceback(first, 3) and first.stdout)
+    verdicts = {v["metric"]: v["verdict"] for v in body["verdicts"]}
+    assert verdicts == {"eval/ne_ctr": "pass", "eval/ne_cvr": "inconclusive"}, verdicts
+    saved = tmp_path / "cmp.json"
+    saved.write_text(first.stdout)
+    again = gemctl("compare", str(saved), "--max-ne-regression", "0.1%", "--no-plot")
+    assert "NE cvr is not finite in every run" in no_traceback(again, 3)

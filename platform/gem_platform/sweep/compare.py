@@ -119,21 +119,24 @@ def _as_trial(run: Run, sweep_id: str | None, parent: str | None) -> TrialRun:
     )
 
 
-def collect(uri: str, ids: list[str]) -> tuple[list[TrialRun], list[str], list[str]]:
+def collect(uri: str, ids: list[str]
+            ) -> tuple[list[TrialRun], list[str], list[str], list[str]]:
     """Resolve sweep ids, parent run ids, run ids and results files (``*.json``, written by
     an in-process sweep) into finished trial runs.
 
     Returns (trial runs, the sweeps' own baseline arms in order, ids of unfinished runs left
-    out).
+    out, the tasks saved comparisons declare).
     """
     trials: dict[str, TrialRun] = {}
     parents: dict[str, Run] = {}
     file_baselines: list[str] = []
+    declared: list[str] = []  # a saved comparison's tasks, some perhaps with no value left
     skipped: list[str] = []
     for ident in filter(is_results_file, ids):
         runs_in_file, header = load_results(ident)
         trials.update((t.run_id, t) for t in runs_in_file)
         file_baselines += [header["baseline"]] if header.get("baseline") else []
+        declared += header.get("tasks") or []
     tracked = [i for i in ids if not is_results_file(i)]
     c = store.client(uri) if tracked else None
     for ident in tracked:
@@ -167,12 +170,19 @@ def collect(uri: str, ids: list[str]) -> tuple[list[TrialRun], list[str], list[s
             trials[run.info.run_id] = _as_trial(run, sweep, parent.info.run_id if parent
                                                 else None)
     baselines = [b for p in parents.values() if (b := p.data.tags.get(store.TAG_BASELINE))]
-    return list(trials.values()), baselines + file_baselines, skipped
+    return list(trials.values()), baselines + file_baselines, skipped, declared
 
 
-def _tasks(trials: list[TrialRun]) -> list[str]:
-    found = {k.removeprefix("eval/ne_") for t in trials for k in t.metrics
-             if k.startswith("eval/ne_")}
+# Metrics whose name ends in a task that a run evaluated: its NE, or its sample count, which
+# an evaluation records even where the NE can't be computed (a split without positives).
+TASK_MARKERS = ("eval/ne_", "eval/count_")
+
+
+def _tasks(trials: list[TrialRun], declared: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """The tasks any run evaluated, or a saved comparison declares, whether or not any NE of
+    them is finite: a task whose NE no run could compute keeps its row and its gate."""
+    found = {k.removeprefix(m) for t in trials for k in t.metrics for m in TASK_MARKERS
+             if k.startswith(m)} | set(declared)
     order = ["ctr", "cvr"]
     return [t for t in order if t in found] + sorted(found - set(order))
 
@@ -216,7 +226,10 @@ def _seed_order(seed: str) -> tuple[bool, int, str]:
     return (not numeric, len(seed.lstrip("0")) if numeric else 0, seed)
 
 
-def compare_trials(trials: list[TrialRun], baseline: str | None = None) -> Comparison:
+def compare_trials(trials: list[TrialRun], baseline: str | None = None,
+                   tasks: list[str] | tuple[str, ...] = ()) -> Comparison:
+    """The arms of ``trials`` against ``baseline`` (default the first arm), over the tasks the
+    runs evaluated and ``tasks``."""
     if not trials:
         raise SweepError("No finished runs to compare.",
                          "Wait for the sweep to finish, or resume it with `gemctl sweep SPEC`.")
@@ -227,7 +240,7 @@ def compare_trials(trials: list[TrialRun], baseline: str | None = None) -> Compa
     if base not in arms:
         raise SweepError(f"Baseline arm {base!r} is not among the compared arms "
                          f"({', '.join(arms)}).", "Pass --baseline with one of them.")
-    tasks = _tasks(trials)
+    tasks = _tasks(trials, tasks)
     names = _metric_names(tasks)
 
     def values(runs: list[TrialRun], name: str) -> list[float]:
@@ -254,12 +267,12 @@ def compare_trials(trials: list[TrialRun], baseline: str | None = None) -> Compa
 def compare(uri: str, ids: list[str], baseline: str | None = None,
             gates: Gates | None = None) -> Comparison:
     """Collect, compare and gate. The baseline defaults to the sweep's own."""
-    trials, baselines, skipped = collect(uri, ids)
+    trials, baselines, skipped, tasks = collect(uri, ids)
     if baseline is None and baselines:
         baseline = baselines[0]
         if baseline not in {t.arm for t in trials}:
             baseline = None
-    cmp = compare_trials(trials, baseline)
+    cmp = compare_trials(trials, baseline, tasks)
     cmp.skipped = skipped
     if gates is not None:
         cmp.verdicts = check_gates(cmp, gates)

@@ -93,6 +93,8 @@ def load_results(path: str | Path) -> tuple[list[TrialRun], dict[str, Any]]:
             trials = _sweep_trials(path, body)
         elif isinstance(body, dict) and body.get("format") == COMPARISON_FORMAT:
             trials = _comparison_trials(path, body)
+            body["tasks"] = [_text(t, "a task") for t in _listed(body.get("tasks") or [],
+                                                                   "tasks")]
         else:
             raise GemError(f"{path} is not a sweep results file (no \"format\": \"{FORMAT}\" "
                            f"or \"{COMPARISON_FORMAT}\").", _FIX)
