@@ -170,17 +170,20 @@ def profile_data(
     from gem_platform.recipe import load_recipe
 
     r = load_recipe(recipe, set_ or [])
-    from gem_platform.balance.profile import profile_lengths
-    from gem_platform.data.loader import split_lengths
+    from gem_platform.balance.profile import check_profile_size, profile_lengths
     from gem_platform.data.prepare import prepare_dataset
 
-    prepare_dataset(r.data)
-    lengths = split_lengths(r.data.path, "train",
-                            truncate=r.data.history_overflow == "truncate")
     world = world or r.parallel.workers
     cfg = r.loader_config()
     if local_batch is not None:
         cfg = cfg.model_copy(update={"local_batch_size": local_batch})
+    if r.data.source == "synthetic":  # refused from the recipe, before generating
+        check_profile_size(r.data.synthetic.num_train, world, cfg.local_batch_size)
+    check_profile_size(prepare_dataset(r.data).num_train, world, cfg.local_batch_size)
+    from gem_platform.data.loader import split_lengths
+
+    lengths = split_lengths(r.data.path, "train",
+                            truncate=r.data.history_overflow == "truncate")
     report = profile_lengths(lengths, world=world, local_batch=cfg.local_batch_size, cfg=cfg)
     summary = report.to_dict()
     out.mkdir(parents=True, exist_ok=True)

@@ -62,3 +62,17 @@ def test_more_ranks_than_samples_is_refused_before_dealing():
     with pytest.raises(RecipeError, match="100,000,000 ranks"):
         profile_lengths(np.ones(5000), world=100_000_000, local_batch=8, cfg=LoaderConfig())
     assert time.perf_counter() - start < 0.5
+
+
+@pytest.mark.parametrize("options", [("--world", "131072"), ("--local-batch", "1000000000")])
+def test_profile_data_refuses_a_step_larger_than_the_dataset_before_making_it(
+        gemctl, tmp_path, options):
+    """A step that needs more samples than the recipe's synthetic dataset holds is refused
+    from the recipe alone: nothing is generated or read first."""
+    out = tmp_path / "ds"
+    result, seconds = timed(gemctl, "profile-data", DEMO, *options, "--set",
+                            f"data.path={out}", "--out", str(tmp_path / "profile"))
+    clean_exit(result, 2)
+    assert "training samples can't give" in " ".join(result.stderr.split())
+    assert seconds < 2.0, seconds
+    assert sorted(tmp_path.iterdir()) == []

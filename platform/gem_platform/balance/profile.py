@@ -135,6 +135,15 @@ def shard(lengths: np.ndarray, world: int, seed: int = 0) -> list[np.ndarray]:
     return [lengths[perm[r::world]] for r in range(world)]
 
 
+def check_profile_size(samples: int, world: int, local_batch: int) -> None:
+    """Refuse (RecipeError) a profile whose one step needs more than ``samples`` samples."""
+    if samples < world * local_batch:
+        raise RecipeError(
+            f"{samples:,} training samples can't give {world:,} ranks a local batch of "
+            f"{local_batch:,} each: one step needs {world * local_batch:,}.",
+            "Profile fewer ranks (--world), a smaller --local-batch, or a larger dataset.")
+
+
 def profile_lengths(
     lengths: np.ndarray | Sequence[np.ndarray],
     world: int,
@@ -151,12 +160,8 @@ def profile_lengths(
     (global minimum of samples per rank // local_batch). ``include_global=False`` skips the
     upper bound (its row is then absent and shares of its gain are None).
     """
-    if isinstance(lengths, np.ndarray) and lengths.ndim == 1 and \
-            lengths.size < world * local_batch:  # before dealing to ranks: O(world) work
-        raise RecipeError(
-            f"{lengths.size:,} training samples can't give {world:,} ranks a local batch of "
-            f"{local_batch:,} each: one step needs {world * local_batch:,}.",
-            "Profile fewer ranks (--world), a smaller --local-batch, or a larger dataset.")
+    if isinstance(lengths, np.ndarray) and lengths.ndim == 1:
+        check_profile_size(lengths.size, world, local_batch)  # before dealing: O(world) work
     per_rank = _per_rank(lengths, world, cfg.seed)
     try:
         base = LoaderConfig.model_validate({**cfg.model_dump(), "local_batch_size": local_batch})
