@@ -16,12 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from gem_platform.data.parquet import load_meta
+from gem_platform.data.parquet import SampleTable, load_meta
 from gem_platform.data.remote import ENV_TIMEOUT, RemoteTimeouts, bounded, open_remote
+from gem_platform.data.stream import StreamingTable
 from gem_platform.errors import DataError
 from gem_platform.recipe import recipe_from_dict
 from gem_platform.storage import StorageError, check_storage
 from tests.data.conftest import refused
+from tests.data.stalling_s3 import StallingS3
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -171,3 +173,57 @@ def test_sigterm_stops_a_submit_waiting_on_a_silent_endpoint(silent_s3, tmp_path
     assert proc.returncode == 130, err
     assert "Interrupted" in err and "Traceback" not in err
 
+
+
+@pytest.fixture
+def stalling_s3(tiny_dataset, monkeypatch) -> Iterator[StallingS3]:
+    """The environment's S3 endpoint serves the tiny dataset as s3://bucket/ds but never
+    answers a read of a row group."""
+    server = StallingS3(tiny_dataset.parent)
+    env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{server.port}", "AWS_ACCESS_KEY_ID": "test",
+           "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1",
+           "AWS_EC2_METADATA_DISABLED": "true", ENV_TIMEOUT: "1"}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    yield server
+    server.close()
+
+
+@pytest.mark.parametrize("reader", ["table", "stream"])
+def test_a_row_group_read_that_stalls_fails_within_the_timeout(stalling_s3, reader) -> None:
+    """meta.json, the listing and the footers arrive; the rows never do. Both readers give up
+    within the request timeout and say the storage did not answer (not that the shard is
+    corrupt)."""
+    start = time.monotonic()
+    with pytest.raises(DataError) as err:
+        if reader == "table":
+            SampleTable.load("s3://bucket/ds", "train")
+        else:
+            StreamingTable("s3://bucket/ds", "train")  # reads every seq_len first
+    assert stalling_s3.stalled.is_set()
+    assert time.monotonic() - start < 2 * RemoteTimeouts(1).deadline_s
+    assert "train-00000.parquet" in err.value.problem
+    assert "the storage did not answer" in err.value.problem
+    assert ENV_TIMEOUT in err.value.fix and "corrupt" not in err.value.fix
+
+
+def test_a_signal_stops_a_wait_on_an_unreachable_gcs_bucket(monkeypatch) -> None:
+    """`data.path=gs://nobucket/x` with no credentials: Google's client retries for as long as
+    it may (here up to 300 s); Ctrl-C or SIGTERM (turned into KeyboardInterrupt by gemctl)
+    stops the wait at once."""
+    monkeypatch.setenv(ENV_TIMEOUT, "300")
+    monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGALRM, interrupt)
+    start = time.monotonic()
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 1.0)
+        with pytest.raises(KeyboardInterrupt):
+            load_meta("gs://nobucket/x")
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    assert time.monotonic() - start < 4

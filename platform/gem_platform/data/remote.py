@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import re
 import sys
 import threading
 from collections.abc import Callable
@@ -32,6 +33,12 @@ ENV_TIMEOUT = "GEM_REMOTE_TIMEOUT_S"
 DEFAULT_TIMEOUT_S = 10.0
 ATTEMPTS = 2  # tries of one S3 request (the first and one retry)
 T = TypeVar("T")
+STORAGE_FIX = ("Check that its endpoint (the URI's host, AWS_ENDPOINT_URL) is reachable and "
+               f"answering and that the credentials are right; {ENV_TIMEOUT} sets how long one "
+               "request may wait.")
+# How pyarrow's object-store clients word a network failure (AWS SDK, curl, google-cloud-cpp).
+_NETWORK = re.compile(r"AWS Error|curlCode|google::cloud::Status|[Tt]imeout was reached|"
+                      r"timed out|[Cc]onnection (refused|reset)")
 _abandoned: list[threading.Event] = []  # set once a call given up on (deadline, signal) ends
 
 
@@ -129,14 +136,25 @@ def bounded(fn: Callable[[], T], what: str, timeouts: RemoteTimeouts | None = No
         raise
     if not finished:
         _abandoned.append(done)
-        raise DataError(
-            f"{what}: the storage did not answer within {t.deadline_s:.0f} s.",
-            "Check that its endpoint (the URI's host, AWS_ENDPOINT_URL) is reachable and "
-            f"answering and that the credentials are right; {ENV_TIMEOUT} sets how long one "
-            "request may wait.")
+        raise DataError(f"{what}: the storage did not answer within {t.deadline_s:.0f} s.",
+                        STORAGE_FIX)
     if "error" in box:
         raise box["error"]  # type: ignore[misc]
     return box["value"]  # type: ignore[return-value]
+
+
+def is_network_error(err: BaseException) -> bool:
+    """True when pyarrow's client says the network failed (not the bytes it read)."""
+    return bool(_NETWORK.search(str(err)))
+
+
+def read_failed(where: str, err: BaseException) -> DataError:
+    """The DataError for a failed read of ``where``: the storage's fault when the network
+    failed, else a corrupt or truncated shard."""
+    if is_network_error(err):
+        return DataError(f"{where} failed: the storage did not answer ({err}).", STORAGE_FIX)
+    return DataError(f"{where} failed ({err}).",
+                     "The shard is corrupt or truncated; regenerate the dataset.")
 
 
 def bounded_on(fs: pafs.FileSystem, fn: Callable[[], T], what: str) -> T:
@@ -163,5 +181,6 @@ def exit_now_if_calls_hang(code: object) -> None:
     os._exit(code if isinstance(code, int) else (0 if code is None else 1))
 
 
-__all__ = ["DEFAULT_TIMEOUT_S", "ENV_TIMEOUT", "RemoteTimeouts", "bounded", "bounded_on",
-           "exit_now_if_calls_hang", "open_remote"]
+__all__ = ["DEFAULT_TIMEOUT_S", "ENV_TIMEOUT", "STORAGE_FIX", "RemoteTimeouts", "bounded",
+           "bounded_on", "exit_now_if_calls_hang", "is_network_error", "open_remote",
+           "read_failed"]

@@ -19,7 +19,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from gem_platform.data.meta import META_FILE, DatasetMeta, parse_meta_text
-from gem_platform.data.remote import bounded_on, open_remote
+from gem_platform.data.remote import bounded_on, is_network_error, open_remote, read_failed
 from gem_platform.errors import DataError
 
 SPLITS: tuple[str, ...] = ("train", "eval")
@@ -186,6 +186,8 @@ def open_parquet(fs: pafs.FileSystem, name: str) -> pq.ParquetFile:
         return bounded_on(fs, lambda: pq.ParquetFile(fs.open_input_file(name)),
                           f"reading the footer of {name}")
     except (pa.ArrowException, OSError) as e:
+        if is_network_error(e):
+            raise read_failed(f"{name}: reading the footer", e) from e
         raise DataError(f"{name}: not a readable Parquet file ({e}).",
                         "The shard is corrupt or truncated; regenerate the dataset.") from e
 
@@ -196,7 +198,6 @@ def read_piece(handle: pq.ParquetFile, piece: Piece, columns: list[str] | None =
     try:
         table = handle.read_row_group(piece.group.index, columns=columns)
     except (pa.ArrowException, OSError) as e:
-        raise DataError(f"{piece.group.file}: reading row group {piece.group.index} failed "
-                        f"({e}).", "The shard is corrupt or truncated; regenerate the dataset."
-                        ) from e
+        raise read_failed(f"{piece.group.file}: reading row group {piece.group.index}", e
+                          ) from e
     return table.slice(piece.start, piece.rows)

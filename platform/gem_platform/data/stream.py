@@ -25,6 +25,7 @@ from gem_platform.data.arrays import SampleArrays
 from gem_platform.data.batch import JaggedBatch
 from gem_platform.data.meta import DatasetMeta
 from gem_platform.data.parquet import collate, load_meta
+from gem_platform.data.remote import read_failed
 from gem_platform.data.source import Piece, SplitIndex, open_parquet, piece_starts, read_piece
 from gem_platform.data.validate import from_arrow
 from gem_platform.errors import DataError
@@ -321,9 +322,8 @@ class _Reader:
                 start = int(self.pieces[piece_id]) + (a - piece.start)
                 yield _Chunk(np.arange(start, start + (b - a), dtype=np.int64), arrays)
         except (pa.ArrowException, OSError) as e:
-            raise DataError(f"{piece.group.file}: reading row group {piece.group.index} "
-                            f"failed ({e}).",
-                            "The shard is corrupt or truncated; regenerate the dataset.") from e
+            raise read_failed(f"{piece.group.file}: reading row group {piece.group.index}", e
+                              ) from e
 
 
 def checked_lengths(column: pa.Table, file: str, first_row: int, limit: int,
