@@ -52,6 +52,9 @@ def call_in_fresh_process(fn: Callable[..., Any], *args: Any,
 
 
 def _child(channel: Any, fn: Callable[..., Any], args: tuple) -> None:
+    from gem_platform.log_mask import mask_process_output
+
+    mask_process_output()  # its output reaches the parent's log file or terminal directly
     streams = "echo" in inspect.signature(fn).parameters
     kwargs = {"echo": lambda event: channel.put(("event", event))} if streams else {}
     try:

@@ -130,10 +130,12 @@ def _ray_worker_loop(config: dict[str, Any]) -> None:
     import torch
 
     from gem_platform.checkpoint.store import RayStore
+    from gem_platform.log_mask import mask_process_output
     from gem_platform.node_metrics import sampling_this_host
     from gem_platform.topology import worker_location
     from gem_platform.train.loop import RankInfo, TrainingDiverged, train
 
+    mask_process_output()  # Ray writes its output to worker log files and to the driver
     recipe = Recipe.model_validate(config["recipe"])
     torch.set_num_threads(recipe.parallel.cpus_per_worker)
     info = RankInfo.current()

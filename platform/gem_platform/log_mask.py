@@ -9,6 +9,10 @@ configured after it is installed. Lines a library writes with ``print`` or
 ``sys.stdout.write`` (MLflow's "View run ... at: URL") are masked by :class:`MaskedLines`, the
 stream gemctl puts in place of ``sys.stdout``/``sys.stderr`` while library output is shown or
 routed to a log file.
+
+Processes the platform starts (Ray Train workers, sweep trials, spawned children) write to
+file descriptors that reach the same log file, the terminal or Ray's worker log files without
+passing through gemctl's streams: each masks its own output with :func:`mask_process_output`.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import io
 import logging
 import re
+import sys
 import threading
 from typing import Any, TextIO
 
@@ -54,6 +59,17 @@ def install() -> None:
 
         logging.setLogRecordFactory(factory)
         _installed.append(base)
+
+
+def mask_process_output() -> None:
+    """Mask credentials in every log record of this process and in every line it writes to
+    ``sys.stdout``/``sys.stderr`` from now on (idempotent). For the entry point of a process
+    the platform starts, whose output goes straight to a file descriptor."""
+    install()
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is not None and not isinstance(stream, MaskedLines):
+            setattr(sys, name, MaskedLines(stream))
 
 
 class MaskedLines(io.TextIOBase):

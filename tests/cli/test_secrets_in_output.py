@@ -176,3 +176,24 @@ def test_masked_stream_answers_isatty_after_its_sink_closed(tmp_path):
     stream.write("user:secret@host line\n")
     sink.close()
     assert stream.isatty() is False
+
+
+def print_and_log_a_credential(uri: str) -> None:
+    """What a child process's libraries do with a store URI: MLflow's run link on
+    sys.stdout, a log record through logging's last-resort handler, a print."""
+    sys.stdout.write(f"\U0001f3c3 View run child at: {uri}/#/experiments/1/runs/abc\n")
+    logging.getLogger("child.lib").warning("connecting to %s", uri)
+    print(f"retrying {uri}?token={SECRET}", flush=True)
+
+
+def test_a_child_process_masks_its_own_output(capfd):
+    """A spawned child (a sweep trial, a benchmark arm) writes to the same file descriptors
+    as gemctl (the log file, or the terminal with --verbose) but not through gemctl's
+    masked streams: it masks its own lines."""
+    from gem_platform.fresh_process import call_in_fresh_process
+
+    call_in_fresh_process(print_and_log_a_credential, f"http://dana:{SECRET}@127.0.0.1:5000",
+                          echo=lambda event: None)
+    out, err = capfd.readouterr()
+    assert "View run child" in out and "connecting to" in err and "retrying" in out
+    assert SECRET not in out + err and "dana:***@127.0.0.1" in out + err

@@ -66,7 +66,9 @@ def run_trial(config: dict[str, Any], plan_dict: dict[str, Any]) -> None:
     from ray import tune
 
     from gem_platform.launch import submit
+    from gem_platform.log_mask import mask_process_output
 
+    mask_process_output()  # MLflow prints the run's URL when the trial closes its run
     arm, seed = config["trial"]["arm"], int(config["trial"]["seed"])
     sweep_id, parent = plan_dict["sweep_id"], plan_dict["parent_run_id"]
     recipe = Recipe.model_validate(plan_dict["recipes"][arm])
