@@ -369,7 +369,8 @@ def submit(recipe: Recipe, *, local: bool = False, address: str | None = None,
     """Validate, open the MLflow run, train, record the summary, close the run.
 
     GemError (bad input) raised before the run is opened leaves nothing behind; any failure
-    after it marks the run FAILED with the reason, and is re-raised. ``resume`` (an MLflow run
+    after it marks the run FAILED with the reason (KILLED on Ctrl-C or SIGTERM), and is
+    re-raised. ``resume`` (an MLflow run
     id) continues that run from its newest intact checkpoint, logging into the same run; the
     checkpoints are checked before the run's status changes, so a resume refused for torn
     checkpoints leaves a FINISHED run FINISHED.
@@ -421,11 +422,11 @@ def submit(recipe: Recipe, *, local: bool = False, address: str | None = None,
         tracker.finish(ok=True)
         return RunOutcome(tracker.run_id, uri, summary)
     except BaseException as err:
-        reason = ("interrupted" if isinstance(err, KeyboardInterrupt)
-                  else f"{type(err).__name__}: {err}")
+        stopped = isinstance(err, KeyboardInterrupt | SystemExit)
+        reason = "interrupted" if stopped else f"{type(err).__name__}: {err}"
         try:
-            tracker.finish(ok=False, reason=reason)
+            tracker.finish(ok=False, reason=reason, status="KILLED" if stopped else None)
         finally:
-            if isinstance(err, GemError | KeyboardInterrupt):
+            if stopped or isinstance(err, GemError):
                 raise
         raise RuntimeError(f"run {tracker.run_id} failed: {reason}") from err

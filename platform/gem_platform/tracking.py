@@ -130,8 +130,8 @@ class RunTracker:
     def start(cls, uri: str, experiment: str, run_name: str | None, params: dict[str, Any],
               tags: dict[str, str] | None = None) -> RunTracker:
         """Open a new run. What the store would refuse (a key, a name) is refused before the
-        run exists; a failure after it exists leaves it FAILED with the reason, never
-        RUNNING."""
+        run exists; a failure after it exists leaves it FAILED with the reason (KILLED when
+        interrupted), never RUNNING."""
         tags = {k: redact(str(v)) for k, v in (tags or {}).items()}
         check_run_inputs(experiment, run_name, params, tags)
         check_reachable(uri)
@@ -143,7 +143,7 @@ class RunTracker:
         except Exception as err:  # mlflow raises many types for an unusable store
             raise store_error(uri, err) from None
         tracker = cls(uri, run.info.run_id, c)
-        with tracker.closed_on_error():
+        with tracker.closed_on_error(interrupted="KILLED"):
             tracker.log_params(params)
             tracker._record_provenance(params, resumed=False)
         return tracker
@@ -261,11 +261,14 @@ class RunTracker:
         self._client.set_tag(self.run_id, key, redact(str(value)))
 
     @_tracked
-    def finish(self, ok: bool, reason: str | None = None) -> None:
+    def finish(self, ok: bool, reason: str | None = None, status: str | None = None) -> None:
+        """Close the run FINISHED (``ok``) or FAILED, or with ``status`` (KILLED: it was
+        interrupted), recording ``reason``."""
         if reason:
             self.set_tag("gem.failure_reason", reason[:5000])
         self.stop_system_metrics()
-        self._client.set_terminated(self.run_id, status="FINISHED" if ok else "FAILED")
+        self._client.set_terminated(self.run_id,
+                                    status=status or ("FINISHED" if ok else "FAILED"))
 
     @_tracked
     def status(self) -> str:

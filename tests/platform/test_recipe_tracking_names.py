@@ -123,3 +123,30 @@ def test_sweep_arm_names_mlflow_refuses_still_name_params(tmp_path, monkeypatch)
     (tmp_path / "long.yaml").write_text(f"name: s\nbase: base.yaml\narms: {{{'x' * 201}: []}}\n")
     with pytest.raises(GemError, match="at most 200"):
         load_sweep(tmp_path / "long.yaml")
+
+
+@pytest.mark.slow
+def test_an_interrupted_submit_ends_its_run_killed(tmp_path, monkeypatch):
+    """Ctrl-C (or SIGTERM, which gemctl turns into one) while the run trains: the run is
+    closed KILLED with the reason before the interrupt reaches the user, never left RUNNING
+    nor called FAILED."""
+    import yaml
+
+    from gem_platform.launch import submit
+    from gem_platform.recipe import recipe_from_dict
+    from tests.tiny_training import tiny_tree
+
+    monkeypatch.chdir(tmp_path)
+    tree = tiny_tree(tmp_path / "data", seq_layers=1, steps=4)
+    tree["tracking"]["uri"] = f"sqlite:///{tmp_path / 'm.db'}"
+    recipe = recipe_from_dict(yaml.safe_load(yaml.safe_dump(tree)))
+
+    def ctrl_c(event: object) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        submit(recipe, local=True, echo=ctrl_c)
+    c = MlflowClient(tree["tracking"]["uri"])
+    (run,) = c.search_runs([c.get_experiment_by_name("cli-test").experiment_id])
+    assert run.info.status == "KILLED"
+    assert run.data.tags["gem.failure_reason"] == "interrupted"
