@@ -48,6 +48,19 @@ def planning_meta(r: Recipe, meta_file: Path | None) -> tuple[DatasetMeta, str]:
         "the real dataset)")
 
 
+def check_tables(dataset: DatasetMeta, r: Recipe, sizes_from: str) -> None:
+    """Refuse dataset sizes that give the model a table no cluster could hold, before the
+    model is built (torch would fail inside its construction)."""
+    from gem_platform.errors import GemError
+    from gem_platform.topology.table_bounds import meta_tables, oversized
+
+    why = oversized(meta_tables(dataset, r.model.d_model, r.model.sparse_dim))
+    if why:
+        raise GemError(f"The dataset sizes of {sizes_from} can't be planned: {why}.",
+                       "Pass the meta.json of the dataset you mean to train (`gemctl data "
+                       "generate` or `gemctl data movielens` writes it), not a hand-edited one.")
+
+
 def check_cluster_size(**options: int | None) -> None:
     """Refuse, before anything loads, a cluster larger than any run can be: ``options`` maps
     an option's spelling (``world``) to its value."""
@@ -118,6 +131,7 @@ def plan(
     from gem_platform.model.sizes import model_sizes
 
     dataset, sizes_from = planning_meta(r, meta)
+    check_tables(dataset, r, sizes_from)
     world = r.parallel.workers
     gph = min(gpus_per_host, world)
     with torch.device("meta"):  # every size, no memory

@@ -32,6 +32,7 @@ from gem_platform.data.config import DataConfig
 from gem_platform.errors import RecipeError
 from gem_platform.model_variants import check_kernel
 from gem_platform.topology.config import ParallelConfig
+from gem_platform.topology.table_bounds import oversized, synthetic_tables
 from gem_platform.tracking_names import KEY_RULE, tag_problems
 from gem_platform.validation import describe_invalid, shorten
 
@@ -329,6 +330,9 @@ class Recipe(_Strict):
                 f"model.item_vectors=planted needs synthetic data (data.source is "
                 f"{self.data.source!r}): only a generated world knows its items' vectors; use "
                 "model.item_vectors=learned")
+        if self.data.source == "synthetic" and (why := oversized(synthetic_tables(
+                self.data.synthetic, self.model.d_model, self.model.sparse_dim))):
+            raise ValueError(f"{why}; give the dataset a size a cluster can hold")
         # Raises RecipeError itself (naming the fields and the valid sizes).
         self.parallel.validate_against_world()
         return self

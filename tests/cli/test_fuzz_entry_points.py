@@ -1,5 +1,6 @@
 """Hostile input at every entry point gemctl reads from the user: recipe YAML, sweep specs,
-results files for compare, store and cluster URIs, and the command line itself. Whatever the
+results files for compare, a dataset's meta.json, store and cluster URIs, and the command line
+itself. Whatever the
 input, the command ends by itself with no traceback: exit code 2 with one paragraph naming the
 problem (0 where the input is valid; compare may also judge a gate: 1 or 3).
 
@@ -178,6 +179,37 @@ def test_results_file_with_plots(tmp_path_factory, body):
     path.write_text(_dump(body), errors="surrogatepass")
     run("compare", str(path), "--plot", str(root / "ne.png"), "--max-ne-regression", "0.1%",
         allowed=(0, 1, 2, 3))
+
+
+# -- a dataset's meta.json (gemctl plan --meta) ----------------------------------------------
+
+META = {"source": "synthetic", "num_items": 50, "num_action_types": 4,
+        "sparse_features": [{"name": "user_id", "vocab_size": 10},
+                            {"name": "tags", "vocab_size": 5, "multi_hot": True}],
+        "dense_dim": 4, "num_train": 100, "num_eval": 20, "ctr_base_rate": 0.1,
+        "cvr_base_rate": 0.2, "planted_auc": None, "max_seq_len": 8, "num_categories": 3,
+        "extra": {}}
+HUGE = st.sampled_from([2**31, 2**53, 2**62, 2**63, 2**64, 10**30, -1, 0])
+FIELD_VALUES = NUMBERS | HUGE | SCALARS | st.lists(HUGE | TEXT, max_size=2) | \
+    st.lists(st.fixed_dictionaries({"name": NAMES, "vocab_size": HUGE | NUMBERS}), max_size=2)
+METAS = st.builds(lambda changes, dropped: {k: v for k, v in {**META, **changes}.items()
+                                            if k not in dropped},
+                  st.dictionaries(st.sampled_from(sorted(META)) | TEXT, FIELD_VALUES,
+                                  max_size=3),
+                  st.sets(st.sampled_from(sorted(META)), max_size=2))
+
+
+@SETTINGS
+@given(METAS.map(_dump) | TREES.map(_dump) | TEXT | st.just("{" * 5000))
+@example(_dump(META))
+@example(_dump({**META, "num_items": 2**62}))
+@example(_dump({**META, "sparse_features": [{"name": "u", "vocab_size": 2**62}]}))
+@example(_dump({**META, "dense_dim": 2**62}))
+@example(_dump({**META, "num_action_types": 2**62}))
+def test_dataset_meta(tmp_path_factory, text):
+    folder = tmp_path_factory.mktemp("meta")
+    (folder / "meta.json").write_text(text, errors="surrogatepass")
+    run("plan", DEMO, "--meta", str(folder / "meta.json"), "--json")
 
 
 # -- URIs: --tracking-uri and --address --------------------------------------------------
