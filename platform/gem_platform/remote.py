@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from gem_platform.errors import ClusterError, RecipeError
-from gem_platform.net import default_port, parse_url, require_reachable
+from gem_platform.net import default_port, parse_url, redact, require_reachable
 
 DEFAULT_JOBS_ADDRESS = "http://127.0.0.1:8265"
 JOBS_SCHEMES = ("http", "https")
@@ -41,8 +41,8 @@ EXCLUDES = [".venv", "gem_data", "gem_runs", "mlruns", "*.parquet", ".git",
             ".hypothesis", "ray_results", "bench_results", "*.egg-info"]
 # Source roots inside the project; each package travels as a py_module.
 PACKAGES = ("gemctl", "platform/gem_platform", "kernels/gem_kernels")
-# Environment a remote job inherits from the submitting shell when set there. Never secrets:
-# a job's runtime_env is readable by everyone who can reach the dashboard.
+# Environment a remote job inherits from the submitting shell when set there. Never secrets
+# (refuse_credentials): a job's runtime_env is readable by everyone who can reach the dashboard.
 PASSED_ENV = ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME")
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 
@@ -244,6 +244,27 @@ def entrypoint(entrypoint_args: Sequence[str]) -> str:
     return "python -m gemctl.main " + shlex.join(list(entrypoint_args))
 
 
+CREDENTIAL_FIX = ("Keep the password on the cluster: set MLFLOW_TRACKING_URI, password and all, "
+                  "in the environment of the cluster's nodes (e.g. from a Kubernetes secret) "
+                  "and submit without it (no --tracking-uri, tracking.uri or "
+                  "MLFLOW_TRACKING_URI here); for an MLflow server, MLflow also reads "
+                  "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD there.")
+
+
+def refuse_credentials(entrypoint_args: Sequence[str], env: dict[str, str]) -> None:
+    """A job's command line and environment are shown to everyone who can reach the
+    cluster's dashboard (the command line also to `ps` on the head): a password or token in
+    either is refused before anything is sent (ClusterError, credentials masked)."""
+    shown = [("The job's command line", arg) for arg in entrypoint_args]
+    shown += [(f"The job's environment ({key})", value) for key, value in env.items()]
+    for where, value in shown:
+        if redact(value) != value:
+            raise ClusterError(
+                f"{where} would carry a password or token ({redact(value)[:200]}): a Ray "
+                "job's command line and environment are shown to everyone who can reach the "
+                "cluster's dashboard.", CREDENTIAL_FIX)
+
+
 def submit_job(entrypoint_args: list[str], address: str, *, working_dir: str | Path,
                job_id: str | None = None, env_vars: dict[str, str] | None = None,
                metadata: dict[str, str] | None = None, label: str | None = None) -> str:
@@ -258,6 +279,8 @@ def submit_job(entrypoint_args: list[str], address: str, *, working_dir: str | P
     if not root.is_dir():
         raise ClusterError(f"working_dir {root} is not a folder.",
                            "Pass the project folder (the one holding pyproject.toml).")
+    env = runtime_env(root, env_vars)
+    refuse_credentials(entrypoint_args, env["env_vars"])
     address = resolve_jobs_address(address)
     client = _client(address)
     job_id = job_id or new_job_id(label or entrypoint_args[0])
@@ -266,7 +289,7 @@ def submit_job(entrypoint_args: list[str], address: str, *, working_dir: str | P
         with _quiet_ray_logs():
             return client.submit_job(entrypoint=entrypoint(entrypoint_args),
                                      submission_id=job_id,
-                                     runtime_env=runtime_env(root, env_vars), metadata=meta)
+                                     runtime_env=env, metadata=meta)
     except (RuntimeError, ValueError) as err:
         raise ClusterError(f"Ray Jobs server at {address} refused the job: {err}",
                            "Check the message; a too-large working_dir means files to add "

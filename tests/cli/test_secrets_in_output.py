@@ -197,3 +197,22 @@ def test_a_child_process_masks_its_own_output(capfd):
     out, err = capfd.readouterr()
     assert "View run child" in out and "connecting to" in err and "retrying" in out
     assert SECRET not in out + err and "dana:***@127.0.0.1" in out + err
+
+
+@pytest.mark.parametrize("where", ["flag", "set", "env"])
+def test_a_remote_job_is_never_handed_a_password(where):
+    """A Ray job's command line and environment are shown to everyone who can reach the
+    cluster's dashboard (and its command line to `ps` on the head): a tracking URI with a
+    password is refused before anything is sent, with MLflow's own way to pass one."""
+    from tests.conftest import REPO
+
+    uri = f"http://erin:{SECRET}@127.0.0.1:{free_port()}"
+    args = ["submit", "recipes/demo.yaml", "--address", f"http://127.0.0.1:{free_port()}"]
+    env = {"MLFLOW_TRACKING_URI": uri if where == "env" else ""}
+    extra = {"flag": ["--tracking-uri", uri], "set": ["--set", f"tracking.uri={uri}"],
+             "env": []}[where]
+    proc = run_gemctl(*args, *extra, cwd=REPO, env=env, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    text = " ".join(proc.stderr.split())
+    assert "MLFLOW_TRACKING_PASSWORD" in text and "erin:***@" in text, text
+    assert SECRET not in proc.stdout + proc.stderr and "Traceback" not in proc.stderr
