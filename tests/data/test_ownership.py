@@ -177,3 +177,20 @@ def test_submit_refuses_a_folder_it_did_not_write(gemctl, tmp_path, monkeypatch,
         assert _snapshot(folder) == before
     runs = tmp_path / "gem_runs"
     assert not runs.exists() or {p.name for p in runs.iterdir()} <= {"logs"}, "a run opened"
+
+
+def test_a_folder_that_is_no_dataset_is_never_offered_for_removal(make_config, tmp_path) -> None:
+    """data.path pointing at a working folder ('.', '/', a project) or at a file: the fix
+    names another data.path and never suggests removing what is there."""
+    project = tmp_path / "project"
+    (project / "src").mkdir(parents=True)
+    (project / "README.md").write_text("mine")
+    plain = tmp_path / "notes.txt"
+    plain.write_text("mine")
+    for target in (project, plain):
+        with pytest.raises(DataError) as err:
+            generate_synthetic(make_config(target))
+        assert str(target) in err.value.problem
+        assert "Choose another data.path" in err.value.fix
+        assert "remove" not in err.value.fix, err.value.fix
+    assert (project / "README.md").read_text() == "mine" and plain.read_text() == "mine"

@@ -86,14 +86,18 @@ def foreign_reason(out: Path, writer: Writer) -> str | None:
 
 def check_replaceable(out: Path, what: str, writer: Writer) -> None:
     """Refuse (DataError) to replace ``out`` unless ``foreign_reason`` finds nothing; ``what``
-    names the setting that chose ``out`` (e.g. "data.path")."""
+    names the setting that chose ``out`` (e.g. "data.path"). Only a folder that holds a dataset
+    is suggested for removal; a file, a link or any other folder never is."""
     why = foreign_reason(out, writer)
-    if why is not None:
-        raise DataError(
-            f"{what} {str(out)!r} {why}; replacing the folder would delete what is there, so "
-            "nothing was written.",
-            f"Choose another {what}, or remove {str(out)!r} yourself if nothing in it is "
-            "needed.")
+    if why is None:
+        return
+    if not out.is_symlink() and (out / META_FILE).is_file():  # another dataset: may be spent
+        fix = (f"Choose another {what}, or remove {str(out)!r} yourself if nothing in it is "
+               "needed.")
+    else:  # a file, a link, or a folder that is no dataset ('.', a project): never offered
+        fix = f"Choose another {what}: a new or empty folder, or one {writer.name} wrote."
+    raise DataError(f"{what} {str(out)!r} {why}; replacing the folder would delete what is "
+                    "there, so nothing was written.", fix)
 
 
 __all__ = ["OWN_NAME", "Writer", "check_replaceable", "foreign_reason"]
