@@ -209,3 +209,14 @@ def test_a_read_only_working_folder_exits_2(tmp_path) -> None:
     flat = " ".join(result.stderr.split())
     assert "data.path 'gem_data/demo' can't be written" in flat, flat
     assert "writable" in flat
+
+
+def test_a_small_dataset_on_a_full_filesystem_is_refused_in_readable_units(make_config) -> None:
+    """procfs has no free space: the refusal gives the estimate in KiB, not '0.0 GiB'."""
+    if not Path("/proc/self").is_dir():
+        pytest.skip("needs /proc")
+    with pytest.raises(DataError) as err:
+        generate_synthetic(make_config(Path("/proc/gem-data-test"), num_samples=300))
+    problem = err.value.problem
+    assert "KiB of shards (300 samples" in problem and "has 0 bytes free" in problem, problem
+    assert "0.0 GiB" not in problem

@@ -52,6 +52,14 @@ def synthetic_cost(syn: SyntheticConfig, mean_len: float) -> SyntheticCost:
     return SyntheticCost(syn.num_samples, mean_len, per_sample, int(disk), int(memory))
 
 
+def size(nbytes: float) -> str:
+    """``nbytes`` for a message, in the largest binary unit that keeps it at 1 or more."""
+    for unit, scale in (("GiB", GIB), ("MiB", float(1 << 20)), ("KiB", 1024.0)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:,.1f} {unit}"
+    return f"{nbytes:,.0f} bytes"
+
+
 def available_memory() -> int | None:
     """Bytes this process may still allocate: MemAvailable, capped by a cgroup limit."""
     found: list[int] = []
@@ -79,21 +87,21 @@ def check_affordable(out: Path, cost: SyntheticCost) -> None:
     margin = min(MAX_MARGIN, usage.total // 20)
     if cost.disk_bytes + margin > usage.free:
         raise DataError(
-            f"data.synthetic asks for about {cost.disk_bytes / GIB:,.1f} GiB of shards "
+            f"data.synthetic asks for about {size(cost.disk_bytes)} of shards "
             f"({cost.num_samples:,} samples x {cost.mean_len:,.0f} events of history x "
             f"{EVENT_BYTES} bytes, plus {cost.sample_bytes:,.0f} bytes a sample), but {where} "
-            f"has {usage.free / GIB:,.1f} GiB free and {margin / GIB:,.1f} GiB is kept spare; "
-            "nothing was written.",
+            f"has {size(usage.free)} free and {size(margin)} is kept spare; nothing was "
+            "written.",
             "Lower data.synthetic.num_samples (or data.synthetic.seq_len), free disk space, "
             "or point data.path at a bigger disk.")
     memory = available_memory()
     if memory is not None and cost.memory_bytes > MEMORY_SHARE * memory:
         raise DataError(
-            f"data.synthetic needs about {cost.memory_bytes / GIB:,.1f} GiB of memory to "
-            f"generate (its items, users, sparse ids and one shard of rows), but "
-            f"{memory / GIB:,.1f} GiB is available; nothing was written.",
+            f"data.synthetic needs about {size(cost.memory_bytes)} of memory to generate (its "
+            f"items, users, sparse ids and one shard of rows), but {size(memory)} is "
+            "available; nothing was written.",
             "Lower data.synthetic.num_items, num_users, sparse_features' vocab_size or "
             "rows_per_shard.")
 
 
-__all__ = ["SyntheticCost", "available_memory", "check_affordable", "synthetic_cost"]
+__all__ = ["SyntheticCost", "available_memory", "check_affordable", "size", "synthetic_cost"]
