@@ -141,8 +141,22 @@ def reference_losses(recipe: Recipe, world: int, optimizer: str = "adamw",
     return train_steps(single, batches, optimizer).losses
 
 
+# Ranks start from a fork server that has imported these once (torch, TorchRec, the training
+# code), so a rank costs a fork, not a fresh interpreter's imports; each rank is still a
+# process of its own that has trained nothing. The server starts with the first spawn of a
+# test process and serves all of that process's spawns.
+START_METHOD = "forkserver"
+PRELOAD = ["torch", "torchrec", "torch.distributed.checkpoint", "gem_platform.train.loop",
+           "tests.parallel.harness"]
+
+
 def _worker(rank: int, world: int, port: int, out_dir: str,
-            job: Callable[[int, int], dict[tuple[str, str], RankRun]]) -> None:
+            job: Callable[[int, int], dict[tuple[str, str], RankRun]],
+            cwd: str, env: dict[str, str]) -> None:
+    # a forked rank has the fork server's folder and environment: take the test's
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(env)
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -158,8 +172,11 @@ def spawn(job: Callable[[int, int], dict[tuple[str, str], RankRun]], world: int
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    if START_METHOD == "forkserver":
+        mp.set_forkserver_preload(PRELOAD)
     with tempfile.TemporaryDirectory() as d:
-        mp.spawn(_worker, args=(world, port, d, job), nprocs=world, join=True)
+        mp.start_processes(_worker, args=(world, port, d, job, os.getcwd(), dict(os.environ)),
+                           nprocs=world, join=True, start_method=START_METHOD)
         return [torch.load(os.path.join(d, f"rank{r}.pt"), weights_only=False)
                 for r in range(world)]
 
