@@ -56,6 +56,14 @@ def _train_rank(tree: dict, root: str, stop_at: int, rank: int, world: int) -> l
     return losses
 
 
+def _straight_then_stopped(tree: dict, straight_root: str, stopped_root: str, rank: int,
+                          world: int) -> tuple[list[float], list[float]]:
+    """The uninterrupted run, then (in the same processes) the run stopped after its step-2
+    checkpoint: rank 0's losses of each. Only the resume needs fresh processes."""
+    return (_train_rank(tree, straight_root, 0, rank, world),
+            _train_rank(tree, stopped_root, STOP_AT, rank, world))
+
+
 def _full_state(folder: Path) -> dict:
     """A DCP checkpoint as plain full tensors (sharded tables and their states gathered)."""
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
@@ -86,8 +94,8 @@ def test_sharded_resume_equals_uninterrupted(tiny_recipe, tmp_path, monkeypatch,
     prepare_dataset(recipe_from_dict(tree).data)
     world = tree["parallel"]["workers"]
 
-    straight = spawn(functools.partial(_train_rank, tree, str(tmp_path / "a"), 0), world)[0]
-    first = spawn(functools.partial(_train_rank, tree, str(tmp_path / "b"), STOP_AT), world)[0]
+    straight, first = spawn(functools.partial(_straight_then_stopped, tree, str(tmp_path / "a"),
+                                              str(tmp_path / "b")), world)[0]
     assert latest_checkpoint(tmp_path / "b").name == f"step_{STOP_AT:08d}"
     # rank 0's manifest lists every rank's files, and only them
     folder = tmp_path / "b" / f"step_{STOP_AT:08d}"
