@@ -5,7 +5,8 @@ streams.
 
 Records are masked where they are made (the log record factory), so the mask holds for every
 logger and every handler: ours, the libraries' (MLflow, Ray, urllib3), and handlers that are
-configured after it is installed. Lines a library writes with ``print`` or
+configured after it is installed; so are the tracebacks of exceptions no handler caught
+(``sys.excepthook``, ``threading.excepthook``). Lines a library writes with ``print`` or
 ``sys.stdout.write`` (MLflow's "View run ... at: URL") are masked by :class:`MaskedLines`, the
 stream gemctl puts in place of ``sys.stdout``/``sys.stderr`` while library output is shown or
 routed to a log file.
@@ -22,6 +23,7 @@ import logging
 import re
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any, TextIO
 
 from gem_platform.net import redact
@@ -47,9 +49,34 @@ def mask_record(record: logging.LogRecord) -> logging.LogRecord:
     return record
 
 
+def _through_mask(hook: Callable[..., Any]) -> Callable[..., Any]:
+    """``hook`` (``sys.excepthook`` or ``threading.excepthook``) printing through a masked
+    ``sys.stderr``: a traceback that escaped every handler is the last thing a process
+    writes, often after gemctl's own streams are gone."""
+    if getattr(hook, "_masks_credentials", False):
+        return hook
+
+    def masked(*args: Any) -> Any:
+        real = sys.stderr
+        if real is None or isinstance(real, MaskedLines):
+            return hook(*args)
+        sys.stderr = MaskedLines(real)
+        try:
+            return hook(*args)
+        finally:
+            sys.stderr.flush()
+            sys.stderr = real
+
+    masked._masks_credentials = True  # type: ignore[attr-defined]
+    return masked
+
+
 def install() -> None:
-    """Mask credentials in every log record made in this process from now on (idempotent)."""
+    """Mask credentials in every log record made in this process from now on, and in the
+    tracebacks of exceptions no handler caught (idempotent)."""
     with _lock:
+        sys.excepthook = _through_mask(sys.excepthook)
+        threading.excepthook = _through_mask(threading.excepthook)
         if _installed:
             return
         base = logging.getLogRecordFactory()
@@ -86,7 +113,17 @@ class MaskedLines(io.TextIOBase):
         return True
 
     def _clean(self, text: str) -> str:
-        return redact(ANSI.sub("", text) if self.strip_ansi else text)
+        plain = ANSI.sub("", text)
+        masked = redact(plain)
+        if self.strip_ansi:
+            return masked
+        if masked == plain:
+            return text  # no credential: colours kept
+        coloured = redact(text)
+        shown = ANSI.sub("", coloured)
+        # Colour codes inside a URI (rich highlights its parts) hide it from the mask: such a
+        # line is written without its colours.
+        return coloured if redact(shown) == shown else masked
 
     def write(self, text: str) -> int:
         if self.sink.closed:

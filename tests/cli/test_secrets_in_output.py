@@ -216,3 +216,52 @@ def test_a_remote_job_is_never_handed_a_password(where):
     text = " ".join(proc.stderr.split())
     assert "MLFLOW_TRACKING_PASSWORD" in text and "erin:***@" in text, text
     assert SECRET not in proc.stdout + proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_colour_codes_inside_a_uri_do_not_hide_its_password():
+    """Rich highlights a URI in pieces (the query's key, '=' and value, the scheme's slashes,
+    the user), so the terminal stream (colours kept) must mask what the plain line shows."""
+    import io
+
+    from rich.console import Console
+
+    from gem_platform.log_mask import MaskedLines
+
+    coloured = io.StringIO()
+    Console(file=coloured, force_terminal=True, width=300).print(
+        f"refused http://u:{SECRET}@host:5000/api?token={SECRET} and "
+        f"postgresql://app:{SECRET}@db:5432/ml")
+    sink = io.StringIO()
+    stream = MaskedLines(sink)
+    stream.write(coloured.getvalue())
+    stream.flush()
+    assert SECRET not in sink.getvalue()
+    assert "app:***@db:5432" in sink.getvalue() and "token=***" in sink.getvalue()
+
+
+def test_a_traceback_that_escapes_every_handler_is_masked(capfd, monkeypatch):
+    """An exception no handler caught ends the process through sys.excepthook (typer's, or
+    Python's) on the real stderr, after gemctl's streams are gone; one in a thread through
+    threading.excepthook. (Python's own hooks here: pytest puts its own in place of the
+    thread hook while a test runs.)"""
+    import threading
+
+    from gem_platform import log_mask
+
+    monkeypatch.setattr(sys, "excepthook", sys.__excepthook__)
+    monkeypatch.setattr(threading, "excepthook", threading.__excepthook__)
+    log_mask.install()
+    try:
+        raise ConnectionError(f"refused http://frank:{SECRET}@127.0.0.1:5000")
+    except ConnectionError as err:
+        sys.excepthook(type(err), err, err.__traceback__)
+
+    def fails() -> None:
+        raise ConnectionError(f"thread refused http://frank:{SECRET}@127.0.0.1:5000")
+
+    thread = threading.Thread(target=fails)
+    thread.start()
+    thread.join()
+    _, err = capfd.readouterr()
+    assert "ConnectionError: refused" in err and "thread refused" in err
+    assert SECRET not in err and "frank:***@127.0.0.1" in err
