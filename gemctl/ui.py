@@ -99,6 +99,24 @@ def check_port_free(host: str, port: int) -> None:
                 "Pass a port above 1023 (--port 5001) or an address of this machine.") from None
 
 
+def refuse_a_server_store(uri: str) -> None:
+    """An MLflow tracking server (http/https) serves its own UI and is no store an MLflow
+    server can read: refuse it with the address to open (its credentials left out)."""
+    from urllib.parse import urlsplit
+
+    from gem_platform.errors import GemError
+
+    parts = urlsplit(uri)
+    if parts.scheme.lower() not in ("http", "https"):
+        return
+    address = f"{parts.scheme}://{parts.netloc.rsplit('@', 1)[-1]}{parts.path or '/'}"
+    raise GemError(
+        f"{redact(uri)} is an MLflow tracking server, which serves the UI itself; gemctl ui "
+        "starts one over a store it reads directly (a sqlite file or a database).",
+        f"Open {address} in a browser (it asks for the user and password when the server "
+        "needs them), or pass --tracking-uri sqlite:///FILE or a database URI.")
+
+
 def ui(
     port: Annotated[int, typer.Option(help="Port to listen on.", min=1, max=65535)] = 5000,
     host: Annotated[str, typer.Option(help="Bind address; keep 127.0.0.1 unless you mean to "
@@ -111,6 +129,7 @@ def ui(
     from gem_platform.tracking import check_reachable, resolve_tracking_uri
 
     uri = resolve_tracking_uri(tracking_uri or backend_store_uri)
+    refuse_a_server_store(uri)
     check_reachable(uri)
     check_port_free(host, port)
     render.console.print(f"MLflow UI on http://{render.esc(host)}:{port} over "

@@ -265,3 +265,20 @@ def test_a_traceback_that_escapes_every_handler_is_masked(capfd, monkeypatch):
     _, err = capfd.readouterr()
     assert "ConnectionError: refused" in err and "thread refused" in err
     assert SECRET not in err and "frank:***@127.0.0.1" in err
+
+
+@pytest.mark.parametrize("scheme", ["http", "https"])
+def test_ui_over_a_tracking_server_points_at_its_own_ui(gemctl, scheme):
+    """An MLflow server (http/https store) serves its UI itself: `gemctl ui` over it says
+    where to open it (no password) and exits 2, instead of starting a server that can't read
+    from another server and dies with MLflow's traceback."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        result = gemctl("ui", "--port", str(free_port()), "--tracking-uri",
+                        f"{scheme}://gina:{SECRET}@127.0.0.1:{port}/")
+    clean_exit(result, 2)
+    text = " ".join(result.stderr.split())
+    assert f"Open {scheme}://127.0.0.1:{port}/ in a browser" in text, text
+    assert SECRET not in result.output + result.stderr
