@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import pyarrow.fs as pafs
 import pytest
 
 from gem_platform.data.parquet import SampleTable, load_meta
@@ -227,3 +228,59 @@ def test_a_signal_stops_a_wait_on_an_unreachable_gcs_bucket(monkeypatch) -> None
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
     assert time.monotonic() - start < 4
+
+
+class _StallingFile:
+    """A local file whose reads of anything but its tail (the footer) never return."""
+
+    def __init__(self, path: str, release: threading.Event) -> None:
+        self.f = open(path, "rb")  # noqa: SIM115 (closed by close())
+        self.size = os.path.getsize(path)
+        self.release = release
+        self.closed = False
+
+    def read(self, n: int = -1) -> bytes:
+        if n < 0 or self.f.tell() + n < self.size:
+            self.release.wait()
+        return self.f.read(n)
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self.f.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self.f.tell()
+
+    def close(self) -> None:
+        self.closed = True
+        self.f.close()
+
+
+def test_a_row_group_read_from_a_client_without_stall_timeouts_ends_at_the_deadline(
+        tiny_dataset, monkeypatch) -> None:
+    """A filesystem whose client takes no stall timeout (GCS; here pyarrow's PyFileSystem over
+    local files whose row groups never arrive): the footer is read, the rows are given up on at
+    the deadline with the storage named, instead of waiting forever inside a worker."""
+    import fsspec
+    import pyarrow as pa
+
+    from gem_platform.data.source import Piece, RowGroup, open_parquet, read_piece
+
+    release = threading.Event()
+
+    class Stalling(pafs.FSSpecHandler):
+        def open_input_file(self, path):
+            return pa.PythonFile(_StallingFile(path, release), mode="r")
+
+    monkeypatch.setenv(ENV_TIMEOUT, "0.5")
+    fs = pafs.PyFileSystem(Stalling(fsspec.filesystem("file")))
+    name = str(tiny_dataset / "train-00000.parquet")
+    handle = open_parquet(fs, name)
+    rows = handle.metadata.row_group(0).num_rows
+    start = time.monotonic()
+    try:
+        with pytest.raises(DataError) as err:
+            read_piece(handle, Piece(RowGroup(name, 0, 0, rows), 0, rows))
+    finally:
+        release.set()
+    assert time.monotonic() - start < 2 * RemoteTimeouts(0.5).deadline_s
+    assert "the storage did not answer" in err.value.problem and name in err.value.problem

@@ -9,7 +9,8 @@ long), a bounded number of attempts or retry time, all from one setting,
 ``GEM_REMOTE_TIMEOUT_S`` (seconds; a gs:// URI's own ``retry_limit_seconds`` and an hdfs://
 URI's own Hadoop options win); and the calls the driver makes before a run (meta.json, listing,
 Parquet footers) run in a helper thread that the caller waits for with a deadline, so a signal
-interrupts the wait at once.
+interrupts the wait at once. GCS takes no stall timeout per request, so the rows a worker reads
+from it go through the same deadline read by read (``open_input``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from datetime import timedelta
 from typing import TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 
 from gem_platform.errors import DataError
@@ -157,6 +159,50 @@ def read_failed(where: str, err: BaseException) -> DataError:
                      "The shard is corrupt or truncated; regenerate the dataset.")
 
 
+class BoundedReads:
+    """A remote file (pyarrow NativeFile) whose every read runs through ``bounded``, for
+    clients that have no stall timeout of their own to set (GCS): a read that never completes
+    ends at the deadline, and a signal interrupts it. Wrap it in ``pyarrow.PythonFile``."""
+
+    def __init__(self, raw: pa.NativeFile, what: str) -> None:
+        self._raw, self._what = raw, what
+
+    def read(self, nbytes: int = -1) -> bytes:
+        raw = self._raw
+        return bounded(lambda: raw.read() if nbytes < 0 else raw.read(nbytes), self._what)
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self._raw.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._raw.tell()
+
+    def close(self) -> None:
+        self._raw.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._raw.closed
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def writable(self) -> bool:
+        return False
+
+
+def open_input(fs: pafs.FileSystem, path: str) -> pa.NativeFile:
+    """``path`` opened for random reads; on a remote filesystem whose client can't be given a
+    stall timeout (anything but S3, whose requests carry one), every read is bounded."""
+    raw = fs.open_input_file(path)
+    if isinstance(fs, pafs.LocalFileSystem | pafs.S3FileSystem):
+        return raw
+    return pa.PythonFile(BoundedReads(raw, f"reading {path}"), mode="r")
+
+
 def bounded_on(fs: pafs.FileSystem, fn: Callable[[], T], what: str) -> T:
     """``fn()`` through ``bounded`` when ``fs`` is remote; directly on the local filesystem."""
     if isinstance(fs, pafs.LocalFileSystem):
@@ -181,6 +227,6 @@ def exit_now_if_calls_hang(code: object) -> None:
     os._exit(code if isinstance(code, int) else (0 if code is None else 1))
 
 
-__all__ = ["DEFAULT_TIMEOUT_S", "ENV_TIMEOUT", "STORAGE_FIX", "RemoteTimeouts", "bounded",
-           "bounded_on", "exit_now_if_calls_hang", "is_network_error", "open_remote",
-           "read_failed"]
+__all__ = ["DEFAULT_TIMEOUT_S", "ENV_TIMEOUT", "STORAGE_FIX", "BoundedReads", "RemoteTimeouts",
+           "bounded", "bounded_on", "exit_now_if_calls_hang", "is_network_error", "open_input",
+           "open_remote", "read_failed"]

@@ -19,7 +19,13 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from gem_platform.data.meta import META_FILE, DatasetMeta, parse_meta_text
-from gem_platform.data.remote import bounded_on, is_network_error, open_remote, read_failed
+from gem_platform.data.remote import (
+    bounded_on,
+    is_network_error,
+    open_input,
+    open_remote,
+    read_failed,
+)
 from gem_platform.errors import DataError
 
 SPLITS: tuple[str, ...] = ("train", "eval")
@@ -183,7 +189,7 @@ def piece_starts(pieces: list[Piece]) -> np.ndarray:
 def open_parquet(fs: pafs.FileSystem, name: str) -> pq.ParquetFile:
     """The shard ``name`` with its footer read (a remote read is bounded, see remote.py)."""
     try:
-        return bounded_on(fs, lambda: pq.ParquetFile(fs.open_input_file(name)),
+        return bounded_on(fs, lambda: pq.ParquetFile(open_input(fs, name)),
                           f"reading the footer of {name}")
     except (pa.ArrowException, OSError) as e:
         if is_network_error(e):
