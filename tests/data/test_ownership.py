@@ -194,3 +194,16 @@ def test_a_folder_that_is_no_dataset_is_never_offered_for_removal(make_config, t
         assert "Choose another data.path" in err.value.fix
         assert "remove" not in err.value.fix, err.value.fix
     assert (project / "README.md").read_text() == "mine" and plain.read_text() == "mine"
+
+
+def test_a_shard_the_generator_did_not_list_is_not_deleted(make_config, tmp_path) -> None:
+    """A shard named like ours but beyond the counts meta.json records (copied in from another
+    dataset) is not the generator's: regeneration is refused and the shard kept."""
+    folder = tmp_path / "ds"
+    meta = generate_synthetic(make_config(folder))
+    copied = folder / "train-00042.parquet"
+    copied.write_bytes((folder / "train-00000.parquet").read_bytes())
+    assert generate_synthetic(make_config(folder)) == meta  # current: reused as it is
+    _refuses(lambda: generate_synthetic(make_config(folder, seed=5)), folder,
+             "holds train-00042.parquet, which its meta.json does not list")
+    assert copied.is_file()

@@ -3,11 +3,12 @@
 A dataset folder is replaced whole (staging.py), so everything in it goes. It may be replaced
 only when nothing in it can be the user's: it is absent or empty, or it holds a meta.json that
 the same writer wrote (checked field by field, carrying that writer's fingerprint) and
-otherwise only shards named as every writer names them and files the platform keeps beside a
-dataset (JSON whose ``kind`` is the platform's, e.g. the linear reference's cache, and their
-temporary files). Anything else (a foreign or unreadable
-meta.json, another writer's dataset, a file the user put beside the shards, a file or a link
-where the folder should be) is refused, naming the folder, why, and what to do.
+otherwise only shards named as every writer names them (no more than the meta.json lists, where
+it counts them) and files the platform keeps beside a dataset (JSON whose ``kind`` is the
+platform's, e.g. the linear reference's cache, and their temporary files). Anything else (a
+foreign or unreadable meta.json, another writer's dataset, a file the user put beside the
+shards, a file or a link where the folder should be) is refused, naming the folder, why, and
+what to do.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from gem_platform.data.meta import META_FILE, DatasetMeta
+from gem_platform.data.meta import META_FILE, DatasetMeta, is_count
 from gem_platform.errors import DataError
 
-OWN_NAME = re.compile(r"(train|eval)-\d{5}\.parquet|" + re.escape(META_FILE))
+SHARD_NAME = re.compile(r"(train|eval)-(\d{5})\.parquet")
+OWN_NAME = re.compile(SHARD_NAME.pattern + "|" + re.escape(META_FILE))
 COMPANION = re.compile(r"[a-z0-9-]+\.json")  # e.g. reference-linear.json
 COMPANION_TEMP = re.compile(r"\.[a-z0-9-]+\.json\.tmp-\d+")  # one being written
 PLATFORM_KIND = "gem."  # the prefix of ``kind`` in every JSON file the platform keeps
@@ -81,7 +83,23 @@ def foreign_reason(out: Path, writer: Writer) -> str | None:
     except DataError as err:
         return f"holds a {META_FILE} that {writer.name} did not write ({err.problem.rstrip('.')})"
     why = writer.foreign(meta)
-    return None if why is None else f"holds a dataset {writer.name} did not write ({why})"
+    if why is not None:
+        return f"holds a dataset {writer.name} did not write ({why})"
+    unlisted = _unlisted_shards(entries, meta)
+    return f"holds {_listed(unlisted)}, which its {META_FILE} does not list" if unlisted else None
+
+
+def _unlisted_shards(entries: list[str], meta: DatasetMeta) -> list[str]:
+    """Shards beyond the counts a writer recorded (``extra.shards``): not of this dataset."""
+    counts = meta.extra.get("shards")
+    if not isinstance(counts, dict):
+        return []  # a writer that does not record its shards
+    unlisted = []
+    for name in entries:
+        match = SHARD_NAME.fullmatch(name)
+        if match and not (is_count(counts.get(match[1])) and int(match[2]) < counts[match[1]]):
+            unlisted.append(name)
+    return unlisted
 
 
 def check_replaceable(out: Path, what: str, writer: Writer) -> None:
