@@ -284,3 +284,21 @@ def test_a_row_group_read_from_a_client_without_stall_timeouts_ends_at_the_deadl
         release.set()
     assert time.monotonic() - start < 2 * RemoteTimeouts(0.5).deadline_s
     assert "the storage did not answer" in err.value.problem and name in err.value.problem
+
+
+def test_an_endpoint_with_no_server_is_named_in_the_fix(monkeypatch) -> None:
+    """AWS_ENDPOINT_URL at a port where nothing listens: refused at once, and the fix points
+    at the endpoint, not at the path."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for k, v in {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "test",
+                 "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1",
+                 "AWS_EC2_METADATA_DISABLED": "true", ENV_TIMEOUT: "1"}.items():
+        monkeypatch.setenv(k, v)
+    start = time.monotonic()
+    with pytest.raises(DataError) as err:
+        load_meta("s3://bucket/ds")
+    assert time.monotonic() - start < RemoteTimeouts(1).deadline_s
+    assert "s3://bucket/ds/meta.json" in err.value.problem
+    assert "AWS_ENDPOINT_URL" in err.value.fix and ENV_TIMEOUT in err.value.fix

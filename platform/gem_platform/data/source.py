@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 
 from gem_platform.data.meta import META_FILE, DatasetMeta, parse_meta_text
 from gem_platform.data.remote import (
+    STORAGE_FIX,
     bounded_on,
     is_network_error,
     open_input,
@@ -63,6 +64,11 @@ def filesystem(path: str) -> tuple[pafs.FileSystem, str]:
     return fs, inner.rstrip("/")
 
 
+def _fix_for(err: BaseException) -> str:
+    """How to fix a failed remote read: the endpoint when the network failed."""
+    return STORAGE_FIX if is_network_error(err) else "Check the path and the storage credentials."
+
+
 def read_meta(path: str) -> DatasetMeta:
     """meta.json of the dataset at ``path`` (local or remote), or a DataError naming it."""
     fs, root = filesystem(path)
@@ -79,8 +85,7 @@ def read_meta(path: str) -> DatasetMeta:
                         "Point data.path at a directory written by the synthetic generator or "
                         "the MovieLens converter (or a copy of one in object storage).") from None
     except (OSError, pa.ArrowException) as e:
-        raise DataError(f"Can't read {path}/{META_FILE} ({e}).",
-                        "Check the path and the storage credentials.") from e
+        raise DataError(f"Can't read {path}/{META_FILE} ({e}).", _fix_for(e)) from e
     try:
         text = blob.decode()
     except UnicodeDecodeError as e:
@@ -136,8 +141,7 @@ class SplitIndex:
             infos = bounded_on(fs, lambda: fs.get_file_info(
                 pafs.FileSelector(root, allow_not_found=True)), f"listing {path}")
         except (OSError, pa.ArrowException) as e:
-            raise DataError(f"Can't list {path!r} ({e}).",
-                            "Check the path and the storage credentials.") from e
+            raise DataError(f"Can't list {path!r} ({e}).", _fix_for(e)) from e
         names = sorted(i.path for i in infos if i.type == pafs.FileType.File
                        and i.base_name.startswith(f"{split}-")
                        and i.base_name.endswith(".parquet"))
