@@ -1,6 +1,6 @@
 """How every gemctl command ends: bad input is one paragraph and exit code 2, a run that failed
-after it started exits 1, an interrupt (Ctrl-C or SIGTERM) exits 130. No traceback reaches
-the user for any of them."""
+after it started exits 1, an interrupt (Ctrl-C, SIGTERM or SIGHUP) exits 130. No traceback
+reaches the user for any of them."""
 
 from __future__ import annotations
 
@@ -16,9 +16,14 @@ from gemctl import render
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 EXIT_CODES = ("Exit codes: 0 success; 1 the run or job failed after it started; 2 bad input "
-              "(the message names it and the fix); 130 interrupted (Ctrl-C or SIGTERM).")
+              "(the message names it and the fix); 130 interrupted (Ctrl-C, SIGTERM, a closed "
+              "terminal).")
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+# `kill` and a closed terminal stop a command as Ctrl-C does (its run closed KILLED).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
 def _terminate_as_interrupt(signum: int, _frame: object) -> None:
@@ -27,8 +32,8 @@ def _terminate_as_interrupt(signum: int, _frame: object) -> None:
 
 def user_errors(fn: F) -> F:
     """Wrap a command: GemError -> its problem and fix on stderr, exit 2; KeyboardInterrupt
-    (SIGTERM is turned into one, so a killed command still closes its MLflow run and stops the
-    servers it started) -> exit 130."""
+    (SIGTERM and SIGHUP are turned into one, so a killed command or a closed terminal still
+    closes its MLflow run and stops the servers it started) -> exit 130."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -36,7 +41,9 @@ def user_errors(fn: F) -> F:
         from gem_platform.errors import GemError
 
         log_mask.install()  # no credential in any log line of this command
-        signal.signal(signal.SIGTERM, _terminate_as_interrupt)
+        for sig in STOP_SIGNALS:
+            if signal.getsignal(sig) != signal.SIG_IGN:  # `nohup gemctl ...` keeps running
+                signal.signal(sig, _terminate_as_interrupt)
         try:
             return fn(*args, **kwargs)
         except GemError as err:

@@ -150,3 +150,68 @@ def test_an_interrupted_submit_ends_its_run_killed(tmp_path, monkeypatch):
     (run,) = c.search_runs([c.get_experiment_by_name("cli-test").experiment_id])
     assert run.info.status == "KILLED"
     assert run.data.tags["gem.failure_reason"] == "interrupted"
+
+
+HOLD_A_RUN = """
+import sys, time
+import typer
+from gemctl.errors import user_errors
+from gem_platform.tracking import RunTracker
+
+def hold() -> None:
+    tracker = RunTracker.start(sys.argv[1], "hangup", "r", {}, {})
+    with tracker.closed_on_error(interrupted="KILLED"):
+        print(tracker.run_id, flush=True)
+        time.sleep(120)
+
+try:
+    user_errors(hold)()  # as every gemctl command runs
+except typer.Exit as done:
+    sys.exit(done.exit_code)
+"""
+
+
+def _hold_a_run(uri: str, ignore_hangup: bool = False):
+    """A gemctl-wrapped command holding a run open, started as a user would (under nohup:
+    SIGHUP ignored); returns it and the run id once the run exists."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLD_A_RUN, uri], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        preexec_fn=(lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN)) if ignore_hangup
+        else None)
+    run_id = proc.stdout.readline().strip()
+    assert run_id, proc.communicate(timeout=60)
+    return proc, run_id
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP"])
+def test_a_command_killed_by_a_signal_closes_its_run(tmp_path, sig):
+    """A closed terminal (SIGHUP) or `kill` (SIGTERM) stops a command the way Ctrl-C does:
+    the run it holds open ends KILLED, never left RUNNING by a process that just died."""
+    import signal
+
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    proc, run_id = _hold_a_run(uri)
+    proc.send_signal(getattr(signal, sig))
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert MlflowClient(uri).get_run(run_id).info.status == "KILLED"
+
+
+def test_nohup_keeps_a_command_running_after_a_hangup(tmp_path):
+    import signal
+    import time
+
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    proc, run_id = _hold_a_run(uri, ignore_hangup=True)
+    proc.send_signal(signal.SIGHUP)
+    time.sleep(2)
+    assert proc.poll() is None and MlflowClient(uri).get_run(run_id).info.status == "RUNNING"
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=60)
+    assert MlflowClient(uri).get_run(run_id).info.status == "KILLED"
