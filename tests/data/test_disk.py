@@ -220,3 +220,34 @@ def test_a_small_dataset_on_a_full_filesystem_is_refused_in_readable_units(make_
     problem = err.value.problem
     assert "KiB of shards (300 samples" in problem and "has 0 bytes free" in problem, problem
     assert "0.0 GiB" not in problem
+
+
+def test_a_replaced_dataset_left_by_a_generation_killed_while_removing_it_is_cleaned(
+        make_config, tmp_path) -> None:
+    """A regeneration is SIGKILLed while it deletes the dataset it replaced (a large dataset
+    takes seconds to delete): the half-deleted old dataset is left beside the new one, and the
+    next preparation there removes it."""
+    out = tmp_path / "ds"
+    generate_synthetic(make_config(out))
+    syn = {k: v for k, v in make_config(out).synthetic.model_dump().items()
+           if k in ("num_samples", "num_users", "num_items", "num_clusters", "seq_len",
+                    "rows_per_shard")}
+    script = (
+        "import json, os, shutil, signal, sys\n"
+        "from gem_platform.data.config import DataConfig\n"
+        "from gem_platform.data.synthetic import generate_synthetic\n"
+        "real = shutil.rmtree\n"
+        "def rmtree(path, *a, **k):\n"
+        "    if os.path.isfile(os.path.join(path, 'meta.json')):  # the replaced dataset\n"
+        "        os.kill(os.getpid(), signal.SIGKILL)\n"
+        "    return real(path, *a, **k)\n"
+        "shutil.rmtree = rmtree\n"
+        "syn = {**json.loads(sys.argv[2]), 'seed': 7}\n"
+        "generate_synthetic(DataConfig(path=sys.argv[1], synthetic=syn))\n")
+    proc = subprocess.run([sys.executable, "-c", script, str(out), json.dumps(syn)], cwd=REPO,
+                          env=ENV, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    left = [p for p in tmp_path.iterdir() if p.is_dir() and p.name != "ds"]
+    assert len(left) == 1 and (left[0] / "meta.json").is_file()  # the replaced dataset
+    assert generate_synthetic(make_config(out, seed=7)).extra["seed"] == 7  # reused
+    assert [p.name for p in tmp_path.iterdir() if p.is_dir()] == ["ds"]

@@ -121,13 +121,18 @@ def remove_stale_staging(out: Path) -> list[Path]:
 
 
 def _swap(tmp: Path, out: Path, tag: str) -> None:
-    old = out.parent / f".{out.name}.old-{tag}"
+    """Put ``tmp`` in the place of ``out``. The dataset it replaces is moved aside under a
+    staging name with this writer's record before it is deleted, so if the writer dies while
+    deleting it (seconds, for a large one), the next preparation there removes what is left."""
+    old = out.parent / f".{out.name}.tmp-{tag}-replaced"
     if out.exists():
         os.rename(out, old)
+        (old / WRITER_FILE).write_text(json.dumps(asdict(WriterRecord.mine())))
     try:
         os.rename(tmp, out)
     except OSError:
         if old.exists() and not out.exists():
+            (old / WRITER_FILE).unlink(missing_ok=True)
             os.rename(old, out)  # put the previous dataset back
         raise
     shutil.rmtree(old, ignore_errors=True)
