@@ -11,7 +11,7 @@ import typer
 
 from gemctl import bench_kernels
 from gemctl.errors import user_errors
-from gemctl.options import epilog
+from gemctl.options import epilog, out_folder
 
 BENCHES: dict[str, tuple[str, str]] = {
     "attention": ("gem_bench.kernels.jfa",
@@ -42,7 +42,8 @@ BENCHES: dict[str, tuple[str, str]] = {
 
 def _command(module: str):
     def run(
-        out: Annotated[str, typer.Option(help="Folder for the JSON results.")] = "bench_results",
+        out: Annotated[str, typer.Option(
+            help="Folder for the JSON results.", callback=out_folder)] = "bench_results",
         quick: Annotated[bool, typer.Option(help="Smaller inputs, fewer cases.")] = False,
     ) -> None:
         argv = ["--out", out] + (["--quick"] if quick else [])
@@ -58,7 +59,8 @@ def _e2e(
         "--set", "-s", help="Override a recipe field (repeatable).")] = None,
     steps: Annotated[int, typer.Option(help="Timed steps per arm.")] = 20,
     warmup: Annotated[int, typer.Option(help="Untimed steps first (compilation).")] = 10,
-    out: Annotated[str, typer.Option(help="Folder for the JSON result.")] = "docs/bench",
+    out: Annotated[str, typer.Option(
+        help="Folder for the JSON result.", callback=out_folder)] = "docs/bench",
     quick: Annotated[bool, typer.Option(help="3 warm-up, 5 timed, 2 profiled steps.")] = False,
     arms: Annotated[str, typer.Option(
         help="Comma-separated arms: ours, off_the_shelf (the default pair), ours_dense_tables, "
@@ -96,7 +98,8 @@ def _repro(
     in_one_process: Annotated[bool, typer.Option(
         help="With --grads/--grads-only: that step twice in one process (differences then "
              "come from run time, not compilation).")] = False,
-    out: Annotated[str, typer.Option(help="Folder for repro_bench.json.")] = "bench_results",
+    out: Annotated[str, typer.Option(help="Folder for repro_bench.json.",
+                                         callback=out_folder)] = "bench_results",
 ) -> None:
     from gem_bench.repro import main
 
@@ -114,7 +117,8 @@ def _compile_check(
     tolerance: Annotated[float | None, typer.Option(
         help="Largest relative L2 error allowed (default: 1e-3 in fp32, 3e-2 in bf16/FP8).")
     ] = None,
-    out: Annotated[str, typer.Option(help="Folder for compile_check.json.")] = "bench_results",
+    out: Annotated[str, typer.Option(help="Folder for compile_check.json.",
+                                         callback=out_folder)] = "bench_results",
 ) -> None:
     from gem_bench.compile_check import main
 
@@ -135,7 +139,8 @@ def _quality(
     evals: Annotated[int, typer.Option(help="Held-out evaluations per arm.")] = 10,
     same_process: Annotated[bool, typer.Option(
         help="Train every arm in this process (default: each in a fresh one).")] = False,
-    out: Annotated[str, typer.Option(help="Folder for the JSON result.")] = "bench_results",
+    out: Annotated[str, typer.Option(
+        help="Folder for the JSON result.", callback=out_folder)] = "bench_results",
 ) -> None:
     from gem_bench.quality import main
 

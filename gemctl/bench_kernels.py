@@ -9,6 +9,7 @@ import typer
 
 from gemctl import render
 from gemctl.errors import EXIT_FAILED
+from gemctl.options import out_folder
 
 HELP = ("Kernel-speed guard: each kernel's key shapes (jagged self-attention, GDPA self / "
         "cross / pooled, block64 with RoPE, FP8 linear), forward and forward+backward, timed "
@@ -32,7 +33,8 @@ def kernels(
         help="Comma-separated key shapes to time (default: all).")] = None,
     figures: Annotated[str, typer.Option(help="The committed figures file.")
                        ] = "docs/bench/kernel_guard.json",
-    out: Annotated[str, typer.Option(help="Folder for kernel_check.json.")] = "bench_results",
+    out: Annotated[str, typer.Option(help="Folder for kernel_check.json.",
+                                         callback=out_folder)] = "bench_results",
 ) -> None:
     from gem_bench.kernels import guard
     from gem_bench.kernels.guard_figures import keys, parse_slowdown

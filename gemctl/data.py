@@ -11,13 +11,14 @@ import typer
 
 from gemctl import reference, render
 from gemctl.errors import user_errors
-from gemctl.options import JsonOpt, RecipeArg, SetOpt, epilog
+from gemctl.options import JsonOpt, RecipeArg, SetOpt, epilog, out_folder
 
 
 def data_movielens(
     path: Annotated[Path, typer.Argument(help="Folder with MovieLens 100K (u.data) or 1M "
                                          "(ratings.dat) files.", show_default=False)],
-    out: Annotated[Path, typer.Option("--out", help="Output dataset directory.")],
+    out: Annotated[Path, typer.Option("--out", help="Output dataset directory.",
+                                          callback=out_folder)],
     eval_fraction: Annotated[float, typer.Option(
         help="Share of each user's latest ratings held out.", min=0.0, max=0.9)] = 0.1,
 ) -> None:

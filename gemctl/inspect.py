@@ -12,7 +12,7 @@ from rich.table import Table
 from gem_platform.json_results import write_json
 from gemctl import render
 from gemctl.errors import user_errors
-from gemctl.options import JsonOpt, RecipeArg, SetOpt, epilog
+from gemctl.options import JsonOpt, RecipeArg, SetOpt, epilog, out_file, out_folder
 
 if TYPE_CHECKING:
     from gem_platform.data.meta import DatasetMeta
@@ -106,7 +106,8 @@ def plan(
     meta: Annotated[Path | None, typer.Option(
         help="The dataset's meta.json (or its folder) for table sizes; default the recipe's "
         "data.path if present, else the recipe's data.synthetic sizes.")] = None,
-    out: Annotated[Path | None, typer.Option(help="Also write the plan as JSON to this file.")]
+    out: Annotated[Path | None, typer.Option(
+        help="Also write the plan as JSON to this file.", callback=out_file)]
     = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -174,7 +175,8 @@ def profile_data(
         min=1, help="Ranks (default parallel.workers).")] = None,
     local_batch: Annotated[int | None, typer.Option(
         min=1, help="Samples per rank per step (default loader.local_batch_size).")] = None,
-    out: Annotated[Path, typer.Option(help="Folder for the JSON and the PNG histogram.")]
+    out: Annotated[Path, typer.Option(
+        help="Folder for the JSON and the PNG histogram.", callback=out_folder)]
     = Path("gem_runs/profile"),
     as_json: JsonOpt = False,
 ) -> None:

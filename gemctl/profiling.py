@@ -10,7 +10,7 @@ import typer
 
 from gemctl import render
 from gemctl.errors import user_errors
-from gemctl.options import RecipeArg, SetOpt, VerboseOpt, epilog
+from gemctl.options import RecipeArg, SetOpt, VerboseOpt, epilog, out_file
 from gemctl.progress import TrainingProgress
 from gemctl.quiet import LibraryOutput
 
@@ -22,24 +22,21 @@ def profile(
                                         "compilation); at least 2.")] = 20,
     active: Annotated[int, typer.Option(help="Profiled steps.", min=1)] = 10,
     top: Annotated[int, typer.Option(help="Kernels listed.", min=1)] = 25,
-    out: Annotated[Path | None, typer.Option(help="Write the profile as JSON here.")] = None,
+    out: Annotated[Path | None, typer.Option(help="Write the profile as JSON here.",
+                                                    callback=out_file)] = None,
     trace: Annotated[Path | None, typer.Option(
         help="Write the profiled steps as a Chrome/Perfetto trace here (open it in "
         "ui.perfetto.dev or chrome://tracing), and report from it the device's idle gaps and "
-        "the host's time by site (beside --out as <out stem>.gaps.json).")] = None,
+        "the host's time by site (beside --out as <out stem>.gaps.json).",
+        callback=out_file)] = None,
     min_gap_us: Annotated[float, typer.Option(
         help="Shortest device idle gap counted (with --trace).", min=0)] = 20.0,
     verbose: VerboseOpt = False,
 ) -> None:
     """Where a step's time goes: train the recipe a few steps here under torch.profiler."""
-    from gem_platform.errors import GemError
     from gem_platform.recipe import load_recipe
 
     r = load_recipe(recipe, set_ or [])
-    for path in (out, trace):
-        if path is not None and not path.resolve().parent.is_dir():
-            raise GemError(f"Folder {path.parent} (for {path.name}) does not exist.",
-                           "Create it or pass a path in an existing folder.")
     with LibraryOutput(f"profile-{r.name}", verbose):
         from gem_profile.profile import profile_recipe, render_profile, write_profile
 
