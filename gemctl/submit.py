@@ -55,6 +55,7 @@ def submit(
               highlight=False, soft_wrap=True)
     started = time.monotonic()
     with LibraryOutput(r.name, verbose) as lib:
+        from gem_platform.launch import ResumeStopped
         from gem_platform.launch import submit as submit_run
 
         with TrainingProgress(con, r.name) as progress:
@@ -63,8 +64,10 @@ def submit(
                                      echo=progress.echo)
             except RuntimeError as err:
                 where = f" Library output: {lib.path}." if lib.path else ""
-                raise run_failed(str(err).splitlines()[0], "The MLflow run is marked FAILED "
-                                 f"with the reason.{where}") from None
+                record = ("The run keeps the status it had; its tag gem.resume_stopped says "
+                          "why the resume stopped." if isinstance(err, ResumeStopped) else
+                          "The MLflow run is marked FAILED with the reason.")
+                raise run_failed(str(err).splitlines()[0], record + where) from None
     wall_s = time.monotonic() - started
     if as_json:
         render.print_json({"run_id": outcome.run_id, "tracking_uri": outcome.tracking_uri,

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from gem_platform.data.meta import DatasetMeta
 from gem_platform.errors import ClusterError, GemError, RecipeError
 from gem_platform.net import parse_url, require_reachable
-from gem_platform.progress import Echo, Event, drain_while
+from gem_platform.progress import Echo, Event, StepProgress, drain_while
 from gem_platform.recipe import Recipe
 from gem_platform.topology import Placement
 from gem_platform.tracking import (
@@ -34,6 +34,36 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 NO_CHECKPOINT = "no checkpoint of this run was found: it restarts from step 0"
+
+
+class ResumeStopped(RuntimeError):
+    """A resume failed before it trained a step: the run keeps the status it had."""
+
+
+@dataclass
+class _StepWatch:
+    """``echo``, noting whether a training step has reported (a resume that stops before
+    one leaves the run as it was)."""
+
+    echo: Echo
+    trained: bool = False
+
+    def __call__(self, event: Event) -> None:
+        if isinstance(event, StepProgress):
+            self.trained = True
+        self.echo(event)
+
+
+def _close_after(err: BaseException, tracker: RunTracker, watch: _StepWatch) -> str:
+    """Close the run after ``err`` and return the reason: a resume of a closed run that
+    trained no step gets the run's status back; otherwise FAILED, KILLED when interrupted."""
+    stopped = isinstance(err, KeyboardInterrupt | SystemExit)
+    reason = "interrupted" if stopped else f"{type(err).__name__}: {err}"
+    if tracker.status_before not in (None, "RUNNING") and not watch.trained:
+        tracker.restore_status(f"{reason} before a step trained")
+    else:
+        tracker.finish(ok=False, reason=reason, status="KILLED" if stopped else None)
+    return reason
 
 
 @dataclass
@@ -370,10 +400,12 @@ def submit(recipe: Recipe, *, local: bool = False, address: str | None = None,
 
     GemError (bad input) raised before the run is opened leaves nothing behind; any failure
     after it marks the run FAILED with the reason (KILLED on Ctrl-C or SIGTERM), and is
-    re-raised. ``resume`` (an MLflow run
-    id) continues that run from its newest intact checkpoint, logging into the same run; the
-    checkpoints are checked before the run's status changes, so a resume refused for torn
-    checkpoints leaves a FINISHED run FINISHED.
+    re-raised; a resume that fails before it trains a step gives the run back the status
+    it had (ResumeStopped for a failure that is not bad input or an interrupt).
+
+    ``resume`` (an MLflow run id) continues that run from its newest intact checkpoint,
+    logging into the same run; the checkpoints are checked before the run's status changes,
+    so a resume refused for torn checkpoints leaves a FINISHED run FINISHED.
     """
     address = address or os.environ.get("RAY_ADDRESS") or None
     if address and not local:
@@ -405,6 +437,8 @@ def submit(recipe: Recipe, *, local: bool = False, address: str | None = None,
     else:
         tracker = RunTracker.start(uri, recipe.tracking.experiment, recipe.tracking.run_name,
                                    recipe.flat(), tags)
+    watch = _StepWatch(echo)
+    echo = watch
     try:
         if not resume:
             tracker.log_text(recipe.to_yaml(), "recipe.yaml")
@@ -422,11 +456,12 @@ def submit(recipe: Recipe, *, local: bool = False, address: str | None = None,
         tracker.finish(ok=True)
         return RunOutcome(tracker.run_id, uri, summary)
     except BaseException as err:
-        stopped = isinstance(err, KeyboardInterrupt | SystemExit)
-        reason = "interrupted" if stopped else f"{type(err).__name__}: {err}"
         try:
-            tracker.finish(ok=False, reason=reason, status="KILLED" if stopped else None)
+            reason = _close_after(err, tracker, watch)
         finally:
-            if stopped or isinstance(err, GemError):
+            if isinstance(err, GemError | KeyboardInterrupt | SystemExit):
                 raise
+        if tracker.status_before not in (None, "RUNNING") and not watch.trained:
+            raise ResumeStopped(f"resume of run {tracker.run_id} stopped before a step "
+                                f"trained: {reason}") from err
         raise RuntimeError(f"run {tracker.run_id} failed: {reason}") from err

@@ -125,6 +125,7 @@ class RunTracker:
         self.uri, self.run_id = uri, run_id
         self._client = store_client or _client(uri)
         self._system_metrics: Any = None  # sampled on the driver that opened the run
+        self.status_before: str | None = None  # a reopened run's status before the resume
 
     @classmethod
     def start(cls, uri: str, experiment: str, run_name: str | None, params: dict[str, Any],
@@ -211,6 +212,7 @@ class RunTracker:
             raise store_error(uri, err) from None
         try:
             tracker = cls(uri, run_id, c)
+            tracker.status_before = run.info.status
             tracker._record_provenance(params, resumed=True)
         except BaseException:  # the run is not resumed after all: its status as it was
             if run.info.status != "RUNNING":
@@ -269,6 +271,15 @@ class RunTracker:
         self.stop_system_metrics()
         self._client.set_terminated(self.run_id,
                                     status=status or ("FINISHED" if ok else "FAILED"))
+
+    @_tracked
+    def restore_status(self, note: str) -> None:
+        """Undo a reopen that trained nothing: the run gets back the status (and end time) it
+        had before, and ``note`` says in the tag ``gem.resume_stopped`` why the resume
+        stopped."""
+        self.set_tag("gem.resume_stopped", note[:5000])
+        self.stop_system_metrics()
+        self._client.update_run(self.run_id, status=self.status_before)
 
     @_tracked
     def status(self) -> str:

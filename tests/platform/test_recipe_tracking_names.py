@@ -215,3 +215,36 @@ def test_nohup_keeps_a_command_running_after_a_hangup(tmp_path):
     proc.send_signal(signal.SIGTERM)
     proc.communicate(timeout=60)
     assert MlflowClient(uri).get_run(run_id).info.status == "KILLED"
+
+
+@pytest.mark.slow
+def test_a_resume_stopped_before_it_trains_leaves_the_run_as_it_was(tmp_path, monkeypatch):
+    """Ctrl-C while a resume of a FINISHED run starts up (before a step trains): the run stays
+    FINISHED, the stopped attempt is recorded in a tag; the next resume still works."""
+    import yaml
+
+    from gem_platform.launch import submit
+    from gem_platform.progress import StepProgress
+    from gem_platform.recipe import recipe_from_dict
+    from tests.tiny_training import tiny_tree
+
+    monkeypatch.chdir(tmp_path)
+    tree = tiny_tree(tmp_path / "data", seq_layers=1, steps=4, checkpoint_every=2)
+    tree["tracking"]["uri"] = uri = f"sqlite:///{tmp_path / 'm.db'}"
+    recipe = recipe_from_dict(yaml.safe_load(yaml.safe_dump(tree)))
+    run_id = submit(recipe, local=True, echo=lambda event: None).run_id
+    steps: list[int] = []
+
+    def ctrl_c(event: object) -> None:
+        if isinstance(event, StepProgress):
+            steps.append(event.step)
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        submit(recipe, local=True, echo=ctrl_c, resume=run_id)
+    assert steps == []
+    run = MlflowClient(uri).get_run(run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["gem.resume_stopped"] == "interrupted before a step trained"
+    assert submit(recipe, local=True, echo=lambda event: None, resume=run_id).run_id == run_id
+    assert MlflowClient(uri).get_run(run_id).info.status == "FINISHED"
