@@ -108,6 +108,9 @@ def test_sweep_spec(tmp_path_factory, spec):
     path = root / "spec.yaml"
     path.write_text(yaml.safe_dump(spec, allow_unicode=True))
     run("validate", str(path))
+    # the sweep command reads the spec itself; an arm no spec has stops it before any trial
+    run("sweep", str(path), "--in-process", "--arms", "\x01none", "--out", str(root / "r.json"))
+    assert not (root / "r.json").exists()
 
 
 # -- results files for compare -----------------------------------------------------------
