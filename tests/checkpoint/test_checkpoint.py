@@ -8,7 +8,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -87,16 +89,17 @@ def _history_steps(uri: str, run_id: str) -> list[int]:
     return [m.step for m in MlflowClient(uri).get_metric_history(run_id, "train/loss")]
 
 
-def _wait_for_step(uri: str, experiment: str, step: int, proc, timeout: float = 300):
+def _wait_for_step(uri: str, experiment: str, step: int, running: Callable[[], bool],
+                   timeout: float = 300):
     client = MlflowClient(uri)
     deadline = time.time() + timeout
-    while time.time() < deadline and proc.poll() is None:
+    while time.time() < deadline and running():
         exp = client.get_experiment_by_name(experiment)
         if exp:
             runs = client.search_runs([exp.experiment_id])
             if runs and any(s >= step for s in _history_steps(uri, runs[0].info.run_id)):
                 return runs[0]
-        time.sleep(1)
+        time.sleep(0.2)
     return None
 
 
@@ -120,7 +123,7 @@ def test_resume_continues_the_same_mlflow_run(tiny_recipe, mlflow_server):
     exp = "ckpt-resume"
     args = ["submit", "ckpt.yaml", "--local", "--set", f"tracking.experiment={exp}"]
     proc = _start(args, d, mlflow_server)
-    run = _wait_for_step(mlflow_server, exp, 4, proc)
+    run = _wait_for_step(mlflow_server, exp, 4, lambda: proc.poll() is None)
     if run is None or proc.poll() is not None:
         proc.kill()
         pytest.skip("the run finished before it could be interrupted")
@@ -159,34 +162,55 @@ def test_resume_with_another_recipe_is_refused(tiny_recipe, mlflow_server):
 
 
 def _kill_one_train_worker() -> bool:
-    for p in psutil.process_iter(["cmdline", "name"]):
-        cmd = " ".join(p.info.get("cmdline") or [])
-        if "RayTrainWorker" in cmd or (p.info.get("name") or "").startswith("ray::RayTrainW"):
+    """Kill one Ray Train worker of the Ray this process started (not another test's)."""
+    for p in psutil.Process().children(recursive=True):
+        try:
+            cmd, name = " ".join(p.cmdline()), p.name()
+        except psutil.Error:
+            continue
+        if "RayTrainWorker" in cmd or name.startswith("ray::RayTrainW"):
             p.kill()
             return True
     return False
 
 
 @pytest.mark.slow
-def test_killed_worker_recovers_with_same_final_metrics(tiny_recipe, mlflow_server):
-    d, tree = tiny_recipe
-    tree = {**tree, "parallel": {**tree["parallel"], "workers": 2}}
-    _write_recipe(d, tree, steps=10, log_every=1, checkpoint_every=2, max_failures=2)
-    base = subprocess.run([sys.executable, "-m", "gemctl.main", "submit", "ckpt.yaml", "--set",
-                           "tracking.experiment=ckpt-base"], cwd=d, capture_output=True,
-                          text=True, env={**os.environ, "MLFLOW_TRACKING_URI": mlflow_server},
-                          timeout=600)
-    assert base.returncode == 0, base.stdout[-2000:]
+def test_killed_worker_recovers_with_same_final_metrics(tiny_recipe, mlflow_server, monkeypatch):
+    """Both runs share one embedded Ray, started in this process by the first submit: the
+    uninterrupted run, then the same recipe with a worker killed after step 4."""
+    from gem_platform.launch import submit
 
-    proc = _start(["submit", "ckpt.yaml", "--set", "tracking.experiment=ckpt-kill"], d,
-                  mlflow_server)
-    run = _wait_for_step(mlflow_server, "ckpt-kill", 4, proc)
-    if run is None:
-        proc.kill()
-        pytest.skip("the run finished before a worker could be killed")
-    assert _kill_one_train_worker()
-    out, _ = proc.communicate(timeout=600)
-    assert proc.returncode == 0, out[-3000:]
+    d, tree = tiny_recipe
+    monkeypatch.chdir(d)
+    tree = {**tree, "parallel": {**tree["parallel"], "workers": 2},
+            "train": {**tree["train"], "steps": 10, "log_every": 1, "checkpoint_every": 2,
+                      "max_failures": 2}}
+
+    def recipe(experiment: str):
+        return recipe_from_dict({**tree, "tracking": {"uri": mlflow_server,
+                                                      "experiment": experiment}})
+
+    submit(recipe("ckpt-base"), echo=lambda _: None)
+    outcome: dict = {}
+
+    def killed_run() -> None:
+        try:
+            outcome["run"] = submit(recipe("ckpt-kill"), echo=lambda _: None)
+        except BaseException as err:  # re-raised in the test's thread below
+            outcome["error"] = err
+
+    thread = threading.Thread(target=killed_run, daemon=True)
+    thread.start()
+    try:
+        run = _wait_for_step(mlflow_server, "ckpt-kill", 4, thread.is_alive)
+        if run is None:
+            pytest.skip("the run finished before a worker could be killed")
+        assert _kill_one_train_worker()
+    finally:
+        thread.join(timeout=600)  # Ray stays up while the run uses it
+    if "error" in outcome:
+        raise outcome["error"]
+    assert outcome["run"].run_id == run.info.run_id
     client = MlflowClient(mlflow_server)
     killed = client.get_run(run.info.run_id)
     assert killed.info.status == "FINISHED"
