@@ -158,3 +158,27 @@ def test_a_task_no_run_could_measure_keeps_its_gate(tmp_path: Path, monkeypatch)
     saved.write_text(first.stdout)
     again = gemctl("compare", str(saved), "--max-ne-regression", "0.1%", "--no-plot")
     assert "NE cvr is not finite in every run" in no_traceback(again, 3)
+
+
+def test_tracked_runs_without_a_computable_cvr_ne_keep_its_gate(tmp_path: Path):
+    """The same through the MLflow store: tracked runs record no NaN, so a CVR NE no run
+    could compute is absent from every run, and its gate is still judged."""
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    experiment = client.create_experiment("gates")
+    ids = []
+    for seed, ne in enumerate(BASE_NE):
+        for arm in ("base", "arm"):
+            run = client.create_run(experiment, tags={"gem.arm": arm, "gem.seed": str(seed)})
+            for key, value in (("eval/ne_ctr", ne), ("eval/count_ctr", 100.0),
+                               ("eval/count_cvr", 0.0), ("perf/qps", 1000.0)):
+                client.log_metric(run.info.run_id, key, value)
+            client.set_terminated(run.info.run_id)
+            ids.append(run.info.run_id)
+    result = gemctl("compare", *ids, "--baseline", "base", "--max-ne-regression", "0.1%",
+                    "--no-plot", "--json", "--tracking-uri", uri)
+    no_traceback(result, 3)
+    verdicts = {v["metric"]: v["verdict"] for v in json.loads(result.stdout)["verdicts"]}
+    assert verdicts == {"eval/ne_ctr": "pass", "eval/ne_cvr": "inconclusive"}, verdicts
