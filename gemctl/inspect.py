@@ -51,14 +51,9 @@ def planning_meta(r: Recipe, meta_file: Path | None) -> tuple[DatasetMeta, str]:
 def check_tables(dataset: DatasetMeta, r: Recipe, sizes_from: str) -> None:
     """Refuse dataset sizes that give the model a table no cluster could hold, before the
     model is built (torch would fail inside its construction)."""
-    from gem_platform.errors import GemError
-    from gem_platform.topology.table_bounds import meta_tables, oversized
+    from gem_platform.topology.table_bounds import check_meta_tables
 
-    why = oversized(meta_tables(dataset, r.model.d_model, r.model.sparse_dim))
-    if why:
-        raise GemError(f"The dataset sizes of {sizes_from} can't be planned: {why}.",
-                       "Pass the meta.json of the dataset you mean to train (`gemctl data "
-                       "generate` or `gemctl data movielens` writes it), not a hand-edited one.")
+    check_meta_tables(dataset, r.model.d_model, r.model.sparse_dim, sizes_from)
 
 
 def check_cluster_size(**options: int | None) -> None:

@@ -22,6 +22,7 @@ from gem_platform.net import parse_url, require_reachable
 from gem_platform.progress import Echo, Event, StepProgress, drain_while
 from gem_platform.recipe import Recipe
 from gem_platform.topology import Placement
+from gem_platform.topology.table_bounds import check_meta_tables
 from gem_platform.tracking import (
     RunTracker,
     check_reachable,
@@ -419,6 +420,8 @@ def submit(recipe: Recipe, *, local: bool = False, address: str | None = None,
     meta = prepare_dataset(recipe.data)  # once per run: the ranks receive this meta
     world = 1 if local else recipe.parallel.workers
     check_world_size(recipe, meta, world)
+    check_meta_tables(meta, recipe.model.d_model, recipe.model.sparse_dim,
+                      f"{recipe.data.path}/meta.json")
     recipe.parallel.validate_against_world(world)
     if not local:
         recipe.parallel.check_host_split_trained()

@@ -56,7 +56,7 @@ def test_meta_sizes_beyond_any_cluster(gemctl, tmp_path: Path, change, field):
     result = gemctl("plan", DEMO, "--meta", str(tmp_path / "meta.json"))
     clean_exit(result, 2)
     text = words(result)
-    assert f"{tmp_path / 'meta.json'} can't be planned: {field} makes" in text, text
+    assert f"{tmp_path / 'meta.json'} can't be used: {field} makes" in text, text
 
 
 def test_a_table_at_the_limit_plans(gemctl, tmp_path: Path):
@@ -67,3 +67,23 @@ def test_a_table_at_the_limit_plans(gemctl, tmp_path: Path):
     assert max(json.loads(result.stdout)["sizes"]["embedding_table_bytes"]) == MAX_TABLE_BYTES
     (tmp_path / "meta.json").write_text(json.dumps({**META, "num_items": LIMIT_ROWS}))
     clean_exit(gemctl("plan", DEMO, "--meta", str(tmp_path / "meta.json")), 2)
+
+
+def test_submit_refuses_a_meta_json_beyond_any_cluster_before_a_run_opens(gemctl, tmp_path,
+                                                                           monkeypatch):
+    """A dataset whose meta.json was edited to an impossible size: refused with exit code 2
+    before a run is opened (the run used to open, fail inside the model and exit 1)."""
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.chdir(tmp_path)
+    sets = ["--set", f"data.path={tmp_path / 'ds'}", "--set", "data.synthetic.num_samples=600"]
+    clean_exit(gemctl("data", "generate", DEMO, *sets), 0)
+    meta = json.loads((tmp_path / "ds" / "meta.json").read_text())
+    (tmp_path / "ds" / "meta.json").write_text(json.dumps({**meta, "num_items": 2**62}))
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    result = gemctl("submit", DEMO, "--local", *sets, "--set", "data.source=parquet",
+                    "--tracking-uri", uri)
+    clean_exit(result, 2)
+    assert "can't be used: num_items makes the item table" in words(result)
+    experiments = [e.experiment_id for e in MlflowClient(uri).search_experiments()]
+    assert not MlflowClient(uri).search_runs(experiments)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from gem_platform.data.config import SyntheticConfig
 from gem_platform.data.meta import DatasetMeta
+from gem_platform.errors import DataError
 from gem_platform.topology.config import MAX_WORLD
 
 PARAM_BYTES = 4  # fp32, as the tables and their optimizer state are kept
@@ -91,3 +92,13 @@ def oversized(tables: list[Table]) -> str | None:
                     f"{_size(RANK_MEMORY)} (the largest cluster gemctl plans for) hold "
                     "together")
     return None
+
+
+def check_meta_tables(meta: DatasetMeta, d_model: int, sparse_dim: int, where: str) -> None:
+    """Refuse a dataset (its meta.json at ``where``) whose sizes give the model a table no
+    cluster could hold, before a run is opened or the model is built."""
+    why = oversized(meta_tables(meta, d_model, sparse_dim))
+    if why:
+        raise DataError(f"The dataset sizes of {where} can't be used: {why}.",
+                        "Point data.path (or --meta) at a dataset that `gemctl data generate` "
+                        "or `gemctl data movielens` wrote, not a hand-edited meta.json.")
