@@ -17,7 +17,10 @@ MASK = "***"
 
 # scheme://user:password@host or scheme://token@host (the scheme may be missing):
 # everything between '//' and '@'.
-_USERINFO = re.compile(r"(?P<scheme>(?:[A-Za-z][A-Za-z0-9+.\-]*)?://)(?P<userinfo>[^/\s?#]+)@")
+# user:password@ (a password pasted without percent-encoding may hold '?', '#' and '@': it
+# ends at the last '@' before the host) or a lone token@.
+_USERINFO = re.compile(r"(?P<scheme>(?:[A-Za-z][A-Za-z0-9+.\-]*)?://)"
+                       r"(?P<userinfo>[^\s/?#@:]+:[^\s/]*?(?=@[^\s/@]*(?:[\s/]|$))|[^/\s?#]+)@")
 # ?token=...&password=...: query parameters whose name says they hold a secret.
 _SECRET_PARAM = re.compile(
     r"(?P<key>[?&;](?:[A-Za-z0-9_.\-]*(?:token|secret|password|passwd|pwd|key|signature|sig|"

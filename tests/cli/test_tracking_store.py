@@ -76,6 +76,10 @@ def test_a_folder_as_store(tmp_path, gemctl):
     ("s3://bucket/key?X-Amz-Signature=abc123&x=1", "abc123"),
     ("postgresql://u:p@ss@db:5432/mlflow", "p@ss"),
     ("error: http://a:zz9@h:1 is unreachable", "zz9"),
+    # Passwords pasted without percent-encoding: '?' and '#' would start a query or fragment.
+    ("MLflow tracking URI 'http://u:pa?ss@127.0.0.1:1' is malformed", "pa?ss"),
+    ("http://u:pa#ss@host:5000/x", "pa#ss"),
+    ("postgresql://u:a?b@c#d@db:5432/ml", "a?b@c#d"),
 ])
 def test_redact(text, secret):
     masked = redact(text)
@@ -84,7 +88,8 @@ def test_redact(text, secret):
 
 def test_redact_leaves_plain_text_alone():
     for text in ("sqlite:////tmp/mlflow.db", "http://127.0.0.1:5000", "train.lr=0.1",
-                 "a@b.com", "x=1&y=2"):
+                 "a@b.com", "x=1&y=2", "http://h:5000/#/runs/1 by a@b.com",
+                 "http://h:5000/x?by=a@b.com"):
         assert redact(text) == text
 
 
