@@ -89,6 +89,26 @@ def check_world_size(recipe: Recipe, meta: DatasetMeta, world: int) -> None:
         )
 
 
+# An embedded Ray runs every worker on this machine: beyond this many worker CPUs per core the
+# workers (each a process holding torch and its share of the data) thrash or exhaust memory,
+# and Ray would start them all before the first step says anything.
+EMBEDDED_CPUS_PER_CORE = 4
+
+
+def check_embedded_capacity(recipe: Recipe, cores: int | None = None) -> None:
+    """Refuse a run an embedded local Ray can't host, before anything starts."""
+    cores = cores or os.cpu_count() or 1
+    need = recipe.parallel.workers * recipe.parallel.cpus_per_worker
+    if need > EMBEDDED_CPUS_PER_CORE * cores:
+        raise ClusterError(
+            f"parallel.workers={recipe.parallel.workers} x parallel.cpus_per_worker="
+            f"{recipe.parallel.cpus_per_worker} asks for {need} worker CPUs, and an embedded "
+            f"local Ray runs them all on this machine's {cores} cores (at most "
+            f"{EMBEDDED_CPUS_PER_CORE * cores}).",
+            "Lower parallel.workers, or run on a Ray cluster with --address / RAY_ADDRESS.",
+        )
+
+
 def check_address(address: str, timeout: float = 3.0) -> None:
     """Fail in seconds when a cluster address can't be reached (Ray itself retries for long)."""
     if address in ("auto", "local"):
@@ -420,6 +440,8 @@ def submit(recipe: Recipe, *, local: bool = False, address: str | None = None,
     meta = prepare_dataset(recipe.data)  # once per run: the ranks receive this meta
     world = 1 if local else recipe.parallel.workers
     check_world_size(recipe, meta, world)
+    if not local and not address:
+        check_embedded_capacity(recipe)
     check_meta_tables(meta, recipe.model.d_model, recipe.model.sparse_dim,
                       f"{recipe.data.path}/meta.json")
     recipe.parallel.validate_against_world(world)

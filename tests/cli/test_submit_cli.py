@@ -6,6 +6,7 @@ and ETA, no library noise, no ANSI codes in a log, no credentials."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from pathlib import Path
@@ -110,6 +111,21 @@ def test_world_size_the_recipe_cannot_use(workdir):
     assert proc.returncode == 2
     assert "parallel.workers=64" in proc.stderr
     no_traceback(proc)
+
+
+def test_more_workers_than_an_embedded_ray_can_host(workdir):
+    """Refused at once, before a run or a Ray exists, instead of starting every worker on
+    this machine and saying nothing for minutes."""
+    workers = 4 * (os.cpu_count() or 1) + 1
+    samples = max(2400, 200 * workers)  # enough for a full local batch on every rank
+    start = time.time()
+    proc = run_gemctl("submit", "tiny.yaml", "--set", f"parallel.workers={workers}",
+                      "--set", f"data.synthetic.num_samples={samples}", cwd=workdir)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert f"parallel.workers={workers}" in proc.stderr and "--address" in proc.stderr
+    no_traceback(proc)
+    assert time.time() - start < 90
+    assert not (workdir / "mlflow.db").exists()
 
 
 def test_failure_after_start_marks_run_failed(workdir, mlflow_server):
