@@ -265,6 +265,22 @@ def refuse_credentials(entrypoint_args: Sequence[str], env: dict[str, str]) -> N
                 "cluster's dashboard.", CREDENTIAL_FIX)
 
 
+def refuse_credentials_in_file(path: Path) -> None:
+    """A job uploads the project folder, the recipe with it, to the cluster's package store,
+    readable by the cluster's users: a recipe holding a password or token is refused before
+    anything is sent (ClusterError, credentials masked)."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return  # a recipe that can't be read is refused where it is loaded
+    for line in text.splitlines():
+        if redact(line) != line:
+            raise ClusterError(
+                f"The recipe {path} would carry a password or token to the cluster "
+                f"({redact(line).strip()[:200]}): a job uploads the project folder, this "
+                "file with it, to the cluster's package store.", CREDENTIAL_FIX)
+
+
 def submit_job(entrypoint_args: list[str], address: str, *, working_dir: str | Path,
                job_id: str | None = None, env_vars: dict[str, str] | None = None,
                metadata: dict[str, str] | None = None, label: str | None = None) -> str:
@@ -324,6 +340,7 @@ def submit_recipe(recipe: Path, sets: Sequence[str], address: str, *, local: boo
     root = root or find_project_root()
     args = recipe_entrypoint_args(recipe, sets, root, command=command, local=local,
                                   extra_args=extra_args)
+    refuse_credentials_in_file(recipe)
     return submit_job(args, address, working_dir=root, label=f"{command}-{recipe.stem}"
                       if command != "submit" else recipe.stem)
 

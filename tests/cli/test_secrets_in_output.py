@@ -282,3 +282,23 @@ def test_ui_over_a_tracking_server_points_at_its_own_ui(gemctl, scheme):
     text = " ".join(result.stderr.split())
     assert f"Open {scheme}://127.0.0.1:{port}/ in a browser" in text, text
     assert SECRET not in result.output + result.stderr
+
+
+def test_a_recipe_holding_a_password_is_not_uploaded(tmp_path):
+    """The job's working folder (the recipe in it) is uploaded to the cluster's package store:
+    a recipe whose tracking.uri holds a password is refused before anything is sent."""
+    from tests.conftest import REPO
+
+    recipe = REPO / "recipes" / f".secret-{free_port()}.yaml"
+    text = (REPO / "recipes" / "demo.yaml").read_text()
+    recipe.write_text(text.replace("tracking:\n", f"tracking:\n  uri: http://erin:{SECRET}"
+                                   f"@127.0.0.1:{free_port()}\n", 1))
+    try:
+        proc = run_gemctl("submit", str(recipe.relative_to(REPO)), "--address",
+                          f"http://127.0.0.1:{free_port()}", cwd=REPO, timeout=120)
+    finally:
+        recipe.unlink()
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    text = " ".join(proc.stderr.split())
+    assert "package store" in text and "erin:***@" in text, text
+    assert SECRET not in proc.stdout + proc.stderr and "Traceback" not in proc.stderr
