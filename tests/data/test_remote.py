@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pyarrow.fs as pafs
@@ -118,19 +119,26 @@ def test_a_bounded_call_gives_up_at_its_deadline() -> None:
     assert time.monotonic() - start < 8
 
 
-def test_a_signal_interrupts_a_bounded_call_at_once() -> None:
+@contextmanager
+def interrupted_after(seconds: float) -> Iterator[None]:
+    """A KeyboardInterrupt (what gemctl turns Ctrl-C and SIGTERM into) ``seconds`` in."""
     def interrupt(signum, frame):
         raise KeyboardInterrupt
 
     old = signal.signal(signal.SIGALRM, interrupt)
-    start = time.monotonic()
     try:
-        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        signal.setitimer(signal.ITIMER_REAL, seconds)
         with pytest.raises(KeyboardInterrupt):
-            bounded(lambda: time.sleep(60), "reading x", RemoteTimeouts(60))
+            yield
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
+
+
+def test_a_signal_interrupts_a_bounded_call_at_once() -> None:
+    start = time.monotonic()
+    with interrupted_after(0.3):
+        bounded(lambda: time.sleep(60), "reading x", RemoteTimeouts(60))
     assert time.monotonic() - start < 3
 
 
@@ -215,18 +223,9 @@ def test_a_signal_stops_a_wait_on_an_unreachable_gcs_bucket(monkeypatch) -> None
     monkeypatch.setenv(ENV_TIMEOUT, "300")
     monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
 
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt
-
-    old = signal.signal(signal.SIGALRM, interrupt)
     start = time.monotonic()
-    try:
-        signal.setitimer(signal.ITIMER_REAL, 1.0)
-        with pytest.raises(KeyboardInterrupt):
-            load_meta("gs://nobucket/x")
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
+    with interrupted_after(1.0):
+        load_meta("gs://nobucket/x")
     assert time.monotonic() - start < 4
 
 
