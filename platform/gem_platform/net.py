@@ -57,7 +57,7 @@ def parse_url(text: str, what: str, fix: str, error: type[GemError] = GemError
     """``text`` parsed as a URL, or ``error`` naming ``what`` (e.g. "MLflow tracking URI")
     with the credentials masked: for control characters, a '[' that opens no IPv6 address, a
     port that is not a number from 0 to 65535."""
-    shown = redact(text)[:200]
+    shown = _shown_in_error(text)[:200]
     bad = next((ch for ch in text if ord(ch) < 32 or ord(ch) == 127), None)
     if bad is not None:
         raise error(f"{what} {shown!r} holds the control character {bad!r}.", fix)
@@ -67,6 +67,16 @@ def parse_url(text: str, what: str, fix: str, error: type[GemError] = GemError
     except ValueError as err:
         raise error(f"{what} {shown!r} is malformed ({err}).", fix) from None
     return parsed
+
+
+def _shown_in_error(text: str) -> str:
+    """``text`` as a message about a URL that may not parse may show it: everything before
+    the last '@' of its authority masked, since a password pasted with an unencoded '/' ends
+    the authority where a parser (or redact) would not expect it."""
+    scheme, sep, rest = text.partition("://")
+    if sep and "@" in rest:
+        return f"{scheme}://{MASK}@{rest.rsplit('@', 1)[1]}"
+    return redact(text)
 
 
 def _mask_userinfo(match: re.Match[str]) -> str:

@@ -86,6 +86,19 @@ def test_redact(text, secret):
     assert secret not in masked and "***" in masked
 
 
+def test_a_malformed_uri_never_shows_its_password():
+    """A password pasted with an unencoded '/' ends the URL's authority early: the error about
+    the malformed URI shows the host, not a piece of the password."""
+    from gem_platform.errors import GemError
+    from gem_platform.net import parse_url
+
+    with pytest.raises(GemError) as err:
+        parse_url("http://u:pa/ss@127.0.0.1:1", "MLflow tracking URI", "Fix it.")
+    text = str(err.value)
+    assert "pa/ss" not in text and "ss@" not in text and "pa" not in text.split("malformed")[0]
+    assert "***@127.0.0.1:1" in text
+
+
 def test_redact_leaves_plain_text_alone():
     for text in ("sqlite:////tmp/mlflow.db", "http://127.0.0.1:5000", "train.lr=0.1",
                  "a@b.com", "x=1&y=2", "http://h:5000/#/runs/1 by a@b.com",
