@@ -182,8 +182,9 @@ def _hold_a_run(uri: str, ignore_hangup: bool = False):
     proc = subprocess.Popen(
         [sys.executable, "-c", HOLD_A_RUN, uri], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
-        preexec_fn=(lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN)) if ignore_hangup
-        else None)
+        # Set either way: a test runner started under nohup passes SIGHUP ignored to children.
+        preexec_fn=lambda: signal.signal(
+            signal.SIGHUP, signal.SIG_IGN if ignore_hangup else signal.SIG_DFL))
     run_id = proc.stdout.readline().strip()
     assert run_id, proc.communicate(timeout=60)
     return proc, run_id
