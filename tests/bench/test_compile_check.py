@@ -7,9 +7,10 @@ import json
 import math
 
 import torch
+from typer.testing import CliRunner
 
 from gem_bench.compile_check import beyond_tolerance, relative_errors
-from tests.conftest import run_gemctl
+from gemctl.main import app
 from tests.tiny_training import TINY
 
 
@@ -27,19 +28,21 @@ def test_relative_errors_rank_the_worst_first():
     assert beyond_tolerance([{"parameter": "n", "relative_error": math.nan}], 1.0) == ["n"]
 
 
-def test_tiny_recipe_compiles_to_the_eager_gradients(tmp_path):
+def test_tiny_recipe_compiles_to_the_eager_gradients(tmp_path, monkeypatch):
     """Through the CLI, as a user runs it: the tiny recipe compiled (aot_eager, quick on CPU)
-    computes the eager gradients; a missing recipe is a clear error with exit code 2."""
+    computes the eager gradients; a missing recipe is a clear error with exit code 2. The
+    gemctl app runs in this process (both runs train in a fresh process of their own)."""
+    monkeypatch.chdir(tmp_path)
     (tmp_path / "tiny.yaml").write_text(TINY.format(data=tmp_path / "data"))
-    proc = run_gemctl("bench", "compile-check", "tiny.yaml", "--out", "out", "--set",
-                      "parallel.workers=1", "--set", "train.compile_backend=aot_eager",
-                      cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
+    proc = CliRunner().invoke(app, ["bench", "compile-check", "tiny.yaml", "--out", "out",
+                                    "--set", "parallel.workers=1",
+                                    "--set", "train.compile_backend=aot_eager"])
+    assert proc.exit_code == 0, (proc.exception, proc.stderr)
     assert "every gradient within tolerance" in proc.stdout
     report = json.loads((tmp_path / "out" / "compile_check.json").read_text())["recipes"][0]
     assert report["ok"] and report["beyond_tolerance"] == []
     assert report["precision"] == "fp32" and report["tolerance"] == 1e-3
     assert report["parameters"] > 10
     assert report["worst"][0]["relative_error"] <= 1e-3
-    missing = run_gemctl("bench", "compile-check", "nope.yaml", cwd=tmp_path)
-    assert missing.returncode == 2 and "nope.yaml does not exist" in missing.stderr
+    missing = CliRunner().invoke(app, ["bench", "compile-check", "nope.yaml"])
+    assert missing.exit_code == 2 and "nope.yaml does not exist" in missing.stderr
