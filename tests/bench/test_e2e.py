@@ -7,11 +7,12 @@ import json
 
 import pytest
 import yaml
+from typer.testing import CliRunner
 
 from gem_bench.e2e import ARMS, arm_recipe, bench, write
 from gem_platform.errors import GemError
 from gem_platform.recipe import recipe_from_dict
-from tests.conftest import run_gemctl
+from gemctl.main import app
 from tests.tiny_training import TINY
 
 
@@ -61,9 +62,10 @@ def test_arm_recipe_and_bad_arguments(tiny):
 def test_cli_writes_json(tiny):
     tmp_path, tree = tiny
     (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(tree))
-    proc = run_gemctl("bench", "e2e", "tiny.yaml", "--quick", "--out", "res",
-                      "--arms", "ours,off_the_shelf,ours_eager", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
+    # the gemctl app in this process (the fixture's folder); each arm trains in a fresh one
+    proc = CliRunner().invoke(app, ["bench", "e2e", "tiny.yaml", "--quick", "--out", "res",
+                                    "--arms", "ours,off_the_shelf,ours_eager"])
+    assert proc.exit_code == 0, (proc.exception, proc.stderr)
     assert "samples/s" in proc.stdout and "off_the_shelf" in proc.stdout
     data = json.loads((tmp_path / "res" / "e2e_tiny_full.json").read_text())
     assert data["warmup_steps"] == 3 and data["speedup"] > 0
