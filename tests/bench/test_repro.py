@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 import math
 
+from typer.testing import CliRunner
+
 from gem_bench import repro
 from gem_bench.repro import first_differing
-from tests.conftest import run_gemctl
+from gemctl.main import app
 from tests.tiny_training import TINY
 
 
@@ -41,9 +43,10 @@ def test_first_differing_gradient_is_named_nearest_the_loss_first():
 def test_repro_bench_grads_only_is_a_predicate(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "tiny.yaml").write_text(TINY.format(data=tmp_path / "data"))
-    proc = run_gemctl("bench", "repro", "tiny.yaml", "--out", "out", "--set",
-                      "parallel.workers=1", "--grads-only", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
+    # the gemctl app in this process; each gradient step trains in a fresh one
+    proc = CliRunner().invoke(app, ["bench", "repro", "tiny.yaml", "--out", "out", "--set",
+                                    "parallel.workers=1", "--grads-only"])
+    assert proc.exit_code == 0, (proc.exception, proc.stderr)
     result = json.loads((tmp_path / "out" / "repro_bench.json").read_text())["recipes"]
     assert set(result["tiny.yaml"]) == {"step1_gradients"}
     rc = repro.main(["tiny.yaml", "--out", "one", "--set", "parallel.workers=1",
