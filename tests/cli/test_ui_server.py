@@ -37,7 +37,7 @@ def test_ui_server_dies_with_gemctl(tmp_path):
         while not _listening(port):
             assert proc.poll() is None, proc.stdout.read()
             assert time.time() < deadline, "the MLflow UI did not start"
-            time.sleep(1)
+            time.sleep(0.2)
         server = psutil.Process(proc.pid).children(recursive=True)
         assert server
         proc.send_signal(signal.SIGTERM)
