@@ -257,12 +257,16 @@ def refuse_credentials(entrypoint_args: Sequence[str], env: dict[str, str]) -> N
     either is refused before anything is sent (ClusterError, credentials masked)."""
     shown = [("The job's command line", arg) for arg in entrypoint_args]
     shown += [(f"The job's environment ({key})", value) for key, value in env.items()]
+    _refuse_secrets(shown, "a Ray job's command line and environment are shown to everyone "
+                    "who can reach the cluster's dashboard.")
+
+
+def _refuse_secrets(shown: list[tuple[str, str]], why: str) -> None:
+    """ClusterError (masked) for the first ``(where, value)`` whose value holds a credential."""
     for where, value in shown:
         if redact(value) != value:
-            raise ClusterError(
-                f"{where} would carry a password or token ({redact(value)[:200]}): a Ray "
-                "job's command line and environment are shown to everyone who can reach the "
-                "cluster's dashboard.", CREDENTIAL_FIX)
+            raise ClusterError(f"{where} would carry a password or token to the cluster "
+                               f"({redact(value).strip()[:200]}): {why}", CREDENTIAL_FIX)
 
 
 def refuse_credentials_in_file(path: Path) -> None:
@@ -273,12 +277,9 @@ def refuse_credentials_in_file(path: Path) -> None:
         text = path.read_text(errors="replace")
     except OSError:
         return  # a recipe that can't be read is refused where it is loaded
-    for line in text.splitlines():
-        if redact(line) != line:
-            raise ClusterError(
-                f"The recipe {path} would carry a password or token to the cluster "
-                f"({redact(line).strip()[:200]}): a job uploads the project folder, this "
-                "file with it, to the cluster's package store.", CREDENTIAL_FIX)
+    _refuse_secrets([(f"The recipe {path}", line) for line in text.splitlines()],
+                    "a job uploads the project folder, this file with it, to the cluster's "
+                    "package store.")
 
 
 def submit_job(entrypoint_args: list[str], address: str, *, working_dir: str | Path,
