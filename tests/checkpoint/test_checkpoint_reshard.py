@@ -31,6 +31,7 @@ from gem_platform.checkpoint.reshard import (
 from gem_platform.checkpoint.store import LocalStore
 from gem_platform.data.prepare import prepare_dataset
 from gem_platform.recipe import recipe_from_dict
+from tests.checkpoint.stopped_training import train_until
 
 TABLE_WISE_2 = {"workers": 2, "embedding_sharding": "table_wise"}
 EXPERTS_2 = {"workers": 2, "gpus_per_host": 2, "expert_parallel": 2,
@@ -87,10 +88,6 @@ def test_mid_epoch_under_another_world_and_other_table_optimizer_are_refused():
 # ----------------------------------------------------------------------------- real runs
 
 
-class Stop(Exception):
-    pass
-
-
 def _tree(tiny_recipe, parallel: dict, steps: int) -> dict:
     d, tree = tiny_recipe
     return {**tree, "model": {**tree["model"], "num_experts": 2},
@@ -100,25 +97,8 @@ def _tree(tiny_recipe, parallel: dict, steps: int) -> dict:
 
 
 def _train_until(tree: dict, root: str, stop_at: int, rank: int, world: int) -> list[float]:
-    """Train with a checkpoint every step, stop after step ``stop_at``'s; rank 0's losses."""
-    from gem_platform.train.loop import train
-
-    losses: list[float] = []
-    store = LocalStore(Path(root), every=1, keep=10)
-    commit = store.commit
-
-    def commit_then_stop(folder, step, metrics):
-        commit(folder, step, metrics)
-        if step == stop_at:
-            raise Stop
-
-    store.commit = commit_then_stop  # type: ignore[method-assign]
-    try:
-        train(recipe_from_dict(tree), sink=lambda m, s: losses.append(m["train/loss"])
-              if "train/loss" in m else None, echo=lambda _: None, checkpoints=store)
-    except Stop:
-        pass
-    return losses
+    """A checkpoint every step, stopped after step ``stop_at``'s; rank 0's losses."""
+    return train_until(tree, root, stop_at, rank)
 
 
 def _resume_elsewhere(tree: dict, root: str, out: str, rank: int, world: int) -> dict:

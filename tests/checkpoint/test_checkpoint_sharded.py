@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from gem_platform.checkpoint.manifest import MANIFEST_FILE
-from gem_platform.checkpoint.store import LocalStore, latest_checkpoint
+from gem_platform.checkpoint.store import latest_checkpoint
 from gem_platform.data.prepare import prepare_dataset
 from gem_platform.recipe import recipe_from_dict
-from gem_platform.train.loop import train
+from tests.checkpoint.stopped_training import train_until
 
 STEPS, STOP_AT = 5, 2  # straight: 5 steps; interrupted after the step-2 checkpoint, resumed
 LAYOUTS = {
@@ -28,32 +28,9 @@ LAYOUTS = {
 }
 
 
-class Stop(Exception):
-    pass
-
-
 def _train_rank(tree: dict, root: str, stop_at: int, rank: int, world: int) -> list[float]:
-    """Train per ``tree`` with checkpoints every 2 steps under ``root`` (resuming from the
-    latest there); with ``stop_at``, stop every rank right after that step's checkpoint.
-    Returns rank 0's step losses."""
-    losses: list[float] = []
-    store = LocalStore(Path(root), every=2, keep=10)
-    if stop_at:
-        commit = store.commit
-
-        def commit_then_stop(folder, step, metrics):
-            commit(folder, step, metrics)
-            if step == stop_at:
-                raise Stop
-
-        store.commit = commit_then_stop  # type: ignore[method-assign]
-    sink = (lambda m, s: losses.append(m["train/loss"]) if "train/loss" in m else None)
-    try:
-        train(recipe_from_dict(tree), sink=sink if rank == 0 else None, echo=lambda _: None,
-              checkpoints=store)
-    except Stop:
-        pass
-    return losses
+    """Checkpoints every 2 steps; see stopped_training.train_until."""
+    return train_until(tree, root, stop_at, rank, every=2)
 
 
 def _straight_then_stopped(tree: dict, straight_root: str, stopped_root: str, rank: int,
