@@ -10,6 +10,11 @@ import os
 # different modes depending on which test module was collected first.
 if not os.path.exists("/dev/nvidiactl"):
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# Ray Train's controller checks its workers every 2 s by default, so each run and each restart
+# after a lost worker waits up to that long to be noticed; the tests' runs are seconds long.
+# Set before any Ray starts here, so embedded Rays, test clusters and gemctl subprocesses
+# (which inherit this environment) all poll at this rate.
+os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
 import socket
 import subprocess
 import sys
