@@ -78,12 +78,6 @@ class ModelConfig(_Strict):
         "it has attended to the whole history with softmax) joins the DHEN tokens: a "
         "summary of the recent events whatever the history's length, which GDPA's pooled "
         "mean over the whole history cannot give")
-    category_cross: bool = Field(
-        False, description="each history event also reads a learned row for its (event "
-        "category, candidate category) pair, as co-action and cross features do: the "
-        "candidate's affinity to a kind of past event is one row, seen in many batches, instead "
-        "of a geometry the item and category rows must learn together; adds a table of "
-        "categories^2 rows (needs a dataset whose items carry categories)")
     item_vectors: Literal["learned", "planted"] = Field(
         "learned", description="what stands for an item (history event or candidate): "
         "learned = its rows in the item and category tables; planted = the synthetic world's "
@@ -116,10 +110,6 @@ class ModelConfig(_Strict):
             )
         if self.rope and (self.d_model // self.num_heads) % 2:
             raise ValueError("model.rope needs an even head dim (d_model / num_heads)")
-        if self.category_cross and self.item_vectors == "planted":
-            raise ValueError("model.category_cross reads learned rows and "
-                             "model.item_vectors=planted replaces every item lookup with fixed "
-                             "vectors: set one of them back to its default")
         return self
 
 

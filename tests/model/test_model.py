@@ -124,36 +124,6 @@ def test_item_categories_feed_history_and_candidate(tiny_meta, batch_factory):
         model(dataclasses.replace(batch, seq_item_categories=None, ad_category=None))
 
 
-def test_category_cross_reads_the_row_of_each_events_pair(tiny_meta, batch_factory):
-    """model.category_cross: each history event adds the row of its (event category,
-    candidate category) pair, and that row is trained."""
-    torch.manual_seed(0)
-    meta, batch = _categorized(tiny_meta, batch_factory(tiny_meta, LENGTHS), 4)
-    model = GemModel(ModelConfig(d_model=16, num_heads=2, category_cross=True), meta)
-    cross = model.item_embeddings.embedding_configs()[-1]
-    assert (cross.name, cross.num_embeddings) == ("category_cross", 16)
-    ids = model._cross_ids(batch)
-    owner = torch.repeat_interleave(torch.arange(len(LENGTHS)), torch.tensor(LENGTHS))
-    assert ids.tolist() == (batch.seq_item_categories * 4 + batch.ad_category[owner]).tolist()
-    model(batch).sum().backward()
-    table = model.item_embeddings.embeddings["category_cross"].weight
-    used = torch.zeros(16, dtype=torch.bool)
-    used[ids] = True
-    assert table.grad[used].abs().sum(1).gt(0).all() and not table.grad[~used].any()
-    # Moving one pair's row moves the prediction.
-    with torch.no_grad():
-        before = model(batch)
-        table[ids[0]] += torch.randn(16)  # (a constant shift would vanish in LayerNorm)
-        assert not torch.allclose(model(batch), before)
-
-
-def test_category_cross_needs_categories_and_learned_rows(tiny_meta):
-    with pytest.raises(ValueError, match="categories"):
-        GemModel(ModelConfig(d_model=16, num_heads=2, category_cross=True), tiny_meta)
-    with pytest.raises(ValueError, match="item_vectors=planted"):
-        ModelConfig(d_model=16, num_heads=2, category_cross=True, item_vectors="planted")
-
-
 def test_recency_buckets_count_from_the_newest_event():
     offsets = torch.tensor([0, 3, 3, 43])
     owner = torch.repeat_interleave(torch.arange(3), offsets[1:] - offsets[:-1])

@@ -34,7 +34,6 @@ from gem_platform.recipe import ModelConfig
 
 ITEM_FEATURES = ("hist_item", "ad_item")
 CATEGORY_FEATURES = ("hist_category", "ad_category")
-CROSS_FEATURE = "hist_category_cross"  # (event category, candidate category), one per event
 # seq_age is log1p(seconds): ~11.4 for a day-old event (log1p(86400)), ~17.3 for a year-old
 # one. Divided by log1p(one year) it stays in [0, ~1], so age does not drown the item signal in
 # every history token.
@@ -97,15 +96,6 @@ class GemModel(nn.Module):
             item_tables.append(EmbeddingConfig(name="category", embedding_dim=d,
                                                num_embeddings=meta.num_categories,
                                                feature_names=list(CATEGORY_FEATURES),
-                                               **unit_norm_init(d)))
-        self.use_cross = cfg.category_cross
-        if self.use_cross:
-            if not self.use_categories:
-                raise ValueError("model.category_cross needs a dataset whose items carry "
-                                 "categories (meta.num_categories > 0); set it to false")
-            item_tables.append(EmbeddingConfig(name="category_cross", embedding_dim=d,
-                                               num_embeddings=meta.num_categories ** 2,
-                                               feature_names=[CROSS_FEATURE],
                                                **unit_norm_init(d)))
         # Tables go on the default device: the CPU (moved with the model), or "meta" under
         # `with torch.device("meta")` where only sizes are wanted (planning_model).
@@ -187,52 +177,35 @@ class GemModel(nn.Module):
             values += [batch.seq_item_categories, batch.ad_category]
         samples = batch.num_samples
         one = torch.ones(samples, dtype=torch.int64, device=batch.ad_item_id.device)
-        hist_lengths = batch.seq_lengths.to(torch.int64)
+        per_key = [batch.seq_lengths.to(torch.int64), one]
         pairs = len(keys) // 2
-        lengths, per_key = [hist_lengths, one] * pairs, [batch.num_tokens, samples] * pairs
-        if self.use_cross:
-            keys.append(CROSS_FEATURE)
-            values.append(self._cross_ids(batch))
-            lengths.append(hist_lengths)
-            per_key.append(batch.num_tokens)
         # Each key's total length is known on the host (T events, one ad per sample): given,
         # TorchRec need not read the lengths back from the device (a sync every step).
         return KeyedJaggedTensor(
-            keys=keys, values=torch.cat(values), lengths=torch.cat(lengths),
-            stride=samples, length_per_key=per_key)
+            keys=keys, values=torch.cat(values), lengths=torch.cat(per_key * pairs),
+            stride=samples, length_per_key=[batch.num_tokens, samples] * pairs)
 
-    def _cross_ids(self, batch: JaggedBatch) -> torch.Tensor:
-        """(T,) row of each history event's (event category, candidate category) pair."""
-        ad = torch.repeat_interleave(batch.ad_category, batch.seq_lengths,
-                                     output_size=batch.num_tokens)
-        return batch.seq_item_categories * self.meta.num_categories + ad
-
-    def _item_lookup(self, batch: JaggedBatch
-                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """(T, d) history and (B, d) candidate item embeddings (item + category rows), and
-        with model.category_cross each event's (T, d) category-pair row."""
+    def _item_lookup(self, batch: JaggedBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """(T, d) history and (B, d) candidate item embeddings (item + category rows)."""
         if self.planted_items is not None:
-            return (self.planted_items[batch.seq_item_ids],
-                    self.planted_items[batch.ad_item_id], None)
+            return self.planted_items[batch.seq_item_ids], self.planted_items[batch.ad_item_id]
         out = self.item_embeddings(self._item_features(batch))
         hist, ad = out["hist_item"].values(), out["ad_item"].values()
         if self.use_categories:
             hist = hist + out["hist_category"].values()
             ad = ad + out["ad_category"].values()
-        return hist, ad, out[CROSS_FEATURE].values() if self.use_cross else None
+        return hist, ad
 
     def forward(self, batch: JaggedBatch) -> torch.Tensor:
         """(B, 2) logits: CTR and CVR."""
         offsets, max_len = batch.seq_offsets, batch.max_seq_len
-        hist, ad, cross = self._item_lookup(batch)
+        hist, ad = self._item_lookup(batch)
         owner = torch.repeat_interleave(torch.arange(ad.shape[0], device=ad.device),
                                         batch.seq_lengths, output_size=hist.shape[0])
         x = (hist + self.action_embedding(batch.seq_action_types)
              + self.recency_embedding(recency_buckets(offsets, owner))
              + self.age_proj(batch.seq_age.unsqueeze(-1) / AGE_SCALE)
              + self.affinity_proj(hist * ad[owner] * self.affinity_scale))
-        if cross is not None:
-            x = x + cross
         sparse = self.sparse_embeddings(batch.sparse).to_dict()
         feature_tokens = [self.sparse_proj(sparse[name]) for name in self.sparse_names]
         dense = batch.dense if batch.dense.shape[1] else batch.dense.new_zeros(ad.shape[0], 1)
