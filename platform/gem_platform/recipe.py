@@ -131,13 +131,6 @@ class TrainConfig(_Strict):
         "of a fresh table move rows by full steps; a small init (1e-4 to 1e-3, with a larger "
         "train.sparse_lr) makes the early steps proportional to the gradient, as TensorFlow's "
         "Adagrad (init 0.1) does")
-    lr_fan_in_ref: int | None = Field(
-        None, ge=1, le=10**9,
-        description="null = one dense lr for every layer. Else a layer whose fan-in (a 2-D "
-        "weight's input size) exceeds this trains at train.lr x lr_fan_in_ref / fan-in: AdamW "
-        "moves each weight by ~lr a step whatever its size, so a layer's output moves ~lr x "
-        "its fan-in, and wide-input layers (DHEN experts, the head) would move many times "
-        "faster than the sequence layers (the hidden-layer rule of muP)")
     weight_decay: float = Field(0.01, ge=0, le=10, description="AdamW weight decay")
     warmup_steps: int = Field(20, ge=0, le=10**9, description="linear learning-rate warm-up steps")
     grad_clip: float | None = Field(1.0, gt=0, le=1e6,
