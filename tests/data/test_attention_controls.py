@@ -10,7 +10,15 @@ import numpy as np
 import pytest
 import torch
 
-from gem_platform.data.config import LONG_RANGE_GAP, LONG_RANGE_MIN_LEN, RECENT_WINDOW
+from gem_platform.data.ceilings import describe_ceilings
+from gem_platform.data.config import (
+    LONG_RANGE_GAP,
+    LONG_RANGE_MIN_LEN,
+    RECENT_WINDOW,
+    DataConfig,
+)
+from gem_platform.data.synthetic import generate_synthetic
+from gem_platform.data.worlds import zone_bag_overlap
 from gem_platform.model.attention import SelfAttentionSpec
 from gem_platform.model.sequence import SequenceTower
 from gem_platform.sweep.config import load_sweep
@@ -72,3 +80,33 @@ def test_shipped_controls_pair_both_worlds(monkeypatch) -> None:
     assert arms["full_local"].data.path != arms["full_long_range"].data.path
     assert all(r.data.synthetic.seq_len.min >= LONG_RANGE_MIN_LEN for r in arms.values())
     assert all(r.model.causal for r in arms.values())
+
+
+def test_zone_bag_overlap_is_the_recent_share_times_the_root_of_the_old_share() -> None:
+    # one history of 100 events: the oldest four of categories 1, 1, 1, 2; recent 1, 3, 4 x 6
+    categories = np.full(100, 9)
+    categories[:4] = [1, 1, 1, 2]  # the oldest events, LONG_RANGE_GAP or more from the end
+    categories[-2:] = [1, 3]
+    categories[-RECENT_WINDOW:-2] = 4
+    old = (100 - 1 - np.arange(100)) >= LONG_RANGE_GAP
+    old_share = {c: float((categories[old] == c).mean()) for c in (1, 3, 4)}
+    want = (old_share[1] ** 0.5 + old_share[3] ** 0.5 + 6 * old_share[4] ** 0.5) / RECENT_WINDOW
+    got = zone_bag_overlap(np.array([0, 100]), categories)
+    assert got.tolist() == pytest.approx([want])
+
+
+def test_zone_bags_carry_part_of_the_long_range_term(tmp_path: Path) -> None:
+    """The long-range world's meta: its ceiling through zone bags (no recent event ever
+    attends to an old one) lies between the ceiling without the long-range term and the full
+    ceiling, and says how much of the term block-local attention can still reach."""
+    tree = {"source": "synthetic", "path": str(tmp_path / "lr"), "synthetic": {
+        "world": "long_range", "num_samples": 6000, "eval_fraction": 0.5, "num_users": 300,
+        "num_items": 300, "seq_len": {"dist": "lognormal", "mean": 128, "min": 96, "max": 200}}}
+    meta = generate_synthetic(DataConfig.model_validate(tree))
+    ceiling = meta.planted_auc["ctr"]
+    bags = meta.extra["zone_bags_auc"]["ctr"]
+    assert "cvr" not in meta.extra["zone_bags_auc"]  # the term is CTR's only
+    assert meta.extra["term_auc"]["ctr"]["long_range"] > 0.6
+    assert 0.5 < bags < ceiling
+    assert any("through zone bags" in line
+               for line in describe_ceilings(meta.planted_auc, meta.extra))

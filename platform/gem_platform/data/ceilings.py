@@ -5,7 +5,11 @@ alone (recent and long-term affinity, per-id sparse effects, the ad category, de
 world's own terms) gives the ceiling of a model that learned only that signal, so a model's
 AUC tells which signals it has and which it misses. The scorer at category level (item
 vectors replaced by their category's centroid) is the ceiling of a model that knows items
-only by their category: the gap to the full ceiling is what item-level detail is worth.
+only by their category: the gap to the full ceiling is what item-level detail is worth. In the
+long_range world, the scorer whose long-range term is fitted from the recent and old zones'
+category bags (worlds.zone_bag_overlap) is the ceiling of a model that never lets a recent
+event attend to an old one: the gap to the full ceiling is all a block-local attention can
+lose there.
 
 CVR figures are over clicked samples, as the conversion label is drawn among clicks.
 """
@@ -23,6 +27,7 @@ TERM_ORDER = ("intent_affinity", "recent_affinity", "long_affinity", "long_range
               "ad_category", "dense")
 PLANTED = "planted"  # the whole planted logit (the ceiling)
 CATEGORY_LEVEL = "category_level"  # the planted logit with items known only by category
+ZONE_BAGS = "zone_bags"  # long_range world: the long-range term as seen through zone bags
 
 
 def auc(scores: np.ndarray, labels: np.ndarray) -> float:
@@ -43,23 +48,27 @@ def ceiling_aucs(parts: Sequence[TaskScores], ctr: np.ndarray, cvr: np.ndarray
                  ) -> dict[str, dict[str, dict[str, float]]]:
     """AUCs of the scores of every eval shard (``parts``, in the order of the labels).
 
-    Returns ``{"term_auc": {task: {term: auc}}, "category_level_auc": {task: auc}}``, the
-    form the dataset's meta keeps them in (``extra``); ``term_auc`` leaves out the whole
-    scorer, which the meta holds as ``planted_auc``.
+    Returns ``{"term_auc": {task: {term: auc}}, "category_level_auc": {task: auc}}`` (and
+    ``"zone_bags_auc": {task: auc}`` for the tasks that have that score), the form the
+    dataset's meta keeps them in (``extra``); ``term_auc`` leaves out the whole scorer, which
+    the meta holds as ``planted_auc``.
     """
     clicked = np.asarray(ctr) == 1
     labels = {"ctr": (np.asarray(ctr), slice(None)), "cvr": (np.asarray(cvr)[clicked], clicked)}
     terms: dict[str, dict[str, float]] = {}
-    category_level: dict[str, float] = {}
+    whole: dict[str, dict[str, float]] = {CATEGORY_LEVEL: {}, ZONE_BAGS: {}}
     for task, (y, rows) in labels.items():
         names = parts[0][task].keys()
         for name in names:
             value = auc(np.concatenate([p[task][name] for p in parts])[rows], y)
-            if name == CATEGORY_LEVEL:
-                category_level[task] = value
+            if name in whole:
+                whole[name][task] = value
             elif name != PLANTED:
                 terms.setdefault(task, {})[name] = value
-    return {"term_auc": terms, "category_level_auc": category_level}
+    out = {"term_auc": terms, "category_level_auc": whole[CATEGORY_LEVEL]}
+    if whole[ZONE_BAGS]:
+        out["zone_bags_auc"] = whole[ZONE_BAGS]
+    return out
 
 
 
@@ -78,6 +87,11 @@ def describe_ceilings(planted: Mapping[str, float] | None, extra: Mapping) -> li
         known = terms.get(task, {})
         names = sorted(known, key=lambda k: (TERM_ORDER.index(k) if k in TERM_ORDER else 99, k))
         alone = ", ".join(f"{name} {known[name]:.3f}" for name in names)
+        bags = extra.get("zone_bags_auc", {}).get(task)
+        through_bags = "" if bags is None else (
+            f", with the long-range term through zone bags (no attention across blocks) "
+            f"{bags:.3f}")
         lines.append(f"{task}: ceiling AUC {ceiling:.3f}, at category level "
-                     f"{coarse.get(task, float('nan')):.3f}; each term alone: {alone}")
+                     f"{coarse.get(task, float('nan')):.3f}{through_bags}; each term alone: "
+                     f"{alone}")
     return lines

@@ -40,7 +40,7 @@ import numpy as np
 
 from gem_platform.data.arrays import SampleArrays
 from gem_platform.data.budget import check_affordable, synthetic_cost
-from gem_platform.data.ceilings import CATEGORY_LEVEL, PLANTED, auc, ceiling_aucs
+from gem_platform.data.ceilings import CATEGORY_LEVEL, PLANTED, ZONE_BAGS, auc, ceiling_aucs
 from gem_platform.data.config import RECENT_WINDOW, DataConfig, SeqLenConfig, SyntheticConfig
 from gem_platform.data.meta import META_FILE, DatasetMeta, SparseFeatureSpec, is_count
 from gem_platform.data.ownership import Writer, check_replaceable
@@ -51,6 +51,7 @@ from gem_platform.data.worlds import (
     W_LONG_RANGE,
     Interests,
     returning_share,
+    zone_bag_overlap,
     zoned_history,
     zoned_interests,
 )
@@ -383,7 +384,18 @@ class PlantedWorld:
                 alone["dense"] = alone["dense"] + alone.pop("dense_pair")
             out[task] = {**alone, PLANTED: _total(full.task(task)),
                          CATEGORY_LEVEL: _total(coarse.task(task))}
+        if "long_range" in full.ctr:
+            out["ctr"][ZONE_BAGS] = self._through_zone_bags(arrays, full.ctr)
         return out
+
+    def _through_zone_bags(self, arrays: SampleArrays, ctr: dict[str, np.ndarray]
+                           ) -> np.ndarray:
+        """The CTR logit with its long-range term replaced by the term's least-squares fit
+        from the zones' category bags (worlds.zone_bag_overlap)."""
+        categories = self.item_cluster[arrays.seq_item_ids]
+        overlap = zone_bag_overlap(arrays.seq_offsets, categories)
+        fitted = np.polyval(np.polyfit(overlap, ctr["long_range"], 1), overlap)
+        return _total({**ctr, "long_range": fitted})
 
     def probabilities(self, arrays: SampleArrays) -> tuple[np.ndarray, np.ndarray]:
         """Planted P(click) and P(conversion | click) of every sample."""

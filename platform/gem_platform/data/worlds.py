@@ -92,3 +92,24 @@ def returning_share(offsets: np.ndarray, categories: np.ndarray) -> np.ndarray:
     returning = np.isin(key[recent], key[old])
     count = np.bincount(owner[recent], minlength=n)
     return np.bincount(owner[recent], weights=returning, minlength=n) / np.maximum(count, 1)
+
+
+def zone_bag_overlap(offsets: np.ndarray, categories: np.ndarray) -> np.ndarray:
+    """(n,) sum over categories of the recent zone's share times the root of the old zone's
+    share: what a model that sees the two zones only as bags of categories can compute.
+
+    The model's pooled attention reads every history token (the attention ablation only
+    makes the sequence tower's self-attention block-local), with each token's recency, so
+    it can pool the recent and the old zone apart; the DHEN dot interaction can then compare
+    the two pools. This overlap tells how much of :func:`returning_share` needs no attention
+    across blocks at all."""
+    n = offsets.size - 1
+    owner = np.repeat(np.arange(n), np.diff(offsets))
+    from_end = offsets[owner + 1] - 1 - np.arange(owner.size)
+    k = int(categories.max(initial=0)) + 1
+    shares = []
+    for zone in (from_end < RECENT_WINDOW, from_end >= LONG_RANGE_GAP):
+        bag = np.zeros((n, k))
+        np.add.at(bag, (owner[zone], categories[zone]), 1.0)
+        shares.append(bag / np.maximum(bag.sum(axis=1, keepdims=True), 1.0))
+    return (shares[0] * np.sqrt(shares[1])).sum(axis=1)
