@@ -17,7 +17,7 @@ from gem_platform.train.learning import (
     lift_share,
     time_to_target,
 )
-from gem_platform.train.learning_report import summary_entries
+from gem_platform.train.learning_report import epochs_line, summary_entries
 from gem_platform.train.state import LoopState
 
 
@@ -177,3 +177,25 @@ def test_a_checkpoint_written_before_the_curve_existed_still_loads():
     old = pickle.loads(pickle.dumps(state))
     assert old.step == 7 and old.curve.points == [] and old.since_eval.count == 0
     assert pickle.loads(saved).curve.points == []
+
+
+def test_a_run_past_one_epoch_is_warned_before_it_starts():
+    assert epochs_line(350, 351) is None and epochs_line(351, 351) is None
+    line = epochs_line(700, 390)
+    assert line.startswith("warning: train.steps=700 covers 1.8 epochs")
+    assert "(390 steps each)" in line and "data.synthetic.num_samples" in line
+
+
+def test_the_training_loop_says_it_before_the_first_step(tmp_path, monkeypatch):
+    from gem_platform.recipe import recipe_from_dict
+    from gem_platform.train.loop import train
+    from tests.tiny_training import tiny_tree
+
+    monkeypatch.chdir(tmp_path)
+    lines: list[str] = []
+    tree = tiny_tree(tmp_path / "data", seq_layers=1, steps=20, eval_every=0, log_every=20)
+    train(recipe_from_dict(tree), echo=lambda line: lines.append(str(line)))
+    warned = [i for i, line in enumerate(lines) if "epochs of the training split" in line]
+    steps = [i for i, line in enumerate(lines) if line.lstrip().startswith("step")]
+    assert len(warned) == 1 and steps and warned[0] < steps[0]
+    assert "train.steps=20 covers 1.2 epochs" in lines[warned[0]]

@@ -76,6 +76,21 @@ def warning_line(warning: LearningWarning) -> str:
     return WARNING_PREFIX + warning.message
 
 
+def epochs_line(steps: int, steps_per_epoch: int) -> str | None:
+    """A warning before a run whose steps go past one epoch of its training split: deep CTR
+    models commonly overfit from the first step of their second epoch (embedding rows recall
+    the labels they were trained on), which the held-out curve shows only afterwards."""
+    if steps <= steps_per_epoch:
+        return None
+    return WARNING_PREFIX + (
+        f"train.steps={steps} covers {steps / steps_per_epoch:.1f} epochs of the training "
+        f"split ({steps_per_epoch} steps each). Recommendation models often overfit from the "
+        "start of their second epoch, as embedding rows recall the labels they were trained "
+        "on, and held-out NE can pass 1 within a few dozen steps (docs/quality). Train within "
+        "one epoch on more samples (data.synthetic.num_samples), or watch the held-out "
+        "curve (train.eval_every).")
+
+
 def summary_entries(curve: LearningCurve, train_s: float, target_ne: float | None,
                     ceilings: dict[str, float] | None) -> dict[str, Any]:
     """The run summary's learning entries (the last curve point is the final evaluation)."""

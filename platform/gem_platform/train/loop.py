@@ -66,6 +66,7 @@ from gem_platform.train.compile_watch import CompileWatch
 from gem_platform.train.determinism import deterministic_mode
 from gem_platform.train.launched import LaunchedStep, StepClock, StepResult
 from gem_platform.train.learning_report import (
+    epochs_line,
     eval_metrics,
     eval_point,
     eval_progress,
@@ -750,6 +751,8 @@ def _train(run: Run, report: Reporter, checkpoints: CheckpointStore | None,
     recipe = run.recipe
     if run.regions.budget_gb is not None:
         report.line(run.regions.describe())
+    if (epochs := epochs_line(recipe.train.steps, len(run.batcher))) is not None:
+        report.line(epochs)
     state, start_epoch = resume(run, checkpoints, report)
     cfg = recipe.train
     # QPS and MFU leave out each process's first steps: they pay kernel compilation and
