@@ -88,6 +88,35 @@ def run_gemctl(*args: str, cwd: Path, env: dict[str, str] | None = None,
                           capture_output=True, text=True, timeout=timeout)
 
 
+def gemctl_in_process(*args: str, cwd: Path, env: dict[str, str] | None = None
+                      ) -> subprocess.CompletedProcess[str]:
+    """Run the real gemctl app in this process (typer's CliRunner), in ``cwd`` with ``env``
+    added, for commands whose test checks no behaviour of a process of their own (a command
+    that reads runs or refuses an input): the same exit code, stdout and stderr as
+    ``run_gemctl`` without a fresh interpreter's start-up. An exception that escapes the app
+    is raised here, where a subprocess would have shown its traceback."""
+    import signal
+
+    from typer.testing import CliRunner
+
+    from gemctl.main import app
+
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    here = os.getcwd()
+    os.chdir(cwd)
+    try:
+        result = CliRunner().invoke(app, list(args), env={"RAY_ADDRESS": None, **(env or {})},
+                                    catch_exceptions=True, prog_name="gemctl")
+    finally:
+        os.chdir(here)
+        for sig, handler in handlers.items():  # gemctl turns these into Ctrl-C for itself
+            signal.signal(sig, handler)
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return subprocess.CompletedProcess(list(args), result.exit_code, result.stdout,
+                                       result.stderr)
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _ray_shut_down_after_each_module() -> Iterator[None]:
     """A module that started Ray in this process (a local run, a Tune sweep) does not leave it

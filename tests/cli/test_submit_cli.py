@@ -1,7 +1,8 @@
 """The real CLI in a subprocess: the full submit path on Ray with 2 workers recorded in a live
 MLflow server, the in-process path, and every bad input (clear message, exit code != 0, no
-traceback, no orphan run). What a user sees while a run trains: progress with elapsed time
-and ETA, no library noise, no ANSI codes in a log, no credentials."""
+traceback, no orphan run; inputs refused before anything starts are given to the app in this
+process). What a user sees while a run trains: progress with elapsed time and ETA, no library
+noise, no ANSI codes in a log, no credentials."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.conftest import free_port, run_gemctl
+from tests.conftest import free_port, gemctl_in_process, run_gemctl
 from tests.tiny_training import TINY
 
 
@@ -46,7 +47,7 @@ def runs_in(uri: str, experiment: str) -> list:
 
 
 def test_validate_ok(workdir):
-    proc = run_gemctl("validate", "tiny.yaml", "--set", "train.steps=3", cwd=workdir)
+    proc = gemctl_in_process("validate", "tiny.yaml", "--set", "train.steps=3", cwd=workdir)
     assert proc.returncode == 0, proc.stderr
     assert "is valid" in proc.stdout
 
@@ -64,7 +65,7 @@ def test_bad_recipe_inputs(workdir, content, overrides, needle):
         (workdir / "bad.yaml").write_text(content)
         path = "bad.yaml"
     for command in ("validate", "submit"):
-        proc = run_gemctl(command, path, *overrides, cwd=workdir)
+        proc = gemctl_in_process(command, path, *overrides, cwd=workdir)
         assert proc.returncode == 2
         assert needle in proc.stderr
         no_traceback(proc)
@@ -72,13 +73,13 @@ def test_bad_recipe_inputs(workdir, content, overrides, needle):
 
 
 def test_missing_recipe_file(workdir):
-    proc = run_gemctl("submit", "nope.yaml", cwd=workdir)
+    proc = gemctl_in_process("submit", "nope.yaml", cwd=workdir)
     assert proc.returncode == 2 and "does not exist" in proc.stderr
     no_traceback(proc)
 
 
 def test_missing_data_path_opens_no_run(workdir, mlflow_server):
-    proc = run_gemctl("submit", "tiny.yaml", "--set", "data.source=parquet",
+    proc = gemctl_in_process("submit", "tiny.yaml", "--set", "data.source=parquet",
                       "--set", f"data.path={workdir / 'absent'}", cwd=workdir,
                       env={"MLFLOW_TRACKING_URI": mlflow_server})
     assert proc.returncode == 2
@@ -99,7 +100,7 @@ def test_unreachable_ray_address_fails_fast(workdir):
 
 
 def test_unreachable_tracking_server(workdir):
-    proc = run_gemctl("submit", "tiny.yaml", cwd=workdir,
+    proc = gemctl_in_process("submit", "tiny.yaml", cwd=workdir,
                       env={"MLFLOW_TRACKING_URI": f"http://127.0.0.1:{free_port()}"})
     assert proc.returncode == 2
     assert "MLflow tracking server" in proc.stderr and "unreachable" in proc.stderr
@@ -107,7 +108,7 @@ def test_unreachable_tracking_server(workdir):
 
 
 def test_world_size_the_recipe_cannot_use(workdir):
-    proc = run_gemctl("submit", "tiny.yaml", "--set", "parallel.workers=64", cwd=workdir)
+    proc = gemctl_in_process("submit", "tiny.yaml", "--set", "parallel.workers=64", cwd=workdir)
     assert proc.returncode == 2
     assert "parallel.workers=64" in proc.stderr
     no_traceback(proc)

@@ -1,6 +1,7 @@
 """An in-process sweep (no Ray, no MLflow): a tiny recipe, two precisions x two seeds trained
 one after another here, results in a JSON file that survives a cut-short run and resumes; then
-the real `gemctl compare FILE.json` pairs the arms by seed and applies the gates."""
+the real `gemctl compare FILE.json` (the app, run in this process) pairs the arms by seed and
+applies the gates."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from gem_platform.sweep.config import load_sweep
 from gem_platform.sweep.inprocess import run_in_process
 from gem_platform.sweep.merge import merge_results
 from gem_platform.sweep.results import load_results, write_results
-from tests.conftest import run_gemctl
+from tests.conftest import gemctl_in_process
 from tests.sweep.test_provenance import in_history
 from tests.sweep.test_spec import BASE
 
@@ -73,13 +74,13 @@ def test_results_hold_every_trial_once(swept):
 
 
 def test_compare_reads_the_file_and_pairs_by_seed(swept):
-    proc = run_gemctl("compare", "results.json", "--json", cwd=swept)
+    proc = gemctl_in_process("compare", "results.json", "--json", cwd=swept)
     assert proc.returncode == 0, proc.stderr
     body = json.loads(proc.stdout)
     assert body["baseline"] == "fp32"
     bf16 = next(a for a in body["arms"] if a["arm"] == "bf16")
     assert bf16["seeds"] == ["0", "1"] and bf16["deltas"]["eval/ne_ctr"]["method"] == "paired"
-    proc = run_gemctl("compare", "results.json", "--max-ne-regression", "1000%", cwd=swept)
+    proc = gemctl_in_process("compare", "results.json", "--max-ne-regression", "1000%", cwd=swept)
     assert proc.returncode == 0 and "gates passed" in proc.stdout, proc.stdout + proc.stderr
     assert not (swept / "mlflow.db").exists()
 
@@ -87,10 +88,10 @@ def test_compare_reads_the_file_and_pairs_by_seed(swept):
 def test_bad_results_and_mismatched_resume(swept, tmp_path, monkeypatch):
     bad = tmp_path / "bad.json"
     bad.write_text('{"trials": []}')
-    proc = run_gemctl("compare", str(bad), cwd=tmp_path)
+    proc = gemctl_in_process("compare", str(bad), cwd=tmp_path)
     assert proc.returncode == 2 and "not a sweep results file" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
-    proc = run_gemctl("compare", "missing.json", cwd=tmp_path)
+    proc = gemctl_in_process("compare", "missing.json", cwd=tmp_path)
     assert proc.returncode == 2 and "Cannot read sweep results missing.json" in proc.stderr, \
         proc.stderr
     assert not (tmp_path / "mlflow.db").exists()  # a missing file is not looked up as a run id

@@ -1,7 +1,8 @@
 """A 2-arm x 2-seed sweep of a tiny demo recipe on CPU, through the real CLI against a live
 MLflow server: interrupted (SIGTERM) after its first trial, resumed by the same command,
 ending with 1 parent + 4 child runs and no duplicates; then `gemctl compare` (table, JSON,
-gates, plot) and `gemctl runs` over it."""
+gates, plot) and `gemctl runs` over it (those two read runs only: the app runs in this
+process)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from tests.conftest import run_gemctl
+from tests.conftest import gemctl_in_process, run_gemctl
 from tests.tiny_training import TINY
 
 pytestmark = pytest.mark.slow
@@ -149,7 +150,7 @@ def test_one_parent_four_children_with_tags(swept):
 def test_compare_table_json_and_gates(swept):
     (parent,), _ = sweep_runs(swept.uri)
     sweep_id = parent.data.tags["gem.sweep"]
-    proc = run_gemctl("compare", sweep_id, "--json", "--no-plot", cwd=swept.dir,
+    proc = gemctl_in_process("compare", sweep_id, "--json", "--no-plot", cwd=swept.dir,
                       env=swept.env)
     assert proc.returncode == 0, proc.stderr
     body = json.loads(proc.stdout)
@@ -162,7 +163,7 @@ def test_compare_table_json_and_gates(swept):
     assert observed > 0
     # a limit below the observed mean: two seeds either put the whole interval beyond it
     # (FAIL, exit 1) or straddle it (INCONCLUSIVE, exit 3); never a pass
-    tight = run_gemctl("compare", sweep_id, "--baseline", better, "--no-plot",
+    tight = gemctl_in_process("compare", sweep_id, "--baseline", better, "--no-plot",
                        "--max-ne-regression", f"{observed / 2:.6f}%", cwd=swept.dir,
                        env=swept.env)
     word = {1: "FAIL", 3: "INCONCLUSIVE"}.get(tight.returncode)
@@ -170,7 +171,7 @@ def test_compare_table_json_and_gates(swept):
     assert f"gate {word}: arm '{worse}': NE ctr" in " ".join((tight.stdout + tight.stderr)
                                                               .split())
     no_traceback(tight.stderr)
-    loose = run_gemctl("compare", sweep_id, "--baseline", better, "--plot", "ne.png",
+    loose = gemctl_in_process("compare", sweep_id, "--baseline", better, "--plot", "ne.png",
                        "--max-ne-regression", "1000%",
                        "--max-auc-drop", "0.5", cwd=swept.dir, env=swept.env)
     assert loose.returncode == 0, loose.stderr
@@ -184,10 +185,10 @@ def test_compare_table_json_and_gates(swept):
 def test_compare_run_ids_and_bad_ids(swept):
     _, children = sweep_runs(swept.uri)
     ids = [c.info.run_id for c in children if c.data.tags["gem.seed"] == "0"]
-    proc = run_gemctl("compare", *ids, "--json", "--no-plot", cwd=swept.dir, env=swept.env)
+    proc = gemctl_in_process("compare", *ids, "--json", "--no-plot", cwd=swept.dir, env=swept.env)
     assert proc.returncode == 0, proc.stderr
     assert sorted(a["arm"] for a in json.loads(proc.stdout)["arms"]) == ["padded", "sliding"]
-    proc = run_gemctl("compare", "no-such-sweep", cwd=swept.dir, env=swept.env)
+    proc = gemctl_in_process("compare", "no-such-sweep", cwd=swept.dir, env=swept.env)
     assert proc.returncode == 2 and "No sweep or run 'no-such-sweep'" in proc.stderr
     no_traceback(proc.stderr)
 
@@ -199,11 +200,11 @@ def test_rerun_of_finished_sweep_is_a_no_op_and_runs_lists_it(swept):
     parents, children = sweep_runs(swept.uri)
     assert len(parents) == 1 and len(children) == 4
     sweep_id = parents[0].data.tags["gem.sweep"]
-    proc = run_gemctl("runs", "--sweep", sweep_id, cwd=swept.dir, env=swept.env)
+    proc = gemctl_in_process("runs", "--sweep", sweep_id, cwd=swept.dir, env=swept.env)
     assert proc.returncode == 0, proc.stderr
     for run in [*parents, *children]:
         assert run.info.run_id in proc.stdout
     assert f"sweep {sweep_id}" in proc.stdout and "sliding seed 1" in proc.stdout
-    proc = run_gemctl("runs", "--sweeps", cwd=swept.dir, env=swept.env)
+    proc = gemctl_in_process("runs", "--sweeps", cwd=swept.dir, env=swept.env)
     row = next(ln for ln in proc.stdout.splitlines() if sweep_id in ln)
     assert f"{parents[0].data.metrics['eval/ne_ctr']:.4f}" in row  # the sweep shows its NE
