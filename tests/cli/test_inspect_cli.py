@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_gemctl
+from tests.conftest import gemctl_in_process
 from tests.tiny_training import TINY
 
 REPO = Path(__file__).resolve().parents[2]
@@ -21,7 +21,7 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_plan_4096_gpus_json(workdir):
-    proc = run_gemctl(
+    proc = gemctl_in_process(
         "plan", str(REPO / "recipes/demo.yaml"), "--world", "4096", "--gpus-per-host", "8",
         "--hosts-per-zone", "32", "--set", "parallel.hsdp_shard_group=128",
         "--set", "parallel.expert_parallel=2", "--set", "parallel.expert_shard_hosts=16",
@@ -41,14 +41,14 @@ def test_plan_4096_gpus_json(workdir):
 
 
 def test_plan_rejects_sizes_that_do_not_divide(workdir):
-    proc = run_gemctl("plan", str(REPO / "recipes/demo.yaml"), "--world", "4096",
+    proc = gemctl_in_process("plan", str(REPO / "recipes/demo.yaml"), "--world", "4096",
                       "--set", "parallel.hsdp_shard_group=3", cwd=workdir)
     assert proc.returncode == 2
     assert "hsdp_shard_group=3" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_profile_data_reports_three_methods(workdir):
-    proc = run_gemctl("profile-data", "tiny.yaml", "--world", "4", "--local-batch", "128",
+    proc = gemctl_in_process("profile-data", "tiny.yaml", "--world", "4", "--local-batch", "128",
                       "--out", "prof", cwd=workdir)
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads((workdir / "prof/profile.json").read_text())

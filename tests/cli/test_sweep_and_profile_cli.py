@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_gemctl
+from tests.conftest import gemctl_in_process, run_gemctl
 from tests.sweep.test_inprocess import SPEC as PREC_SPEC
 from tests.sweep.test_spec import BASE
 
@@ -44,13 +44,13 @@ def test_in_process_sweep_narrowed(workdir):
 
 
 def test_unknown_arm_is_named(workdir):
-    proc = run_gemctl("sweep", "tri.yaml", "--in-process", "--arms", "fp16", cwd=workdir)
+    proc = gemctl_in_process("sweep", "tri.yaml", "--in-process", "--arms", "fp16", cwd=workdir)
     assert proc.returncode == 2
     assert "fp16" in proc.stderr and "fp32, bf16, wide" in proc.stderr
 
 
 def test_in_process_refuses_tracking_options(workdir):
-    proc = run_gemctl("sweep", "tri.yaml", "--in-process", "--tracking-uri", "sqlite:///x.db",
+    proc = gemctl_in_process("sweep", "tri.yaml", "--in-process", "--tracking-uri", "sqlite:///x.db",
                       cwd=workdir)
     assert proc.returncode == 2 and "--in-process" in proc.stderr
 
@@ -67,5 +67,5 @@ def test_profile_writes_a_chrome_trace(workdir):
 
 
 def test_profile_trace_folder_must_exist(workdir):
-    proc = run_gemctl("profile", "base.yaml", "--trace", "nope/t.json", cwd=workdir)
+    proc = gemctl_in_process("profile", "base.yaml", "--trace", "nope/t.json", cwd=workdir)
     assert proc.returncode == 2 and "nope" in proc.stderr and "Traceback" not in proc.stderr

@@ -14,7 +14,7 @@ from gem_platform.sweep.compare import compare
 from gem_platform.sweep.gates import Gates
 from gem_platform.sweep.results import TrialRun, load_results, write_results
 from gem_platform.sweep.stats import seeds_to_settle
-from tests.conftest import REPO, run_gemctl
+from tests.conftest import REPO, gemctl_in_process
 
 BASE_NE = [0.900, 0.910, 0.920, 0.930]
 
@@ -44,7 +44,7 @@ CASES = {  # name: (per-seed NE difference in %, verdict, exit code)
 def test_verdict_and_exit_code(tmp_path: Path, name: str):
     diffs, verdict, code = CASES[name]
     results_file(tmp_path / f"{name}.json", diffs)
-    proc = run_gemctl("compare", f"{name}.json", "--max-ne-regression", "0.1%", "--no-plot",
+    proc = gemctl_in_process("compare", f"{name}.json", "--max-ne-regression", "0.1%", "--no-plot",
                       cwd=tmp_path)
     assert proc.returncode == code, proc.stdout + proc.stderr
     out = " ".join((proc.stdout + proc.stderr).split())
@@ -54,7 +54,7 @@ def test_verdict_and_exit_code(tmp_path: Path, name: str):
         assert "seeds per arm would settle it" in out
     if name == "one_seed":
         assert "no interval from 1 seed(s) of this arm" in out and "needs 2+ seeds" in out
-    body = json.loads(run_gemctl("compare", f"{name}.json", "--max-ne-regression", "0.1%",
+    body = json.loads(gemctl_in_process("compare", f"{name}.json", "--max-ne-regression", "0.1%",
                                  "--no-plot", "--json", cwd=tmp_path).stdout)
     (v,) = body["verdicts"]
     assert (v["verdict"], body["exit_code"]) == (verdict, code)
@@ -75,15 +75,15 @@ def test_seeds_to_settle_from_the_observed_spread(tmp_path: Path):
 
 def test_compare_reads_its_own_json_back(tmp_path: Path):
     results_file(tmp_path / "r.json", CASES["straddles"][0])
-    first = run_gemctl("compare", "r.json", "--json", "--no-plot", cwd=tmp_path)
+    first = gemctl_in_process("compare", "r.json", "--json", "--no-plot", cwd=tmp_path)
     assert first.returncode == 0, first.stderr
     (tmp_path / "cmp.json").write_text(first.stdout)
-    again = run_gemctl("compare", "cmp.json", "--json", "--no-plot", cwd=tmp_path)
+    again = gemctl_in_process("compare", "cmp.json", "--json", "--no-plot", cwd=tmp_path)
     assert again.returncode == 0, again.stderr
     # `gemctl sweep --json` wraps the same comparison in the sweep's outcome
     outcome = {"sweep_id": "r", "status": "FINISHED", "comparison": json.loads(first.stdout)}
     (tmp_path / "sweep.json").write_text(json.dumps(outcome))
-    wrapped = run_gemctl("compare", "sweep.json", "--json", "--no-plot", cwd=tmp_path)
+    wrapped = gemctl_in_process("compare", "sweep.json", "--json", "--no-plot", cwd=tmp_path)
     assert wrapped.returncode == 0, wrapped.stderr
     assert json.loads(wrapped.stdout)["arms"] == json.loads(again.stdout)["arms"]
     a, b = json.loads(first.stdout), json.loads(again.stdout)
@@ -99,7 +99,7 @@ BENCH = sorted((REPO / "docs/bench").glob("precision_*.json"))
 
 @pytest.mark.parametrize("path", BENCH, ids=[p.name for p in BENCH])
 def test_every_results_file_under_docs_bench_compares(path: Path, tmp_path: Path):
-    proc = run_gemctl("compare", str(path), "--json", "--no-plot", cwd=tmp_path)
+    proc = gemctl_in_process("compare", str(path), "--json", "--no-plot", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     body = json.loads(proc.stdout)
     trials, header = load_results(path)
@@ -116,7 +116,7 @@ def test_plot_for_a_results_file_writes_both_charts(tmp_path: Path):
         end = t["metrics"]["eval/ne_ctr"]
         t["history"] = {"train/ne_ctr": [[s, end + 0.1 / s] for s in (1, 2, 3)]}
     path.write_text(json.dumps(body))
-    proc = run_gemctl("compare", "r.json", "--plot", "out/r.png", "--max-ne-regression",
+    proc = gemctl_in_process("compare", "r.json", "--plot", "out/r.png", "--max-ne-regression",
                       "0.1%", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for name in ("r.png", "r-deltas.png"):

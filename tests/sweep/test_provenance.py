@@ -24,7 +24,7 @@ from gem_platform.sweep.gates import Gates, check_gates
 from gem_platform.sweep.results import TrialRun
 from gem_platform.sweep.runner import _close, _open_parent, _prepare_data, run_sweep
 from gem_platform.sweep.summary import log_comparison
-from tests.conftest import REPO, run_gemctl
+from tests.conftest import REPO, gemctl_in_process
 from tests.sweep.test_spec import BASE
 
 SMALL = BASE + "loader: {local_batch_size: 64, base_batch_size: 16}\n"
@@ -156,12 +156,12 @@ def test_parent_run_carries_the_comparison(sweep_dir):
                                                  str(sweep_dir))).read_text())
     rows = dict(zip(table["columns"], zip(*table["data"], strict=True), strict=True))
     assert "fail" in rows["verdict"] and "eval/calibration_ctr" in rows["metric"]
-    proc = run_gemctl("runs", "--sweeps", cwd=sweep_dir)
+    proc = gemctl_in_process("runs", "--sweeps", cwd=sweep_dir)
     assert proc.returncode == 0, proc.stderr
     row = next(ln for ln in proc.stdout.splitlines() if sweep_id in ln)
     assert "0.9010" in row  # NE ctr of the sweep itself
     saved = c.download_artifacts(tracker.run_id, "comparison.json", str(sweep_dir))
-    proc = run_gemctl("compare", saved, "--json", "--no-plot", cwd=sweep_dir)
+    proc = gemctl_in_process("compare", saved, "--json", "--no-plot", cwd=sweep_dir)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["arms"][1]["per_seed"]["eval/ne_ctr"] == \
         pytest.approx([0.91, 0.911, 0.912])

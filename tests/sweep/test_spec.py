@@ -9,7 +9,7 @@ import pytest
 
 from gem_platform.recipe import TrainConfig
 from gem_platform.sweep.config import SweepError, load_sweep
-from tests.conftest import REPO, run_gemctl
+from tests.conftest import REPO, gemctl_in_process
 
 BASE = """
 name: tiny
@@ -143,12 +143,12 @@ def test_bad_specs_name_the_field(spec_dir, text, needle):
 
 def test_cli_bad_spec_exits_2_without_traceback(spec_dir):
     write(spec_dir, "name: x\nbase: base.yaml\narms: {a: []}\nbaseline: b\n")
-    proc = run_gemctl("sweep", "sweep.yaml", cwd=spec_dir)
+    proc = gemctl_in_process("sweep", "sweep.yaml", cwd=spec_dir)
     assert proc.returncode == 2, proc.stderr
     assert "baseline 'b' is not an arm" in proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout
     assert not (spec_dir / "mlflow.db").exists()
-    proc = run_gemctl("sweep", "missing.yaml", cwd=spec_dir)
+    proc = gemctl_in_process("sweep", "missing.yaml", cwd=spec_dir)
     assert proc.returncode == 2 and "does not exist" in proc.stderr
 
 
