@@ -234,7 +234,7 @@ def test_nightly_script_reads_sweep_id_and_verdicts_as_json(tmp_path: Path) -> N
     """The sweep id comes from `gemctl sweep --json`'s document and the verdicts from the
     real `gemctl compare --json` on a results file, not from either command's text."""
     from gem_platform.sweep.results import TrialRun, write_results
-    from tests.conftest import run_gemctl
+    from tests.conftest import gemctl_in_process
 
     script = DEPLOY / "scripts" / "nightly-ablations.sh"
 
@@ -251,8 +251,8 @@ def test_nightly_script_reads_sweep_id_and_verdicts_as_json(tmp_path: Path) -> N
     trials = [TrialRun(f"{arm}{s}", arm, str(s), {"eval/ne_ctr": ne * (1 + d * s)})
               for s in range(3) for arm, ne, d in (("base", 0.9, 0.0), ("arm", 0.9, 0.004))]
     write_results(tmp_path / "r.json", {"sweep": "r", "baseline": "base"}, trials)
-    proc = run_gemctl("compare", "r.json", "--max-ne-regression", "0.1%", "--no-plot",
-                      "--json", cwd=tmp_path)
+    proc = gemctl_in_process("compare", "r.json", "--max-ne-regression", "0.1%", "--no-plot",
+                             "--json", cwd=tmp_path)
     assert proc.returncode == 3, proc.stderr  # inconclusive: the interval straddles 0.1%
     (tmp_path / "cmp.json").write_text(proc.stdout)
     assert call("json_field", str(tmp_path / "cmp.json"), "exit_code") == "3"

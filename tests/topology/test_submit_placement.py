@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.conftest import run_gemctl
+from tests.conftest import gemctl_in_process, run_gemctl
 from tests.tiny_training import TINY
 
 
@@ -30,8 +30,9 @@ def test_submit_places_ranks_as_planned(two_zone_cluster, mlflow_server, tmp_pat
     sets = ["--set", "parallel.gpus_per_host=1", "--set", "parallel.hsdp_shard_group=1",
             "--set", "train.steps=2",
             "--set", "tracking.experiment=placement"]
-    plan = run_gemctl("plan", "tiny.yaml", "--world", "2", "--gpus-per-host", "1",
-                      "--hosts-per-zone", "1", "--out", "plan.json", *sets, cwd=tmp_path)
+    plan = gemctl_in_process("plan", "tiny.yaml", "--world", "2", "--gpus-per-host", "1",
+                             "--hosts-per-zone", "1", "--out", "plan.json", *sets,
+                             cwd=tmp_path)
     assert plan.returncode == 0, plan.stderr[-2000:]
     planned = json.loads((tmp_path / "plan.json").read_text())["placement"]
 
