@@ -4,6 +4,7 @@ to init."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -30,7 +31,10 @@ def test_ui_server_dies_with_gemctl(tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "-m", "gemctl.main", "ui", "--port", str(port), "--tracking-uri",
          f"sqlite:///{tmp_path / 'mlflow.db'}"], cwd=tmp_path, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True)
+        stderr=subprocess.STDOUT, text=True,
+        # two server workers (MLflow starts four by default): still a supervisor with
+        # several workers to outlive gemctl, at half the start-up on a small CI machine
+        env={**os.environ, "MLFLOW_WORKERS": "2"})
     server: list[psutil.Process] = []
     try:
         deadline = time.time() + 240
