@@ -22,6 +22,7 @@ from mlflow.tracking import MlflowClient
 from gem_platform.checkpoint.store import Stateful
 from gem_platform.recipe import recipe_from_dict
 from gem_platform.train.loop import train
+from tests.conftest import gemctl_in_process
 from tests.resume import crash_and_resume, losses_of
 
 
@@ -154,9 +155,8 @@ def test_resume_with_another_recipe_is_refused(tiny_recipe, mlflow_server):
     exp_id = exp if isinstance(exp, str) else exp.experiment_id
     run = client.create_run(exp_id)
     client.log_param(run.info.run_id, "train.steps", "999")
-    proc = subprocess.run([sys.executable, "-m", "gemctl.main", "submit", "ckpt.yaml", "--local",
-                           "--resume", run.info.run_id], cwd=d, capture_output=True, text=True,
-                          env={**os.environ, "MLFLOW_TRACKING_URI": mlflow_server}, timeout=300)
+    proc = gemctl_in_process("submit", "ckpt.yaml", "--local", "--resume", run.info.run_id,
+                             cwd=d, env={"MLFLOW_TRACKING_URI": mlflow_server})
     assert proc.returncode == 2
     assert "different recipe" in proc.stderr and "train.steps" in proc.stderr
 

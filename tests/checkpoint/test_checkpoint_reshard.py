@@ -32,6 +32,7 @@ from gem_platform.checkpoint.store import LocalStore
 from gem_platform.data.prepare import prepare_dataset
 from gem_platform.recipe import recipe_from_dict
 from tests.checkpoint.stopped_training import train_until
+from tests.conftest import gemctl_in_process
 
 TABLE_WISE_2 = {"workers": 2, "embedding_sharding": "table_wise"}
 EXPERTS_2 = {"workers": 2, "gpus_per_host": 2, "expert_parallel": 2,
@@ -195,8 +196,8 @@ def test_four_hsdp_row_wise_ranks_resume_on_two_table_wise(tiny_recipe, tmp_path
                                                              monkeypatch, mlflow_server):
     """4 ranks (HSDP 2x2, 2-way experts, row-wise tables) to 2 (2-way experts, table-wise,
     no HSDP). A
-    mid-epoch checkpoint of the same run, resumed by gemctl in one process, is refused with
-    the reason (exit 2) before the run's record is touched."""
+    mid-epoch checkpoint of the same run, resumed by gemctl in one process (the app run in this
+    one), is refused with the reason (exit 2) before the run's record is touched."""
     d = tiny_recipe[0]
     monkeypatch.chdir(d)
     first, got, root = _reshard(tiny_recipe, tmp_path, HSDP_4, EXPERTS_2, epoch_end=2)
@@ -210,7 +211,8 @@ def test_four_hsdp_row_wise_ranks_resume_on_two_table_wise(tiny_recipe, tmp_path
     run = client.create_run(client.create_experiment("reshard-refused"))
     shutil.copytree(root / "step_00000001",
                     d / "gem_runs" / "local" / run.info.run_id / "step_00000001")
-    proc = _gemctl(d, mlflow_server, "--resume", run.info.run_id)
+    proc = gemctl_in_process("submit", "ckpt.yaml", "--local", "--resume", run.info.run_id,
+                             cwd=d, env={"MLFLOW_TRACKING_URI": mlflow_server})
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "batch 1 of 2 in epoch 0 by 4 worker(s)" in proc.stderr
     assert "parallel.workers=4" in proc.stderr
