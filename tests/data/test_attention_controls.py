@@ -1,6 +1,6 @@
-"""The worlds that answer the attention ablation: block-local attention is blind to the
-long-range world's signal in the model itself, and the shipped controls sweep pairs the arms
-of each world."""
+"""The worlds that answer the attention ablation: block-local self-attention never lets a
+recent event see an old one, how much of the long-range term the zones' bags still carry, and
+the shipped controls sweep pairs the arms of each world."""
 
 from __future__ import annotations
 

@@ -115,8 +115,9 @@ class SyntheticConfig(BaseModel):
     world: World = Field(
         "standard",
         description="planted world: standard; long_range (part of the CTR logit needs a "
-        "recent event and one more than 64 positions older together: block-local attention "
-        "can't see it); local (the history signal comes only from the last events). See "
+        "recent event and one more than 64 positions older together: block-local "
+        "self-attention can't pair them, though pooled attention still sees both zones as "
+        "bags); local (the history signal comes only from the last events). See "
         "docs/synthetic-data.md",
     )
 

@@ -16,8 +16,9 @@ not per user, so a model cannot learn them from the user id instead of reading t
   category also occurs among the old events (:func:`returning_share`). It needs a recent event
   and an old one together: a self-attention that lets a recent token see tokens beyond the gap
   can compute it; 64-token blocks or windows can't, since no block holding a recent event
-  reaches the old zone. A sum over events of something per event (what pooling over the
-  history computes) does not tell it either.
+  reaches the old zone. One sum over events of something per event (what pooling over the
+  history computes) does not tell it either, but two, one per zone, compared with each other
+  carry much of it (:func:`zone_bag_overlap`).
 - ``local``: the history signal comes only from the recent events (their affinity to the
   candidate; for CVR, their high-intent actions), so block-local attention loses nothing.
 """
