@@ -22,16 +22,23 @@ a model that ignores (or mis-attends) the history stays well below it.
 
 Histories are drawn independently per sample (two samples of one user don't share a prefix).
 Everything is drawn from numpy generators seeded from ``(seed, split, shard)``, so the same
-config writes byte-identical shards, and shards are generated one at a time (bounded memory).
+config writes byte-identical shards whichever process draws them: a large dataset's shards
+are drawn by a pool of processes (one shard at a time each, so memory stays bounded by the
+pool's size), a small one's in this process. The pool's processes are spawned, so a script of
+one's own that generates a large dataset needs the ``if __name__ == "__main__":`` guard
+around its work, as for any spawned worker (gemctl, pytest and Ray workers have it).
 """
 
 from __future__ import annotations
 
 import fcntl
 import logging
+import multiprocessing
+import os
 import re
 import time
 from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -63,6 +70,9 @@ LATENT_DIM = 16
 ITEM_NOISE = 0.15  # spread of item vectors around their cluster centroid (per dimension)
 LONG_TERM_INTERESTS = 3
 PILOT_SAMPLES = 8192  # samples drawn to calibrate the label base rates (~0.002 error)
+# Above this many history events a dataset's shards are drawn by a pool of processes.
+PARALLEL_TOKENS = 20_000_000
+MIN_POOL_CORES = 4
 
 # Planted logit weights: the history terms dominate so attention quality matters.
 W_RECENT = 4.0
@@ -474,38 +484,105 @@ def _is_current(directory: Path, fingerprint: str) -> bool:
     ) and bool(shards)
 
 
-def _write_dataset(directory: Path, syn: SyntheticConfig, fingerprint: str) -> DatasetMeta:
+@dataclass(frozen=True)
+class ShardTask:
+    """One shard to draw and write: its split, its index there and its rows."""
+
+    directory: Path
+    split: str
+    index: int
+    rows: int
+
+
+@dataclass
+class ShardResult:
+    """What the meta needs from one written shard (the eval split's labels and scores)."""
+
+    task: ShardTask
+    clicks: int
+    convs: int
+    lengths: np.ndarray  # (rows,) history lengths
+    eval_p: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
+    eval_scores: dict[str, dict[str, np.ndarray]] | None = None
+
+
+def _draw_shard(world: PlantedWorld, task: ShardTask) -> ShardResult:
+    """Draw, label and write one shard from its own seeded generator."""
+    rng = _rng(world.cfg.seed, 2 + SPLITS.index(task.split), task.index)
+    arrays = world.sample(rng, task.rows)
+    p_ctr, p_cvr = world.label(rng, arrays)
+    write_shard(task.directory / shard_name(task.split, task.index), arrays, world.sparse_specs)
+    result = ShardResult(task, int(arrays.ctr.sum()), int(arrays.cvr.sum()),
+                         arrays.seq_lengths.copy())
+    if task.split == "eval":
+        result.eval_p = (p_ctr, p_cvr, arrays.ctr, arrays.cvr)
+        result.eval_scores = world.ceiling_scores(arrays)
+    return result
+
+
+_POOL_WORLD: PlantedWorld | None = None  # each pool process's own copy of the world
+
+
+def _build_pool_world(syn: SyntheticConfig) -> None:
+    global _POOL_WORLD
+    _POOL_WORLD = PlantedWorld.build(syn)
+
+
+def _draw_in_pool(task: ShardTask) -> ShardResult:
+    assert _POOL_WORLD is not None, "the pool's initializer builds the world"
+    return _draw_shard(_POOL_WORLD, task)
+
+
+def generation_processes(syn: SyntheticConfig, shards: int) -> int:
+    """Processes that draw the shards: one per usable core (at most one per shard) for a
+    dataset of more than PARALLEL_TOKENS history events on a machine of at least
+    MIN_POOL_CORES cores, else 1 (this process: each pool process pays its start-up and its
+    own copy of the world, which a few cores do not win back)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    if (cores or 1) < MIN_POOL_CORES or syn.num_samples * _mean_history(syn) <= PARALLEL_TOKENS:
+        return 1
+    return max(1, min(cores or 1, shards))
+
+
+def _draw_all(world: PlantedWorld, tasks: list[ShardTask], processes: int
+              ) -> list[ShardResult]:
+    """Every task's result, in the tasks' order. A pool's processes are spawned (not forked:
+    the caller may be a training process with threads) and build the world from its config,
+    which is cheaper than sending it."""
+    if processes <= 1:
+        return [_draw_shard(world, t) for t in tasks]
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(processes, mp_context=context, initializer=_build_pool_world,
+                             initargs=(world.cfg,)) as pool:
+        return list(pool.map(_draw_in_pool, tasks))
+
+
+def _write_dataset(directory: Path, syn: SyntheticConfig, fingerprint: str,
+                   processes: int | None = None) -> DatasetMeta:
+    """Write every shard and the meta; ``processes`` None picks generation_processes."""
     world = PlantedWorld.build(syn)
     sizes = {"train": syn.num_train, "eval": syn.num_eval}
-    shards: dict[str, int] = {}
-    rates: dict[str, list[int]] = {}
-    eval_p: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
-    eval_scores: list[dict[str, dict[str, np.ndarray]]] = []
-    max_len, total_len = 0, 0
+    tasks = [ShardTask(directory, split, i, min(syn.rows_per_shard, sizes[split] - start))
+             for split in SPLITS for i, start in enumerate(range(0, sizes[split],
+                                                                 syn.rows_per_shard))]
+    if processes is None:
+        processes = generation_processes(syn, len(tasks))
+    results = _draw_all(world, tasks, processes)
+    shards = {split: sum(r.task.split == split for r in results) for split in SPLITS}
+    rates = {split: [sum(r.clicks for r in results if r.task.split == split),
+                     sum(r.convs for r in results if r.task.split == split)]
+             for split in SPLITS}
+    all_lengths = [r.lengths for r in results]
+    max_len = max((int(x.max(initial=0)) for x in all_lengths), default=0)
+    total_len = sum(int(x.sum()) for x in all_lengths)
     train_lengths = np.zeros(syn.seq_len.max + 1, dtype=np.int64)
-    for split_id, split in enumerate(SPLITS):
-        n_total = sizes[split]
-        starts = list(range(0, n_total, syn.rows_per_shard))
-        clicks = convs = 0
-        for i, start in enumerate(starts):
-            n = min(syn.rows_per_shard, n_total - start)
-            rng = _rng(syn.seed, 2 + split_id, i)
-            arrays = world.sample(rng, n)
-            p_ctr, p_cvr = world.label(rng, arrays)
-            write_shard(directory / shard_name(split, i), arrays, world.sparse_specs)
-            clicks += int(arrays.ctr.sum())
-            convs += int(arrays.cvr.sum())
-            lengths = arrays.seq_lengths
-            max_len = max(max_len, int(lengths.max(initial=0)))
-            total_len += int(lengths.sum())
-            if split == "train":
-                train_lengths += np.bincount(lengths, minlength=train_lengths.size)
-            if split == "eval":
-                eval_p.append((p_ctr, p_cvr, arrays.ctr, arrays.cvr))
-                eval_scores.append(world.ceiling_scores(arrays))
-        shards[split] = len(starts)
-        rates[split] = [clicks, convs]
-    p_ctr, p_cvr, ctr, cvr = (np.concatenate(x) for x in zip(*eval_p, strict=True))
+    for r in results:
+        if r.task.split == "train":
+            train_lengths += np.bincount(r.lengths, minlength=train_lengths.size)
+    evals = [r for r in results if r.task.split == "eval"]
+    eval_scores = [r.eval_scores for r in evals]
+    p_ctr, p_cvr, ctr, cvr = (np.concatenate(x) for x in zip(*(r.eval_p for r in evals),
+                                                             strict=True))
     clicked = ctr == 1
     train_clicks, train_convs = rates["train"]
     meta = DatasetMeta(
