@@ -24,9 +24,12 @@ every rank's files into one checkpoint in the run's storage and gives it back af
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import random
 import re
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +39,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torchrec.optim.keyed import KeyedOptimizer
@@ -66,6 +70,22 @@ from gem_platform.checkpoint.reshard import (
 )
 
 LOCAL_ROOT = Path("gem_runs/local")
+
+
+@contextlib.contextmanager
+def interrupts_kept() -> Iterator[None]:
+    """Let a Ctrl-C or SIGTERM during a DCP save or load stay an interrupt.
+
+    DCP wraps whatever a rank raised, KeyboardInterrupt included, in a CheckpointException, so
+    a run stopped while it wrote a checkpoint would be recorded FAILED instead of KILLED.
+    Where every failing rank was interrupted, the interrupt is raised instead."""
+    try:
+        yield
+    except CheckpointException as err:
+        causes = [exc for exc, _ in err.failures.values()]
+        if causes and all(isinstance(c, KeyboardInterrupt | SystemExit) for c in causes):
+            raise causes[0] from err
+        raise
 
 
 def rng_state() -> dict[str, Any]:
@@ -129,7 +149,8 @@ class Stateful:
         if rank == 0:
             forget_completion(directory)
         state, groups = self._state()
-        dcp.save(state, checkpoint_id=str(directory))
+        with interrupts_kept():
+            dcp.save(state, checkpoint_id=str(directory))
         rank_file = directory / f"rank{rank}.pt"
         torch.save({"extras": extras, "rng": rng_state(), "keyed_param_groups": groups},
                    rank_file)
@@ -193,8 +214,9 @@ class Stateful:
         # drops such ShardedTensors, then takes the dropped keys for a pre-2.4 checkpoint and
         # re-keys the whole state the old way, which fails (pytorch/pytorch#163480). Nothing
         # here nests ShardedTensors (that was FSDP1's 2-D layout), so the flattening is moot.
-        dcp.load(state, checkpoint_id=str(directory),
-                 planner=DefaultLoadPlanner(flatten_sharded_tensors=False))
+        with interrupts_kept():
+            dcp.load(state, checkpoint_id=str(directory),
+                     planner=DefaultLoadPlanner(flatten_sharded_tensors=False))
         set_state_dict(self.model, self._plain, model_state_dict=state["model"],
                        optim_state_dict=state["optim"])
         for i, (opt, param_groups) in enumerate(zip(self._keyed, groups, strict=True)):
@@ -279,6 +301,32 @@ class LocalStore:
         self.local.prune()
 
 
+def host_copy(checkpoint: Any) -> Path:
+    """A local copy of a Ray Train ``Checkpoint`` that every process of this host reads and
+    none rewrites: the first process downloads it, the others wait for it and reuse it.
+
+    ``Checkpoint.to_directory()`` downloads into one folder per checkpoint and host, and its
+    lock only keeps two downloads from running at once: a rank that asks after another has
+    finished downloads again into the same folder, rewriting the files in place while that
+    rank may be reading them, so a restart's ranks now and then load torn files."""
+    import hashlib
+    import tempfile
+
+    key = hashlib.sha256(f"{checkpoint.filesystem.type_name}:{checkpoint.path}".encode())
+    folder = Path(tempfile.gettempdir()) / f"gem-checkpoint-{key.hexdigest()[:24]}"
+    done = Path(f"{folder}.copied")
+    with open(f"{folder}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if not done.exists():
+                shutil.rmtree(folder, ignore_errors=True)  # a copy a killed process left
+                checkpoint.to_directory(str(folder))
+                done.touch()
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    return folder
+
+
 class RayStore:
     """Checkpoint store of a Ray Train worker: each rank writes into a scratch folder that Ray
     Train merges into the run's checkpoint (keeping the newest per its CheckpointConfig).
@@ -296,7 +344,7 @@ class RayStore:
 
         ckpt = ray.train.get_checkpoint()
         if ckpt is not None:
-            folder = Path(ckpt.to_directory())
+            folder = host_copy(ckpt)
             verdict = check_checkpoint(str(folder))
             if verdict.intact:
                 return folder
@@ -307,7 +355,7 @@ class RayStore:
                                       "falls back to its newest intact checkpoint.")
         if self.fallback is None:
             return None
-        return Path(Checkpoint(self.fallback).to_directory())
+        return host_copy(Checkpoint(self.fallback))
 
     def folder(self, step: int) -> Path:
         import tempfile
