@@ -3,7 +3,6 @@ are byte for byte those one process writes."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from gem_platform.data.config import SyntheticConfig
@@ -41,6 +40,7 @@ def test_only_large_datasets_use_a_pool() -> None:
     assert generation_processes(small, 8) == 1
     # twice the threshold's history events (histories of ~100 events)
     large = SyntheticConfig.model_validate({**SMALL, "num_samples": 2 * PARALLEL_TOKENS // 100})
-    cores = len(os.sched_getaffinity(0))
-    assert generation_processes(large, 3) == (min(cores, 3) if cores >= MIN_POOL_CORES else 1)
-    assert generation_processes(large, 1) == 1
+    assert generation_processes(large, 3, cores=16) == 3  # at most one process per shard
+    assert generation_processes(large, 40, cores=16) == 16  # at most one per core
+    assert generation_processes(large, 40, cores=MIN_POOL_CORES - 1) == 1  # too few cores
+    assert generation_processes(small, 8, cores=16) == 1  # too small to pay for a pool

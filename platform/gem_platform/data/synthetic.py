@@ -533,41 +533,48 @@ def _draw_in_pool(task: ShardTask) -> ShardResult:
     return _draw_shard(_POOL_WORLD, task)
 
 
-def generation_processes(syn: SyntheticConfig, shards: int) -> int:
-    """Processes that draw the shards: one per usable core (at most one per shard) for a
-    dataset of more than PARALLEL_TOKENS history events on a machine of at least
-    MIN_POOL_CORES cores, else 1 (this process: each pool process pays its start-up and its
-    own copy of the world, which a few cores do not win back)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    if (cores or 1) < MIN_POOL_CORES or syn.num_samples * _mean_history(syn) <= PARALLEL_TOKENS:
+def usable_cores() -> int:
+    """Cores this process may run on (its affinity, where the system tells it)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def generation_processes(syn: SyntheticConfig, shards: int, cores: int | None = None) -> int:
+    """Processes that draw the shards: one per core (``cores``, default usable_cores()), at
+    most one per shard, for a dataset of more than PARALLEL_TOKENS history events on a
+    machine of at least MIN_POOL_CORES cores; else 1 (this process: each pool process pays
+    its start-up and its own copy of the world, which a few cores do not win back)."""
+    cores = cores or usable_cores()
+    if cores < MIN_POOL_CORES or syn.num_samples * _mean_history(syn) <= PARALLEL_TOKENS:
         return 1
-    return max(1, min(cores or 1, shards))
+    return max(1, min(cores, shards))
 
 
-def _draw_all(world: PlantedWorld, tasks: list[ShardTask], processes: int
+def _draw_all(syn: SyntheticConfig, tasks: list[ShardTask], processes: int
               ) -> list[ShardResult]:
-    """Every task's result, in the tasks' order. A pool's processes are spawned (not forked:
-    the caller may be a training process with threads) and build the world from its config,
-    which is cheaper than sending it."""
+    """Every task's result, in the tasks' order. The world is built where the shards are
+    drawn: here, or once in each pool process, spawned (not forked: the caller may be a
+    training process with threads), from its config, which is cheaper than sending it."""
     if processes <= 1:
+        world = PlantedWorld.build(syn)
         return [_draw_shard(world, t) for t in tasks]
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(processes, mp_context=context, initializer=_build_pool_world,
-                             initargs=(world.cfg,)) as pool:
+                             initargs=(syn,)) as pool:
         return list(pool.map(_draw_in_pool, tasks))
 
 
 def _write_dataset(directory: Path, syn: SyntheticConfig, fingerprint: str,
                    processes: int | None = None) -> DatasetMeta:
     """Write every shard and the meta; ``processes`` None picks generation_processes."""
-    world = PlantedWorld.build(syn)
     sizes = {"train": syn.num_train, "eval": syn.num_eval}
     tasks = [ShardTask(directory, split, i, min(syn.rows_per_shard, sizes[split] - start))
              for split in SPLITS for i, start in enumerate(range(0, sizes[split],
                                                                  syn.rows_per_shard))]
     if processes is None:
         processes = generation_processes(syn, len(tasks))
-    results = _draw_all(world, tasks, processes)
+    results = _draw_all(syn, tasks, processes)
     shards = {split: sum(r.task.split == split for r in results) for split in SPLITS}
     rates = {split: [sum(r.clicks for r in results if r.task.split == split),
                      sum(r.convs for r in results if r.task.split == split)]
@@ -589,7 +596,7 @@ def _write_dataset(directory: Path, syn: SyntheticConfig, fingerprint: str,
         source="synthetic",
         num_items=syn.num_items,
         num_action_types=syn.num_action_types,
-        sparse_features=world.sparse_specs,
+        sparse_features=sparse_specs(syn),
         dense_dim=syn.dense_dim,
         num_train=syn.num_train,
         num_eval=syn.num_eval,
