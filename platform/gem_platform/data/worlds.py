@@ -80,13 +80,17 @@ def zoned_history(rng: np.random.Generator, interests: Interests, owner: np.ndar
     return np.where(r >= 0.9, rng.integers(0, num_clusters, t), clusters)
 
 
+def _positions(offsets: np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:
+    """Samples, and each history event's sample and position counted from its history's end."""
+    n = offsets.size - 1
+    owner = np.repeat(np.arange(n), np.diff(offsets))
+    return n, owner, offsets[owner + 1] - 1 - np.arange(owner.size)
+
+
 def returning_share(offsets: np.ndarray, categories: np.ndarray) -> np.ndarray:
     """(n,) share of each history's recent events whose category also occurs among its old
     events (``LONG_RANGE_GAP`` or more positions from the end); 0 for an empty history."""
-    n = offsets.size - 1
-    lengths = np.diff(offsets)
-    owner = np.repeat(np.arange(n), lengths)
-    from_end = offsets[owner + 1] - 1 - np.arange(owner.size)
+    n, owner, from_end = _positions(offsets)
     key = owner * (int(categories.max(initial=0)) + 1) + categories
     old = from_end >= LONG_RANGE_GAP
     recent = from_end < RECENT_WINDOW
@@ -104,9 +108,7 @@ def zone_bag_overlap(offsets: np.ndarray, categories: np.ndarray) -> np.ndarray:
     it can pool the recent and the old zone apart; the DHEN dot interaction can then compare
     the two pools. This overlap tells how much of :func:`returning_share` needs no attention
     across blocks at all."""
-    n = offsets.size - 1
-    owner = np.repeat(np.arange(n), np.diff(offsets))
-    from_end = offsets[owner + 1] - 1 - np.arange(owner.size)
+    n, owner, from_end = _positions(offsets)
     k = int(categories.max(initial=0)) + 1
     shares = []
     for zone in (from_end < RECENT_WINDOW, from_end >= LONG_RANGE_GAP):
