@@ -18,7 +18,6 @@ Contracts:
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import functools
 import json
 import math
@@ -29,6 +28,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from gem_platform.errors import GemError, RecipeError, TrackingError
+from gem_platform.file_lock import exclusive_lock
 from gem_platform.net import redact
 from gem_platform.tracking_uri import (  # noqa: F401 (re-exported: where callers look)
     DEFAULT_DB,
@@ -54,13 +54,8 @@ def store_error(uri: str, err: BaseException) -> TrackingError:
 @contextlib.contextmanager
 def _store_lock(db: Path) -> Iterator[None]:
     """An exclusive lock beside the sqlite file, held while its schema is set up."""
-    lock = db.with_name(db.name + ".lock")
-    with open(lock, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    with exclusive_lock(db.with_name(db.name + ".lock")):
+        yield
 
 
 def client(uri: str):

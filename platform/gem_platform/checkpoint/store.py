@@ -25,7 +25,6 @@ every rank's files into one checkpoint in the run's storage and gives it back af
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import random
 import re
 import shutil
@@ -68,6 +67,7 @@ from gem_platform.checkpoint.reshard import (
     check_tables,
     read_layout,
 )
+from gem_platform.file_lock import exclusive_lock
 
 LOCAL_ROOT = Path("gem_runs/local")
 
@@ -315,15 +315,11 @@ def host_copy(checkpoint: Any) -> Path:
     key = hashlib.sha256(f"{checkpoint.filesystem.type_name}:{checkpoint.path}".encode())
     folder = Path(tempfile.gettempdir()) / f"gem-checkpoint-{key.hexdigest()[:24]}"
     done = Path(f"{folder}.copied")
-    with open(f"{folder}.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            if not done.exists():
-                shutil.rmtree(folder, ignore_errors=True)  # a copy a killed process left
-                checkpoint.to_directory(str(folder))
-                done.touch()
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    with exclusive_lock(Path(f"{folder}.lock")):
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)  # a copy a killed process left
+            checkpoint.to_directory(str(folder))
+            done.touch()
     return folder
 
 

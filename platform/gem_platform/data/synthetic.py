@@ -31,7 +31,6 @@ around its work, as for any spawned worker (gemctl, pytest and Ray workers have 
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import multiprocessing
 import os
@@ -62,6 +61,7 @@ from gem_platform.data.worlds import (
     zoned_history,
     zoned_interests,
 )
+from gem_platform.file_lock import exclusive_lock
 
 log = logging.getLogger(__name__)
 
@@ -633,12 +633,8 @@ def _write_dataset(directory: Path, syn: SyntheticConfig, fingerprint: str,
 def _generation_lock(out: Path) -> Iterator[None]:
     """Serialize generators of one directory (e.g. every worker of a run on one host)."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out.parent / f".{out.name}.lock", "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    with exclusive_lock(out.parent / f".{out.name}.lock"):
+        yield
 
 
 def _mean_history(syn: SyntheticConfig) -> float:
