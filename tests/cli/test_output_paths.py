@@ -14,6 +14,9 @@ from gemctl.options import output_problem
 from tests.cli.conftest import REPO, clean_exit
 
 DEMO = str(REPO / "recipes" / "demo.yaml")
+# A refusal when the command line is read: well under a second on a quiet machine, more on a
+# loaded 2-core CI machine; the defect ran the whole benchmark first (minutes).
+AT_ONCE_S = 10.0
 FOLDER_OPTIONS = [("bench", "bbs"), ("bench", "loader"), ("bench", "e2e", DEMO),
                   ("bench", "repro", DEMO), ("bench", "compile-check", DEMO),
                   ("bench", "quality", DEMO), ("bench", "kernels"), ("profile-data", DEMO),
@@ -50,7 +53,7 @@ def test_output_folders_nothing_can_be_written_to(gemctl, tmp_path, command):
         result = gemctl(*command, "--out", path)
         clean_exit(result, 2)
         assert says(result, "Invalid value for '--out'", why), result.stderr
-        assert time.perf_counter() - start < 3
+        assert time.perf_counter() - start < AT_ONCE_S
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
     assert (tmp_path / "a-file").read_text() == "the user's"
 

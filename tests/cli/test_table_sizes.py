@@ -16,6 +16,9 @@ from tests.cli.conftest import REPO, clean_exit
 
 DEMO = str(REPO / "recipes" / "demo.yaml")
 D_MODEL = 32  # demo.yaml's model.d_model
+# A refusal at validate time: well under a second on a quiet machine, more on a loaded 2-core
+# CI machine; an unrefused size goes on to size (and build) exabyte tables.
+AT_ONCE_S = 10.0
 LIMIT_ROWS = MAX_TABLE_BYTES // (D_MODEL * PARAM_BYTES)  # item rows at the limit
 META = {"source": "synthetic", "num_items": 50, "num_action_types": 4,
         "sparse_features": [{"name": "user_id", "vocab_size": 10}], "dense_dim": 4,
@@ -39,7 +42,7 @@ def test_recipe_sizes_beyond_any_cluster(gemctl, override, field):
         start = time.perf_counter()
         result = gemctl(command, DEMO, "--set", override)
         clean_exit(result, 2)
-        assert time.perf_counter() - start < 2
+        assert time.perf_counter() - start < AT_ONCE_S
         text = words(result)
         assert f"{field} makes" in text and "16.0 PiB" in text and "131,072 ranks" in text
 

@@ -119,6 +119,12 @@ def test_a_bounded_call_gives_up_at_its_deadline() -> None:
     assert time.monotonic() - start < 8
 
 
+# How soon after the signal an interrupted wait must have ended: the interrupt is answered in
+# well under a second on a quiet machine, a loaded 2-core CI machine adds seconds of import and
+# scheduling; the defect waited out the whole call (60 s here, up to 300 s for Google's client).
+ANSWERED_S = 10.0
+
+
 @contextmanager
 def interrupted_after(seconds: float) -> Iterator[None]:
     """A KeyboardInterrupt (what gemctl turns Ctrl-C and SIGTERM into) ``seconds`` in."""
@@ -139,7 +145,7 @@ def test_a_signal_interrupts_a_bounded_call_at_once() -> None:
     start = time.monotonic()
     with interrupted_after(0.3):
         bounded(lambda: time.sleep(60), "reading x", RemoteTimeouts(60))
-    assert time.monotonic() - start < 3
+    assert time.monotonic() - start < 0.3 + ANSWERED_S
 
 
 @pytest.mark.parametrize("value", ["soon", "0", "-1", "nan", "1e9"])
@@ -226,7 +232,7 @@ def test_a_signal_stops_a_wait_on_an_unreachable_gcs_bucket(monkeypatch) -> None
     start = time.monotonic()
     with interrupted_after(1.0):
         load_meta("gs://nobucket/x")
-    assert time.monotonic() - start < 4
+    assert time.monotonic() - start < 1.0 + ANSWERED_S
 
 
 class _StallingFile:
