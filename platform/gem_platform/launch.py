@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from gem_platform.data.meta import DatasetMeta
 from gem_platform.errors import ClusterError, GemError, RecipeError
+from gem_platform.interrupts import interrupt_in
 from gem_platform.net import parse_url, require_reachable
 from gem_platform.progress import Echo, Event, StepProgress, drain_while
 from gem_platform.recipe import Recipe
@@ -55,10 +56,11 @@ class _StepWatch:
         self.echo(event)
 
 
-def _close_after(err: BaseException, tracker: RunTracker, watch: _StepWatch) -> str:
+def _close_after(err: BaseException, stopped: bool, tracker: RunTracker,
+                 watch: _StepWatch) -> str:
     """Close the run after ``err`` and return the reason: a resume of a closed run that
-    trained no step gets the run's status back; otherwise FAILED, KILLED when interrupted."""
-    stopped = isinstance(err, KeyboardInterrupt | SystemExit)
+    trained no step gets the run's status back; otherwise FAILED, KILLED when ``stopped``
+    (interrupted)."""
     reason = "interrupted" if stopped else f"{type(err).__name__}: {err}"
     if tracker.status_before not in (None, "RUNNING") and not watch.trained:
         tracker.restore_status(f"{reason} before a step trained")
@@ -481,10 +483,14 @@ def submit(recipe: Recipe, *, local: bool = False, address: str | None = None,
         tracker.finish(ok=True)
         return RunOutcome(tracker.run_id, uri, summary)
     except BaseException as err:
+        # An interrupt that cleanup code replaced by its own error is still an interrupt.
+        interrupt = interrupt_in(err)
         try:
-            reason = _close_after(err, tracker, watch)
+            reason = _close_after(err, interrupt is not None, tracker, watch)
         finally:
-            if isinstance(err, GemError | KeyboardInterrupt | SystemExit):
+            if interrupt is not None:
+                raise interrupt  # the interrupt, not a failure to close the run
+            if isinstance(err, GemError):
                 raise
         if tracker.status_before not in (None, "RUNNING") and not watch.trained:
             raise ResumeStopped(f"resume of run {tracker.run_id} stopped before a step "

@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 
 from gem_platform.errors import GemError, RecipeError, TrackingError
 from gem_platform.file_lock import exclusive_lock
+from gem_platform.interrupts import interrupt_in
 from gem_platform.net import redact
 from gem_platform.tracking_uri import (  # noqa: F401 (re-exported: where callers look)
     DEFAULT_DB,
@@ -152,7 +153,7 @@ class RunTracker:
         try:
             yield self
         except BaseException as err:
-            stopped = isinstance(err, KeyboardInterrupt | SystemExit)
+            stopped = interrupt_in(err) is not None
             reason = "interrupted" if stopped else f"{type(err).__name__}: {err}"
             with contextlib.suppress(Exception):  # the store may be what failed
                 if self._client.get_run(self.run_id).info.status == "RUNNING":

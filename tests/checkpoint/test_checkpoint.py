@@ -132,7 +132,10 @@ def test_resume_continues_the_same_mlflow_run(tiny_recipe, mlflow_server):
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode != 0 and "Traceback" not in out
     client = MlflowClient(mlflow_server)
-    assert client.get_run(run.info.run_id).info.status == "KILLED"
+    stopped = client.get_run(run.info.run_id)
+    # on failure: why the run was closed as it was, and what the command printed
+    assert stopped.info.status == "KILLED", (stopped.data.tags.get("gem.failure_reason"),
+                                             out[-3000:])
 
     resumed = subprocess.run([sys.executable, "-m", "gemctl.main", *args, "--resume",
                               run.info.run_id], cwd=d, capture_output=True, text=True,

@@ -22,6 +22,7 @@ from typing import Any
 from ray.tune import Callback
 
 from gem_platform.errors import GemError
+from gem_platform.interrupts import interrupt_in
 from gem_platform.launch import check_world_size, start_ray
 from gem_platform.progress import Echo, TrialDone, draining
 from gem_platform.provenance import TAG_COMMIT, TAG_DATASET
@@ -351,7 +352,7 @@ def run_sweep(plan: SweepPlan, *, new: bool = False, address: str | None = None,
                 results = tuner.fit()
             outcome.errors = _trial_errors(results)
         except BaseException as err:
-            interrupted = isinstance(err, KeyboardInterrupt | SystemExit)
+            interrupted = interrupt_in(err) is not None
             reason = "interrupted" if interrupted else f"{type(err).__name__}: {err}"
             _close(tracker, "KILLED" if interrupted else "FAILED",
                    f"{reason}; run the same command again to resume")
