@@ -9,7 +9,9 @@ only by their category: the gap to the full ceiling is what item-level detail is
 long_range world, the scorer whose long-range term is fitted from the recent and old zones'
 category bags (worlds.zone_bag_overlap) is the ceiling of a model that never lets a recent
 event attend to an old one: the gap to the full ceiling is all a block-local attention can
-lose there.
+lose there. In the lookback world, the scorer whose lookback term is fitted from the zones' category
+shares (worlds.zone_lookback_balance) plays that part.
+In both, the scorer without the world's own term is what a model blind to it reaches.
 
 CVR figures are over clicked samples, as the conversion label is drawn among clicks.
 """
@@ -23,11 +25,13 @@ import numpy as np
 TaskScores = Mapping[str, Mapping[str, np.ndarray]]  # task -> score name -> (n,) scores
 
 # how the terms are listed (meta.json keeps its keys sorted)
-TERM_ORDER = ("intent_affinity", "recent_affinity", "long_affinity", "long_range", "sparse_ids",
-              "ad_category", "dense")
+TERM_ORDER = ("intent_affinity", "recent_affinity", "long_affinity", "long_range", "lookback",
+              "sparse_ids", "ad_category", "dense")
 PLANTED = "planted"  # the whole planted logit (the ceiling)
 CATEGORY_LEVEL = "category_level"  # the planted logit with items known only by category
-ZONE_BAGS = "zone_bags"  # long_range world: the long-range term as seen through zone bags
+ZONE_BAGS = "zone_bags"  # long_range, lookback: the world's own term as seen through zone bags
+WITHOUT_WORLD_TERM = "without_world_term"  # long_range, lookback: the logit less the world's term
+WHOLE = (CATEGORY_LEVEL, ZONE_BAGS, WITHOUT_WORLD_TERM)  # scores of the whole logit
 
 
 def auc(scores: np.ndarray, labels: np.ndarray) -> float:
@@ -49,14 +53,14 @@ def ceiling_aucs(parts: Sequence[TaskScores], ctr: np.ndarray, cvr: np.ndarray
     """AUCs of the scores of every eval shard (``parts``, in the order of the labels).
 
     Returns ``{"term_auc": {task: {term: auc}}, "category_level_auc": {task: auc}}`` (and
-    ``"zone_bags_auc": {task: auc}`` for the tasks that have that score), the form the
-    dataset's meta keeps them in (``extra``); ``term_auc`` leaves out the whole scorer, which
-    the meta holds as ``planted_auc``.
+    ``"zone_bags_auc"`` and ``"without_world_term_auc"``, ``{task: auc}``, for the tasks that
+    have those scores), the form the dataset's meta keeps them in (``extra``); ``term_auc``
+    leaves out the whole scorer, which the meta holds as ``planted_auc``.
     """
     clicked = np.asarray(ctr) == 1
     labels = {"ctr": (np.asarray(ctr), slice(None)), "cvr": (np.asarray(cvr)[clicked], clicked)}
     terms: dict[str, dict[str, float]] = {}
-    whole: dict[str, dict[str, float]] = {CATEGORY_LEVEL: {}, ZONE_BAGS: {}}
+    whole: dict[str, dict[str, float]] = {name: {} for name in WHOLE}
     for task, (y, rows) in labels.items():
         names = parts[0][task].keys()
         for name in names:
@@ -66,10 +70,10 @@ def ceiling_aucs(parts: Sequence[TaskScores], ctr: np.ndarray, cvr: np.ndarray
             elif name != PLANTED:
                 terms.setdefault(task, {})[name] = value
     out = {"term_auc": terms, "category_level_auc": whole[CATEGORY_LEVEL]}
-    if whole[ZONE_BAGS]:
-        out["zone_bags_auc"] = whole[ZONE_BAGS]
+    for name in (ZONE_BAGS, WITHOUT_WORLD_TERM):
+        if whole[name]:
+            out[f"{name}_auc"] = whole[name]
     return out
-
 
 
 def describe_ceilings(planted: Mapping[str, float] | None, extra: Mapping) -> list[str]:
@@ -88,9 +92,13 @@ def describe_ceilings(planted: Mapping[str, float] | None, extra: Mapping) -> li
         names = sorted(known, key=lambda k: (TERM_ORDER.index(k) if k in TERM_ORDER else 99, k))
         alone = ", ".join(f"{name} {known[name]:.3f}" for name in names)
         bags = extra.get("zone_bags_auc", {}).get(task)
+        blind = extra.get("without_world_term_auc", {}).get(task)
+        term = "lookback" if "lookback" in known else "long-range"
         through_bags = "" if bags is None else (
-            f", with the long-range term through zone bags (no attention across blocks) "
+            f", with the {term} term through zone bags (no attention across blocks) "
             f"{bags:.3f}")
+        if blind is not None:
+            through_bags += f", without the {term} term {blind:.3f}"
         lines.append(f"{task}: ceiling AUC {ceiling:.3f}, at category level "
                      f"{coarse.get(task, float('nan')):.3f}{through_bags}; each term alone: "
                      f"{alone}")

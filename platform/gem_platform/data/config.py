@@ -26,7 +26,14 @@ LONG_RANGE_GAP = 64 + RECENT_WINDOW
 # Shortest history world long_range accepts: a few old events beyond the gap in every sample.
 LONG_RANGE_MIN_LEN = LONG_RANGE_GAP + 16
 
-World = Literal["standard", "long_range", "local"]
+# world lookback: a high-intent event reads the event exactly LOOKBACK_DISTANCE positions
+# before it. Over 64, so neither a 64-token block nor a 64-token window holds both events.
+LOOKBACK_DISTANCE = 96
+# Shortest history world lookback accepts: 64 places, counted from the newest event, whose
+# events have one LOOKBACK_DISTANCE before them in every sample.
+LOOKBACK_MIN_LEN = LOOKBACK_DISTANCE + 64
+
+World = Literal["standard", "long_range", "local", "lookback"]
 
 
 class SeqLenConfig(BaseModel):
@@ -117,7 +124,10 @@ class SyntheticConfig(BaseModel):
         description="planted world: standard; long_range (part of the CTR logit needs a "
         "recent event and one more than 64 positions older together: block-local "
         "self-attention can't pair them, though pooled attention still sees both zones as "
-        "bags); local (the history signal comes only from the last events). See "
+        "bags); lookback (part of the CTR logit reads the event exactly "
+        f"{LOOKBACK_DISTANCE} positions before each high-intent event: only attention from "
+        "one event to another that far back, at that exact distance, sees it); local (the "
+        "history signal comes only from the last events). See "
         "docs/synthetic-data.md",
     )
 
@@ -155,6 +165,13 @@ class SyntheticConfig(BaseModel):
                 f"(events {LONG_RANGE_GAP} or more positions from the end carry its signal), "
                 f"but seq_len.min is {self.seq_len.min}; set seq_len.min >= "
                 f"{LONG_RANGE_MIN_LEN}"
+            )
+        if self.world == "lookback" and self.seq_len.min < LOOKBACK_MIN_LEN:
+            raise ValueError(
+                f"world lookback needs histories of at least {LOOKBACK_MIN_LEN} events (its "
+                f"signal lies {LOOKBACK_DISTANCE} positions before high-intent events among "
+                f"the newest 64), but seq_len.min is {self.seq_len.min}; set seq_len.min >= "
+                f"{LOOKBACK_MIN_LEN}"
             )
         n_eval = self.num_eval
         if n_eval < 1 or n_eval >= self.num_samples:

@@ -46,7 +46,14 @@ import numpy as np
 
 from gem_platform.data.arrays import SampleArrays
 from gem_platform.data.budget import check_affordable, synthetic_cost
-from gem_platform.data.ceilings import CATEGORY_LEVEL, PLANTED, ZONE_BAGS, auc, ceiling_aucs
+from gem_platform.data.ceilings import (
+    CATEGORY_LEVEL,
+    PLANTED,
+    WITHOUT_WORLD_TERM,
+    ZONE_BAGS,
+    auc,
+    ceiling_aucs,
+)
 from gem_platform.data.config import RECENT_WINDOW, DataConfig, SeqLenConfig, SyntheticConfig
 from gem_platform.data.meta import META_FILE, DatasetMeta, SparseFeatureSpec, is_count
 from gem_platform.data.ownership import Writer, check_replaceable
@@ -55,9 +62,12 @@ from gem_platform.data.source import SPLITS
 from gem_platform.data.staging import os_errors, remove_stale_staging, staged_dataset
 from gem_platform.data.worlds import (
     W_LONG_RANGE,
+    W_LOOKBACK,
     Interests,
+    lookback_balance,
     returning_share,
     zone_bag_overlap,
+    zone_lookback_balance,
     zoned_history,
     zoned_interests,
 )
@@ -69,6 +79,8 @@ GENERATOR_VERSION = 3  # part of the reuse hash: bump whenever the generated dat
 LATENT_DIM = 16
 ITEM_NOISE = 0.15  # spread of item vectors around their cluster centroid (per dimension)
 LONG_TERM_INTERESTS = 3
+# The world's own CTR term that only attention across 64-token blocks reads (by world).
+WORLD_TERMS = {"long_range": "long_range", "lookback": "lookback"}
 PILOT_SAMPLES = 8192  # samples drawn to calibrate the label base rates (~0.002 error)
 # Above this many history events a dataset's shards are drawn by a pool of processes.
 PARALLEL_TOKENS = 20_000_000
@@ -266,9 +278,12 @@ class PlantedWorld:
         from_end = offsets[owner + 1] - 1 - np.arange(t)
         ev_user = users[owner]
 
+        interests: Interests | None = None
         if c.world == "standard":
             interests = self._user_interests(users)
             clusters = self._standard_history(rng, interests, owner, from_end)
+        elif c.world == "lookback":  # independent events, alike at every position
+            clusters = rng.integers(0, c.num_clusters, t)
         else:
             interests = zoned_interests(rng, n, c.num_clusters, LONG_TERM_INTERESTS)
             clusters = zoned_history(rng, interests, owner, from_end, c.num_clusters)
@@ -280,9 +295,13 @@ class PlantedWorld:
         age = ends - csum + gaps  # seconds from the event to the request
         seq_age = np.log1p(age).astype(np.float32)
 
-        r_ad = rng.random(n)
-        ad_cluster = np.where(r_ad < 0.35, interests.recent, interests.pick(rng, np.arange(n)))
-        ad_cluster = np.where(r_ad >= 0.7, rng.integers(0, c.num_clusters, n), ad_cluster)
+        if interests is None:  # world lookback: no interests, any candidate
+            ad_cluster = rng.integers(0, c.num_clusters, n)
+        else:
+            r_ad = rng.random(n)
+            ad_cluster = np.where(r_ad < 0.35, interests.recent,
+                                  interests.pick(rng, np.arange(n)))
+            ad_cluster = np.where(r_ad >= 0.7, rng.integers(0, c.num_clusters, n), ad_cluster)
         ad = self._items_of(rng, ad_cluster)
 
         values = {"user_id": users}
@@ -339,7 +358,7 @@ class PlantedWorld:
         weighted = sim * self.action_weight[arrays.seq_action_types]
         aff_recent = _segment_mean(weighted, owner, recent, n)
         intent = arrays.seq_action_types == self.cfg.num_action_types - 1
-        local = self.cfg.world == "local"
+        local = self.cfg.world in ("local", "lookback")  # no history signal beyond the recent one
         aff_intent = _segment_mean(sim, owner, intent & recent if local else intent, n)
 
         ad_cluster = self.item_cluster[arrays.ad_item_id]
@@ -357,6 +376,9 @@ class PlantedWorld:
         if self.cfg.world == "long_range":
             categories = self.item_cluster[arrays.seq_item_ids]
             ctr["long_range"] = W_LONG_RANGE * returning_share(arrays.seq_offsets, categories)
+        if self.cfg.world == "lookback":
+            categories = self.item_cluster[arrays.seq_item_ids]
+            ctr["lookback"] = W_LOOKBACK * lookback_balance(arrays.seq_offsets, categories, intent)
         cvr = {
             "intent_affinity": W_CVR_INTENT * aff_intent,
             "recent_affinity": W_CVR_RECENT * aff_recent,
@@ -394,18 +416,27 @@ class PlantedWorld:
                 alone["dense"] = alone["dense"] + alone.pop("dense_pair")
             out[task] = {**alone, PLANTED: _total(full.task(task)),
                          CATEGORY_LEVEL: _total(coarse.task(task))}
-        if "long_range" in full.ctr:
-            out["ctr"][ZONE_BAGS] = self._through_zone_bags(arrays, full.ctr)
+        term = WORLD_TERMS.get(self.cfg.world)
+        if term is not None:
+            rest = {k: v for k, v in full.ctr.items() if k != term}
+            out["ctr"][WITHOUT_WORLD_TERM] = _total(rest)
+            out["ctr"][ZONE_BAGS] = self._through_zone_bags(arrays, full.ctr, term)
         return out
 
-    def _through_zone_bags(self, arrays: SampleArrays, ctr: dict[str, np.ndarray]
+    def _through_zone_bags(self, arrays: SampleArrays, ctr: dict[str, np.ndarray], term: str
                            ) -> np.ndarray:
-        """The CTR logit with its long-range term replaced by the term's least-squares fit
-        from the zones' category bags (worlds.zone_bag_overlap)."""
+        """The CTR logit with the world's own term replaced by the term's least-squares fit
+        from what the zones' bags tell of it (worlds.zone_bag_overlap, zone_lookback_balance)."""
         categories = self.item_cluster[arrays.seq_item_ids]
-        overlap = zone_bag_overlap(arrays.seq_offsets, categories)
-        fitted = np.polyval(np.polyfit(overlap, ctr["long_range"], 1), overlap)
-        return _total({**ctr, "long_range": fitted})
+        if term == "long_range":
+            overlap = zone_bag_overlap(arrays.seq_offsets, categories)
+        else:
+            intent = arrays.seq_action_types == self.cfg.num_action_types - 1
+            overlap = zone_lookback_balance(arrays.seq_offsets, categories, intent)
+        if np.ptp(overlap) == 0:  # nothing to fit from: the term's mean
+            return _total({**ctr, term: np.full_like(overlap, ctr[term].mean())})
+        fitted = np.polyval(np.polyfit(overlap, ctr[term], 1), overlap)
+        return _total({**ctr, term: fitted})
 
     def probabilities(self, arrays: SampleArrays) -> tuple[np.ndarray, np.ndarray]:
         """Planted P(click) and P(conversion | click) of every sample."""

@@ -19,6 +19,17 @@ not per user, so a model cannot learn them from the user id instead of reading t
   reaches the old zone. One sum over events of something per event (what pooling over the
   history computes) does not tell it either, but two, one per zone, compared with each other
   carry much of it (:func:`zone_bag_overlap`).
+- ``lookback``: histories of independent events, alike at every position (nothing is
+  planted in them). Categories come in two kinds (even and odd ids). The CTR logit gains
+  ``W_LOOKBACK`` times the mean, over the history's high-intent events (the last action
+  type), of +1 where the event ``LOOKBACK_DISTANCE`` positions earlier is of the same kind,
+  -1 where it is not (:func:`lookback_balance`). Every event, every bag of events and every
+  count is distributed alike whatever the term, and the term's mean is 0 whatever any one
+  zone holds (a mark's kind is as likely either way); it
+  depends on which event lies exactly that far before which, so only attention from one event
+  to another that far back, reading the distance exactly (rotary positions), tells it. The
+  distance is over 64, so 64-token blocks or windows never hold both events. What pooling the
+  history into zones and comparing the zones can still recover is :func:`zone_lookback_balance`.
 - ``local``: the history signal comes only from the recent events (their affinity to the
   candidate; for CVR, their high-intent actions), so block-local attention loses nothing.
 """
@@ -29,11 +40,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gem_platform.data.config import LONG_RANGE_GAP, RECENT_WINDOW
+from gem_platform.data.config import LONG_RANGE_GAP, LOOKBACK_DISTANCE, RECENT_WINDOW
 
 RETURNING_SHARE = 0.5  # samples whose recent interest is one of their long-term interests
 SESSION_INTERESTS = 2  # clusters of the middle zone, per sample
 W_LONG_RANGE = 3.0  # CTR logit per unit of returning share (world long_range)
+W_LOOKBACK = 1.5  # CTR logit per unit of lookback balance (world lookback)
+LOOKBACK_ZONE = RECENT_WINDOW  # width of the zones zone_lookback_balance compares
 
 
 @dataclass(frozen=True)
@@ -116,3 +129,47 @@ def zone_bag_overlap(offsets: np.ndarray, categories: np.ndarray) -> np.ndarray:
         np.add.at(bag, (owner[zone], categories[zone]), 1.0)
         shares.append(bag / np.maximum(bag.sum(axis=1, keepdims=True), 1.0))
     return (shares[0] * np.sqrt(shares[1])).sum(axis=1)
+
+
+
+def kind(categories: np.ndarray) -> np.ndarray:
+    """The lookback world's planted split of the categories: +1 for even ids, -1 for odd."""
+    return 1.0 - 2.0 * (categories % 2)
+
+
+def lookback_balance(offsets: np.ndarray, categories: np.ndarray, intent: np.ndarray
+                     ) -> np.ndarray:
+    """(n,) mean over each history's high-intent events (``intent``, (T,) bool) that have an
+    event ``LOOKBACK_DISTANCE`` positions before them of +1 where that event's category is of
+    their kind, -1 where not; 0 where none has one."""
+    n, owner, _ = _positions(offsets)
+    t = np.arange(owner.size)
+    marks = t[intent & (t - LOOKBACK_DISTANCE >= offsets[owner])]
+    agree = kind(categories[marks]) * kind(categories[marks - LOOKBACK_DISTANCE])
+    count = np.bincount(owner[marks], minlength=n)
+    return np.bincount(owner[marks], weights=agree, minlength=n) / np.maximum(count, 1)
+
+
+def zone_lookback_balance(offsets: np.ndarray, categories: np.ndarray, intent: np.ndarray,
+                          width: int = LOOKBACK_ZONE) -> np.ndarray:
+    """(n,) :func:`lookback_balance` as seen through zones of ``width`` positions (counted from
+    the end): each high-intent event's kind times the mean kind of the zone
+    ``LOOKBACK_DISTANCE`` further back than its own zone, averaged over those events.
+    What a model that pools every zone apart and compares each with the one that far back can
+    compute, knowing distances to a zone's width only; the model's pooled attention reads
+    every token with its recency, and the DHEN dot interaction compares pools, so this bounds
+    what block-local attention can still reach of the term."""
+    n, owner, from_end = _positions(offsets)
+    zone = from_end // width
+    zones = int(zone.max(initial=0)) + 1
+    kinds = np.zeros((n, zones))
+    seen = np.zeros((n, zones))
+    np.add.at(kinds, (owner, zone), kind(categories))
+    np.add.at(seen, (owner, zone), 1.0)
+    back = zone + LOOKBACK_DISTANCE // width
+    marks = np.flatnonzero(intent & (back < zones))
+    marks = marks[seen[owner[marks], back[marks]] > 0]
+    mean_back = kinds[owner[marks], back[marks]] / seen[owner[marks], back[marks]]
+    agree = kind(categories[marks]) * mean_back
+    count = np.bincount(owner[marks], minlength=n)
+    return np.bincount(owner[marks], weights=agree, minlength=n) / np.maximum(count, 1)
