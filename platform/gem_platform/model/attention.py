@@ -5,6 +5,11 @@ Each gem_kernels op picks its Triton kernel on CUDA and its PyTorch reference el
 kernels are measured against in ablations. A ``kernel`` other than auto, triton or pytorch
 names a model variant (gem_platform.model_variants), which computes the attention instead:
 ``baseline``, gem_bench's off-the-shelf parts, is the e2e benchmark's same-run baseline.
+
+RoPE (``rope_base``): block attention rotates q and k inside its kernel; for the other kinds
+q and k are rotated here, before the op, by gem_kernels' RoPE reference (the same convention
+and tables: positions restart at 0 in every sequence), so full, sliding and padded attention
+see exact relative distances too.
 """
 
 from __future__ import annotations
@@ -15,7 +20,13 @@ import torch
 import torch.nn.functional as F
 
 from gem_kernels import custom_ops
-from gem_kernels.block_attention import block_attention
+from gem_kernels.block_attention import (
+    RopeConfig,
+    apply_rope_reference,
+    block_attention,
+    rope_tables_for,
+    sequence_positions,
+)
 from gem_kernels.gdpa import gdpa
 from gem_kernels.jagged_attention import jagged_attention
 from gem_platform import model_variants
@@ -56,6 +67,15 @@ def _padded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets
     return out.transpose(1, 2)[seq_idx, pos]
 
 
+def _rotated(q: torch.Tensor, k: torch.Tensor, offsets: torch.Tensor, max_len: int,
+             base: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """q and k rotated by each token's position in its own sequence (RoPE), in their dtype."""
+    positions = sequence_positions(offsets, q.shape[0])
+    tables = rope_tables_for(RopeConfig(base=base), max(max_len, 1), q.shape[-1], q.device)
+    return (apply_rope_reference(q, positions, tables).to(q.dtype),
+            apply_rope_reference(k, positions, tables).to(k.dtype))
+
+
 def self_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets: torch.Tensor,
                    max_len: int, spec: SelfAttentionSpec) -> torch.Tensor:
     """Self-attention over jagged sequences: q/k/v (T, H, d), offsets (B+1,) -> (T, H, d).
@@ -67,6 +87,8 @@ def self_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets: t
     if spec.kernel not in model_variants.KERNELS and spec.kind != "padded":
         return model_variants.get(spec.kernel).self_attention(q, k, v, offsets, max_len, spec)
     compiling = torch.compiler.is_compiling()
+    if spec.rope_base is not None and spec.kind != "block64":
+        q, k = _rotated(q, k, offsets, max_len, spec.rope_base)
     if spec.kind in ("full", "sliding"):
         window = None
         if spec.kind == "sliding":
@@ -80,11 +102,7 @@ def self_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets: t
         if compiling:
             return custom_ops.block_attention(q, k, v, offsets, block=64,
                                               rope_base=spec.rope_base, kernel=spec.kernel)
-        rope = None
-        if spec.rope_base is not None:
-            from gem_kernels.block_attention import RopeConfig
-
-            rope = RopeConfig(base=spec.rope_base)
+        rope = None if spec.rope_base is None else RopeConfig(base=spec.rope_base)
         return block_attention(q, k, v, offsets, block=64, rope=rope, kernel=spec.kernel)
     if spec.kind == "padded":
         return _padded_attention(q, k, v, offsets, max_len, spec.causal)
