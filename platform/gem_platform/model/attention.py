@@ -9,7 +9,8 @@ names a model variant (gem_platform.model_variants), which computes the attentio
 RoPE (``rope_base``): block attention rotates q and k inside its kernel; for the other kinds
 q and k are rotated here, before the op, by gem_kernels' RoPE reference (the same convention
 and tables: positions restart at 0 in every sequence), so full, sliding and padded attention
-see exact relative distances too.
+see exact relative distances too. A model variant gets them rotated too, for every kind but
+block64, whose RoPE stays the variant's own.
 """
 
 from __future__ import annotations
@@ -84,11 +85,11 @@ def self_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets: t
     opaque node each; eager calls take the public ops directly. Its FLOPs are counted by the
     calling block (SelfAttentionBlock.forward_flops), not here: counting needs the lengths on
     the host, which a compiled region must not sync for."""
+    if spec.rope_base is not None and spec.kind != "block64":
+        q, k = _rotated(q, k, offsets, max_len, spec.rope_base)
     if spec.kernel not in model_variants.KERNELS and spec.kind != "padded":
         return model_variants.get(spec.kernel).self_attention(q, k, v, offsets, max_len, spec)
     compiling = torch.compiler.is_compiling()
-    if spec.rope_base is not None and spec.kind != "block64":
-        q, k = _rotated(q, k, offsets, max_len, spec.rope_base)
     if spec.kind in ("full", "sliding"):
         window = None
         if spec.kind == "sliding":
