@@ -62,7 +62,8 @@ class ModelConfig(_Strict):
     window: int = Field(64, ge=1, le=1 << 20,
                         description="left window (tokens) for attention=sliding")
     causal: bool = Field(True, description="tokens attend only to older events")
-    rope: bool = Field(False, description="rotary positions in block64 attention")
+    rope: bool = Field(False, description="rotary positions (RoPE) in the sequence "
+                       "self-attention, any kind: attention reads exact distances between events")
     qk_norm: bool = Field(True, description="RMS-normalize q and k: bounds the scores")
     gdpa_activation: Literal["silu", "gelu", "gelu_tanh", "identity"] = Field(
         "silu", description="element-wise activation of the cross and pooled attention (GDPA)")
@@ -315,8 +316,6 @@ class Recipe(_Strict):
                 f"precision.mode=fp8_block needs model.d_model divisible by 32 "
                 f"(got {self.model.d_model})"
             )
-        if self.model.rope and self.model.attention != "block64":
-            raise ValueError("model.rope applies to model.attention=block64 only")
         if self.train.device == "cpu" and self.parallel.use_gpu:
             raise ValueError("train.device=cpu contradicts parallel.use_gpu=true")
         if self.train.saved_activations == "fp8" and self.precision.mode == "fp32":

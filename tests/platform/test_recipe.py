@@ -39,7 +39,7 @@ def test_overrides_are_typed():
     ("train:\n  steps: many\n", "train.steps"),
     ("model:\n  attention: sparse\n", "model.attention"),
     ("model:\n  d_model: 30\n  num_heads: 4\n", "model.d_model=30 must be divisible"),
-    ("model:\n  rope: true\n  attention: full\n", "model.rope applies to model.attention=block64"),
+    ("model:\n  rope: true\n  d_model: 18\n  num_heads: 2\n", "model.rope needs an even head dim"),
     ("precision:\n  mode: fp8_block\nmodel:\n  d_model: 48\n  num_heads: 2\n",
      "precision.mode=fp8_block needs model.d_model divisible by 32"),
     ("- a\n- b\n", "must be a YAML mapping"),
