@@ -1,6 +1,7 @@
 """The worlds that answer the attention ablation: block-local self-attention never lets a
 recent event see an old one, how much of the long-range term the zones' bags still carry, and
-the shipped controls sweep pairs the arms of each world."""
+the shipped controls sweep pairs the arms of each world (lookback, the positive control, and
+local)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from gem_platform.data.ceilings import describe_ceilings
 from gem_platform.data.config import (
     LONG_RANGE_GAP,
     LONG_RANGE_MIN_LEN,
+    LOOKBACK_MIN_LEN,
     RECENT_WINDOW,
     DataConfig,
 )
@@ -70,16 +72,17 @@ def test_shipped_controls_pair_both_worlds(monkeypatch) -> None:
     plan = load_sweep(REPO / "recipes" / "ablations" / "attention_controls.yaml")
     arms = {a.name: a.recipe for a in plan.arms}
     assert {n: (r.model.attention, r.data.synthetic.world) for n, r in arms.items()} == {
-        "full_long_range": ("full", "long_range"), "block64_long_range": ("block64", "long_range"),
+        "full_lookback": ("full", "lookback"), "block64_lookback": ("block64", "lookback"),
         "full_local": ("full", "local"), "block64_local": ("block64", "local")}
-    assert plan.baseline == "full_long_range" and len(plan.seeds) >= 3
+    assert plan.baseline == "full_lookback" and len(plan.seeds) >= 3
     assert plan.gates.max_ne_regression_pct == 0.2
-    # one dataset per world, with histories long enough for the long-range term
-    assert arms["full_long_range"].data.path == arms["block64_long_range"].data.path
+    # one dataset per world, with histories long enough for the lookback term
+    assert arms["full_lookback"].data.path == arms["block64_lookback"].data.path
     assert arms["full_local"].data.path == arms["block64_local"].data.path
-    assert arms["full_local"].data.path != arms["full_long_range"].data.path
-    assert all(r.data.synthetic.seq_len.min >= LONG_RANGE_MIN_LEN for r in arms.values())
-    assert all(r.model.causal for r in arms.values())
+    assert arms["full_local"].data.path != arms["full_lookback"].data.path
+    assert all(r.data.synthetic.seq_len.min >= LOOKBACK_MIN_LEN for r in arms.values())
+    # rotary positions in every arm: only they let full attention read an exact distance
+    assert all(r.model.causal and r.model.rope for r in arms.values())
 
 
 def test_zone_bag_overlap_is_the_recent_share_times_the_root_of_the_old_share() -> None:
