@@ -15,6 +15,7 @@ from gem_platform.data.ceilings import describe_ceilings
 from gem_platform.data.config import (
     LONG_RANGE_GAP,
     LONG_RANGE_MIN_LEN,
+    LOOKBACK_DISTANCE,
     LOOKBACK_MIN_LEN,
     RECENT_WINDOW,
     DataConfig,
@@ -61,6 +62,37 @@ def test_only_attention_across_blocks_sees_the_old_zone_from_the_recent_one(
     with torch.no_grad():
         before = tower(x, offsets, max_len)[recent]
         after = tower(y, offsets, max_len)[recent]
+    if blind:
+        torch.testing.assert_close(after, before, rtol=0, atol=0)
+    else:
+        assert (after - before).abs().amax(dim=1).gt(1e-3).float().mean() > 0.9
+
+
+@pytest.mark.parametrize("kind, layers, blind", [
+    ("block64", 3, True),     # blocks never cross, however many layers
+    ("sliding", 1, True),     # one 64-token window reaches 64 back, the target lies 96 back
+    ("full", 1, False),
+])
+def test_only_attention_across_blocks_sees_the_lookback_target(kind: str, layers: int,
+                                                               blind: bool) -> None:
+    """A high-intent event's output of the sequence tower (with RoPE) with the event
+    LOOKBACK_DISTANCE before it replaced, the lookback world's signal: unchanged under
+    block-local attention, changed under full attention. One such event per history, at
+    every place from the newest back (so every way block edges fall between the two)."""
+    lengths = np.arange(LOOKBACK_MIN_LEN, LOOKBACK_MIN_LEN + 64)  # every block edge
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    marks = offsets[1:] - 1 - np.arange(lengths.size)  # 0..63 places from the end
+    torch.manual_seed(0)
+    spec = SelfAttentionSpec(kind=kind, window=64, causal=True, rope_base=10000.0)
+    tower = SequenceTower(16, 2, layers, spec, qk_norm=True).eval()
+    x = torch.randn(int(offsets[-1]), 16)
+    y = x.clone()
+    targets = torch.as_tensor(marks - LOOKBACK_DISTANCE)
+    y[targets] = torch.randn(targets.numel(), 16)
+    max_len = int(lengths.max())
+    with torch.no_grad():
+        before = tower(x, torch.as_tensor(offsets), max_len)[marks]
+        after = tower(y, torch.as_tensor(offsets), max_len)[marks]
     if blind:
         torch.testing.assert_close(after, before, rtol=0, atol=0)
     else:
