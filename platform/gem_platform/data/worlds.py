@@ -1,7 +1,7 @@
 """The planted worlds with a known answer for attention ablations (``data.synthetic.world``).
 
-``standard`` is the world of gem_platform.data.synthetic. The two others share one way of
-drawing histories, in three zones counted from the newest event:
+``standard`` is the world of gem_platform.data.synthetic. ``long_range`` and ``local`` share
+one way of drawing histories, in three zones counted from the newest event:
 
 - recent (the last ``RECENT_WINDOW`` events): mostly the sample's recent interest;
 - middle (up to ``LONG_RANGE_GAP`` events back): the sample's session interests, drawn apart
@@ -25,11 +25,11 @@ not per user, so a model cannot learn them from the user id instead of reading t
   type), of +1 where the event ``LOOKBACK_DISTANCE`` positions earlier is of the same kind,
   -1 where it is not (:func:`lookback_balance`). Every event, every bag of events and every
   count is distributed alike whatever the term, and the term's mean is 0 whatever any one
-  zone holds (a mark's kind is as likely either way); it
-  depends on which event lies exactly that far before which, so only attention from one event
-  to another that far back, reading the distance exactly (rotary positions), tells it. The
-  distance is over 64, so 64-token blocks or windows never hold both events. What pooling the
-  history into zones and comparing the zones can still recover is :func:`zone_lookback_balance`.
+  zone holds (a high-intent event is as likely of either kind): it depends on which event
+  lies exactly that far before which, so only attention from one event to another that far
+  back, reading the distance exactly (rotary positions), tells it. The distance is over 64,
+  so 64-token blocks or windows never hold both events. What pooling the history into zones
+  and comparing the zones can still recover is :func:`zone_lookback_balance`.
 - ``local``: the history signal comes only from the recent events (their affinity to the
   candidate; for CVR, their high-intent actions), so block-local attention loses nothing.
 """
@@ -129,7 +129,6 @@ def zone_bag_overlap(offsets: np.ndarray, categories: np.ndarray) -> np.ndarray:
         np.add.at(bag, (owner[zone], categories[zone]), 1.0)
         shares.append(bag / np.maximum(bag.sum(axis=1, keepdims=True), 1.0))
     return (shares[0] * np.sqrt(shares[1])).sum(axis=1)
-
 
 
 def kind(categories: np.ndarray) -> np.ndarray:
