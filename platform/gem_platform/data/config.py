@@ -96,6 +96,15 @@ def _default_sparse() -> list[SparseFeatureConfig]:
     ]
 
 
+# The shortest history each world with a known answer can plant its signal in, and why.
+_WORLD_MIN_LEN = {
+    "long_range": (LONG_RANGE_MIN_LEN, f"events {LONG_RANGE_GAP} or more positions from the "
+                   "end carry its signal"),
+    "lookback": (LOOKBACK_MIN_LEN, f"its signal lies {LOOKBACK_DISTANCE} positions before "
+                 "high-intent events among the newest 64"),
+}
+
+
 class SyntheticConfig(BaseModel):
     """Shape of the synthetic dataset with a planted ground truth.
 
@@ -159,19 +168,11 @@ class SyntheticConfig(BaseModel):
             raise ValueError(
                 f"num_clusters ({self.num_clusters}) must be <= num_items ({self.num_items})"
             )
-        if self.world == "long_range" and self.seq_len.min < LONG_RANGE_MIN_LEN:
+        needs = _WORLD_MIN_LEN.get(self.world)
+        if needs is not None and self.seq_len.min < needs[0]:
             raise ValueError(
-                f"world long_range needs histories of at least {LONG_RANGE_MIN_LEN} events "
-                f"(events {LONG_RANGE_GAP} or more positions from the end carry its signal), "
-                f"but seq_len.min is {self.seq_len.min}; set seq_len.min >= "
-                f"{LONG_RANGE_MIN_LEN}"
-            )
-        if self.world == "lookback" and self.seq_len.min < LOOKBACK_MIN_LEN:
-            raise ValueError(
-                f"world lookback needs histories of at least {LOOKBACK_MIN_LEN} events (its "
-                f"signal lies {LOOKBACK_DISTANCE} positions before high-intent events among "
-                f"the newest 64), but seq_len.min is {self.seq_len.min}; set seq_len.min >= "
-                f"{LOOKBACK_MIN_LEN}"
+                f"world {self.world} needs histories of at least {needs[0]} events ({needs[1]}), "
+                f"but seq_len.min is {self.seq_len.min}; set seq_len.min >= {needs[0]}"
             )
         n_eval = self.num_eval
         if n_eval < 1 or n_eval >= self.num_samples:
