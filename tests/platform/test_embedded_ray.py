@@ -12,8 +12,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-import pytest
-
 from tests.conftest import free_port
 
 PROBE = """
@@ -25,7 +23,6 @@ ray.shutdown()
 """
 
 
-@pytest.mark.slow
 def test_stale_cluster_address_is_not_joined() -> None:
     # Ray's unix socket paths must stay under 108 bytes: a short directory under /tmp.
     with tempfile.TemporaryDirectory(prefix="gr", dir="/tmp") as short:
