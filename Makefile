@@ -22,10 +22,11 @@ demo: install
 	$(BIN)/gemctl submit recipes/demo.yaml
 
 # pytest exits 5 when it collects nothing (e.g. only GPU tests selected): not a failure.
-# Two test processes (TEST_WORKERS=0 runs in one); a module's tests stay in one process.
+# Two test processes (TEST_WORKERS=0 runs in one); a module's tests stay in one process, and
+# the modules go out in the order tests/conftest.py gives them (longest first).
 TEST_WORKERS ?= 2
 test: install
-	$(BIN)/python -m pytest -m "not gpu" -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS) tests; rc=$$?; \
+	$(BIN)/python -m pytest -m "not gpu" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS) tests; rc=$$?; \
 	  if [ $$rc -eq 5 ]; then rc=0; fi; exit $$rc
 
 lint: install

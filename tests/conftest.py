@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,12 +31,30 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    heaviest_modules_first(items)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def heaviest_modules_first(items: list[pytest.Item]) -> None:
+    """Order the modules by how many ``slow`` tests (Ray, end-to-end training) each holds, most
+    first, then by how many tests, most first; a module's tests stay together and in order.
+
+    `make test` hands whole modules to two processes in this order (--dist loadfile
+    --no-loadscope-reorder): the long modules start first and the many short ones fill in
+    behind them, so both processes end close together. By test count alone (xdist's default)
+    the long end-to-end modules, which hold few tests, came last, and one process could start
+    a minutes-long module as the other ran out of work."""
+    slow: Counter[Path] = Counter()
+    count: Counter[Path] = Counter()
+    for item in items:
+        count[item.path] += 1
+        slow[item.path] += "slow" in item.keywords
+    items.sort(key=lambda item: (-slow[item.path], -count[item.path]))
 
 
 def free_port() -> int:

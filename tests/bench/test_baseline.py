@@ -113,7 +113,7 @@ def test_a_fresh_process_finds_the_variant_through_its_entry_point():
     assert "baseline" in proc.stdout
 
 
-
+@pytest.mark.slow
 def test_a_ray_worker_trains_with_the_variant(tmp_path):
     """gemctl submit --set model.kernel=baseline on a Ray worker: neither the driver nor the
     worker imports gem_bench by name; both find the variant through its entry point."""

@@ -25,6 +25,7 @@ def tiny(tmp_path, monkeypatch):
     return tmp_path, tree
 
 
+@pytest.mark.slow
 def test_both_arms_in_one_run(tiny):
     tmp_path, tree = tiny
     result = bench(recipe_from_dict(tree), warmup=1, steps=2, profiled=1, echo=lambda _: None,
@@ -59,6 +60,7 @@ def test_arm_recipe_and_bad_arguments(tiny):
         bench(recipe, 1, 0, 1)
 
 
+@pytest.mark.slow
 def test_cli_writes_json(tiny):
     tmp_path, tree = tiny
     (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(tree))
@@ -103,6 +105,7 @@ def test_a_failed_arm_is_recorded_not_lost(tmp_path):
     assert data["arms"][0]["error"].startswith("RuntimeError")
 
 
+@pytest.mark.slow
 def test_repeats_report_the_median_run(tiny):
     from dataclasses import replace
 

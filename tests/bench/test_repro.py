@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
 from typer.testing import CliRunner
 
 from gem_bench import repro
@@ -14,6 +15,7 @@ from gemctl.main import app
 from tests.tiny_training import TINY
 
 
+@pytest.mark.slow
 def test_repro_bench_reports_cost_and_agreement(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "tiny.yaml").write_text(TINY.format(data=tmp_path / "data"))
@@ -40,6 +42,7 @@ def test_first_differing_gradient_is_named_nearest_the_loss_first():
     assert first_differing(a, dict(a))["nearest_the_loss"] is None
 
 
+@pytest.mark.slow
 def test_repro_bench_grads_only_is_a_predicate(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "tiny.yaml").write_text(TINY.format(data=tmp_path / "data"))

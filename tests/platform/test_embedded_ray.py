@@ -12,6 +12,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import free_port
 
 PROBE = """
@@ -23,6 +25,7 @@ ray.shutdown()
 """
 
 
+@pytest.mark.slow
 def test_stale_cluster_address_is_not_joined() -> None:
     # Ray's unix socket paths must stay under 108 bytes: a short directory under /tmp.
     with tempfile.TemporaryDirectory(prefix="gr", dir="/tmp") as short:

@@ -33,6 +33,8 @@ arms:
 """
 
 
+pytestmark = pytest.mark.slow  # every test reads the sweep the module trains (4 trials)
+
 NO_RAY_NO_MLFLOW = """
 import sys
 sys.modules.update(ray=None, mlflow=None)  # importing either now raises ImportError
