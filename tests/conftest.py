@@ -146,3 +146,15 @@ def _ray_shut_down_after_each_module() -> Iterator[None]:
 
         if ray.is_initialized():
             ray.shutdown()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _process_group_destroyed_after_each_module() -> Iterator[None]:
+    """A single-process run keeps its default process group for the life of the process (as a
+    Ray worker would); under pytest-xdist the worker's next module may create its own (a fake
+    16-rank group, a gloo group), and torch allows one default group per process."""
+    yield
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
