@@ -240,35 +240,3 @@ def test_failed_resume_leaves_a_finished_run_finished(tiny_recipe, tmp_path):
     (note,) = [a.path for a in client.list_artifacts(run_id) if a.path.startswith("resume-")]
     text = Path(client.download_artifacts(run_id, note, str(tmp_path))).read_text()
     assert all(line in text for line in skipped) and f"resuming from {STEP2}" in text
-
-
-@pytest.mark.slow
-def test_ray_resume_falls_back_past_a_torn_checkpoint(tiny_recipe, tmp_path, monkeypatch):
-    """Two Ray Train workers: each rank's files are in rank 0's manifest; a truncated rank-1
-    file in Ray's newest checkpoint is caught and the run resumes from the one before. Both
-    submits share one embedded Ray, started in this process by the first."""
-    from gem_platform.launch import submit
-
-    d, tree = tiny_recipe
-    monkeypatch.chdir(tmp_path)
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    recipe = recipe_from_dict({**tree, "data": {**tree["data"], "path": str(d / "data")},
-                               "parallel": {**tree["parallel"], "workers": 2},
-                               "tracking": {**tree["tracking"], "uri": uri}})
-    run_id = submit(recipe, echo=lambda _: None).run_id
-    folders = {check_checkpoint(str(p.parent)).step: p.parent
-               for p in (tmp_path / "gem_runs" / "ray").rglob(MANIFEST_FILE)}
-    assert sorted(folders) == [2, 4]
-    assert {"rank0.pt", "rank1.pt"} <= {p.name for p in folders[4].iterdir()}
-    _truncate(folders[4] / "rank1.pt")
-
-    lines: list[str] = []
-    resumed = submit(recipe, echo=lambda event: lines.append(str(event)), resume=run_id)
-    assert resumed.run_id == run_id
-    said = "\n".join(lines)
-    assert f"skipped checkpoint {folders[4].name} (step 4): rank1.pt is 100 bytes" in said, said
-    assert "resumed from step 2" in said, said
-    client = MlflowClient(uri)
-    assert client.get_run(run_id).info.status == "FINISHED"
-    steps = [m.step for m in client.get_metric_history(run_id, "train/loss")]
-    assert steps == list(range(1, 7))

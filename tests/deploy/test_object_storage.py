@@ -1,7 +1,7 @@
 """Object storage end to end against a local S3-compatible server (moto's server mode, started
 here as its own process): a dataset read from s3:// gives the same batches as the local copy,
-both readers, and a Ray run with train.storage=s3://... writes its checkpoints to the bucket
-and resumes from them."""
+both readers, and a two-worker Ray run with train.storage=s3://... writes its checkpoints to
+the bucket and resumes from them, past a torn one."""
 
 from __future__ import annotations
 
@@ -121,35 +121,51 @@ def test_storage_probe_names_the_field(s3) -> None:
 
 
 @pytest.mark.slow
-def test_ray_run_checkpoints_to_object_storage_and_resumes(local_and_remote, s3, tmp_path,
-                                                           monkeypatch) -> None:
+def test_ray_run_checkpoints_to_object_storage_and_resumes_past_a_torn_one(
+        local_and_remote, s3, tmp_path, monkeypatch) -> None:
+    """Two Ray Train workers checkpoint to the bucket; with rank 1's file of the newest
+    checkpoint cut short there, the resume catches it by the manifest and continues from the
+    one before. Both submits share one embedded Ray, started here by the first."""
+    from mlflow.tracking import MlflowClient
+
     from gem_platform.launch import ray_run_dir, submit
 
     _, remote = local_and_remote
     monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     tree = {
         "name": "s3run",
         "model": {"d_model": 16, "num_heads": 2, "pooled_queries": 2, "dhen_layers": 1,
                   "expert_hidden": 32, "head_hidden": 32},
         "data": {"source": "parquet", "path": remote},
         "loader": {"batching": "bbs_v2", "local_batch_size": 64, "window_samples": 256},
-        "train": {"steps": 4, "log_every": 2, "checkpoint_every": 2, "eval_max_samples": 64,
+        "train": {"steps": 6, "log_every": 2, "checkpoint_every": 2, "eval_max_samples": 64,
                   "storage": f"s3://{BUCKET}/runs"},
-        "parallel": {"workers": 1, "cpus_per_worker": 1},
-        "tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "experiment": "s3"},
+        "parallel": {"workers": 2, "cpus_per_worker": 1},
+        "tracking": {"uri": uri, "experiment": "s3"},
     }
     recipe = recipe_from_dict(tree)
     outcome = submit(recipe, echo=lambda _: None)
     folder = ray_run_dir(recipe, outcome.run_id)
     assert folder.startswith(f"s3://{BUCKET}/runs/s3run-")
-    latest = latest_checkpoint(folder)
-    assert latest is not None and latest.startswith(f"s3://{BUCKET}/runs/")
-    names = [i.base_name for i in s3.get_file_info(pafs.FileSelector(
-        latest.removeprefix("s3://"), recursive=True))]
-    assert "gem_step.json" in names
-    # the run resumed from the bucket continues after its saved step (2: the last step
-    # before the end that is a multiple of checkpoint_every)
+    newest = latest_checkpoint(folder)
+    assert newest is not None and newest.startswith(f"s3://{BUCKET}/runs/")
+    files = {i.base_name: i.path for i in s3.get_file_info(pafs.FileSelector(
+        newest.removeprefix("s3://"), recursive=True))}
+    assert {"gem_step.json", "rank0.pt", "rank1.pt"} <= set(files)
+    with s3.open_input_stream(files["rank1.pt"]) as f:
+        head = f.read(100)
+    with s3.open_output_stream(files["rank1.pt"]) as f:
+        f.write(head)
+
     lines: list[str] = []
     resumed = submit(recipe, echo=lambda event: lines.append(str(event)), resume=outcome.run_id)
     assert resumed.run_id == outcome.run_id
-    assert any("resumed from step 2" in line for line in lines), lines
+    said = "\n".join(lines)
+    name = newest.rsplit("/", 1)[1]
+    assert f"skipped checkpoint {name} (step 4): rank1.pt is 100 bytes" in said, said
+    assert "resumed from step 2" in said, said
+    client = MlflowClient(uri)
+    assert client.get_run(outcome.run_id).info.status == "FINISHED"
+    steps = [m.step for m in client.get_metric_history(outcome.run_id, "train/loss")]
+    assert steps == [2, 4, 6]
