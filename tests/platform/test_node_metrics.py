@@ -1,18 +1,16 @@
-"""System metrics of every worker host land in the run, named by MLflow's node id."""
+"""System metrics of every worker host land in the run, named by MLflow's node id (a real
+two-host Ray run checks it in tests/topology/test_submit_placement.py)."""
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
 
-import pytest
 from mlflow.tracking import MlflowClient
 
 from gem_platform.node_metrics import NodeMetricsPlan, NodeSampler, sampling_this_host
-from gem_platform.recipe import recipe_from_dict
 from gem_platform.topology.cluster import Cluster, Host
 from gem_platform.tracking import RunTracker
-from tests.tiny_training import tiny_tree
 
 
 def test_one_sampler_per_host_named_by_host_index(monkeypatch):
@@ -61,37 +59,3 @@ def test_a_sampler_that_cannot_start_is_reported_and_training_goes_on(tmp_path: 
     with sampling_this_host(plan, 0, uri, "0" * 32, lines.append) as sampler:
         assert sampler is None
     assert len(lines) == 1 and lines[0].startswith("system metrics of node_0 are not recorded")
-
-
-@pytest.fixture
-def two_node_cluster():
-    from ray.cluster_utils import Cluster as RayCluster
-
-    cluster = RayCluster(initialize_head=True, head_node_args={"num_cpus": 1})
-    cluster.add_node(num_cpus=1)
-    cluster.wait_for_nodes()
-    yield cluster
-    import ray
-
-    ray.shutdown()
-    cluster.shutdown()
-
-
-@pytest.mark.slow
-def test_a_two_host_ray_run_records_each_hosts_system_metrics(two_node_cluster, mlflow_server,
-                                                               tmp_path, monkeypatch):
-    from gem_platform.launch import submit
-
-    monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "0.5")
-    tree = tiny_tree(tmp_path / "data", steps=4)
-    tree["parallel"].update(workers=2, gpus_per_host=1, hsdp_shard_group=1)
-    tree["tracking"].update(uri=mlflow_server, experiment="node-metrics")
-    outcome = submit(recipe_from_dict(tree), address=two_node_cluster.address,
-                     echo=lambda line: None)
-    run = MlflowClient(mlflow_server).get_run(outcome.run_id)
-    keys, tags = set(run.data.metrics), run.data.tags
-    for node in ("node_0", "node_1"):
-        assert f"system/{node}/cpu_utilization_percentage" in keys, sorted(keys)
-        assert f"system/{node}/system_memory_usage_megabytes" in keys
-    assert tags["gem.node.node_0"] != tags["gem.node.node_1"]
-    assert not any(k.startswith("system/node_2/") for k in keys)
