@@ -23,8 +23,7 @@ from gem_platform import model_variants
 from gem_platform.errors import GemError
 from gem_platform.model import GemModel
 from gem_platform.recipe import ModelConfig
-from tests.conftest import REPO, run_gemctl
-from tests.tiny_training import TINY
+from tests.conftest import REPO
 
 LENGTHS = [5, 0, 130, 1, 64]
 
@@ -101,8 +100,9 @@ def test_unknown_kernel_is_refused_naming_the_installed_variants():
 
 
 def test_a_fresh_process_finds_the_variant_through_its_entry_point():
-    """As a Ray worker does: gem_bench is never imported by name, yet model.kernel=baseline
-    validates and the model computes with gem_bench's parts."""
+    """As a Ray worker does (tests/cli/test_submit_cli.py trains the variant on two): gem_bench
+    is never imported by name, yet model.kernel=baseline validates and the model computes with
+    gem_bench's parts."""
     code = ("import sys; from gem_platform.recipe import ModelConfig; "
             "from gem_platform import model_variants as m; "
             "ModelConfig(kernel='baseline'); v = m.get('baseline'); "
@@ -111,20 +111,3 @@ def test_a_fresh_process_finds_the_variant_through_its_entry_point():
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "baseline" in proc.stdout
-
-
-@pytest.mark.slow
-def test_a_ray_worker_trains_with_the_variant(tmp_path):
-    """gemctl submit --set model.kernel=baseline on a Ray worker: neither the driver nor the
-    worker imports gem_bench by name; both find the variant through its entry point."""
-    (tmp_path / "tiny.yaml").write_text(TINY.format(data=tmp_path / "data"))
-    proc = run_gemctl("submit", "tiny.yaml", "--set", "model.kernel=baseline",
-                      "--set", "train.steps=2", "--set", "parallel.workers=1",
-                      "--set", f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    runs = client.search_runs([client.get_experiment_by_name("cli-test").experiment_id])
-    assert [r.data.params["model.kernel"] for r in runs] == ["baseline"]
-    assert runs[0].info.status == "FINISHED"
