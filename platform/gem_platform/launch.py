@@ -252,6 +252,19 @@ def _run_on_ray(recipe: Recipe, meta: DatasetMeta, tracker: RunTracker, address:
     return _check_and_record(reports, placement, tracker)
 
 
+def recipe_for_workers(recipe: Recipe) -> Recipe:
+    """The recipe as Ray Train workers read it: a relative local ``data.path`` made absolute
+    from the driver's folder. Ray Train starts each worker in a run folder of its own, where
+    the driver's relative path names nothing (the dataset was prepared from the driver's)."""
+    from gem_platform.data.source import is_remote
+
+    path = recipe.data.path
+    if is_remote(path) or os.path.isabs(path):
+        return recipe
+    data = recipe.data.model_copy(update={"path": os.path.abspath(path)})
+    return recipe.model_copy(update={"data": data})
+
+
 def _build_trainer(recipe: Recipe, meta: DatasetMeta, tracker: RunTracker,
                    placement: Placement, progress: Any, resume_from: str | None = None,
                    node_metrics: Any = None) -> Any:
@@ -269,7 +282,8 @@ def _build_trainer(recipe: Recipe, meta: DatasetMeta, tracker: RunTracker,
 
     return TorchTrainer(
         train_loop_per_worker=_ray_worker_loop,
-        train_loop_config={"recipe": recipe.model_dump(mode="json"), "meta": meta,
+        train_loop_config={"recipe": recipe_for_workers(recipe).model_dump(mode="json"),
+                           "meta": meta,
                            "run_id": tracker.run_id,
                            "tracking_uri": tracker.uri, "progress": progress,
                            "resume_from": resume_from, "node_metrics": node_metrics},

@@ -21,8 +21,11 @@ from tests.tiny_training import TINY
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder holding tiny.yaml, whose data.path is relative (as in recipes/demo.yaml): every
+    command here runs in this folder, and Ray Train workers, which start in run folders of
+    their own, must still find the dataset."""
     d = tmp_path_factory.mktemp("cli")
-    (d / "tiny.yaml").write_text(TINY.format(data=d / "data"))
+    (d / "tiny.yaml").write_text(TINY.format(data="data"))
     return d
 
 
