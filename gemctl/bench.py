@@ -150,6 +150,18 @@ def _quality(
     raise typer.Exit(main(argv))
 
 
+def _terms(
+    recipe: Annotated[str, typer.Argument(help="Recipe YAML (synthetic data).")],
+    set_: Annotated[list[str] | None, typer.Option(
+        "--set", "-s", help="Override a recipe field (repeatable).")] = None,
+    out: Annotated[str, typer.Option(help="Folder for terms_bench.json.",
+                                         callback=out_folder)] = "bench_results",
+) -> None:
+    from gem_bench.terms import main
+
+    raise typer.Exit(main([recipe, "--out", out, *_overrides(set_)]))
+
+
 # The commands that take recipes: (function, help, examples).
 RECIPE_COMMANDS = {
     "e2e": (_e2e, "A recipe trained by the platform's own build and by the same model from "
@@ -167,6 +179,11 @@ RECIPE_COMMANDS = {
               "the cost, bitwise agreement.",
               ("gemctl bench repro recipes/h200.yaml --set train.steps=50",
                "gemctl bench repro recipes/h200.yaml --grads-only --in-one-process")),
+    "terms": (_terms, "Which planted signals a model learned: trains a synthetic-data recipe "
+              "in this process, then fits its held-out CTR logit on the planted terms "
+              "(coefficient ~1: learned at the planted scale; ~0: missed).",
+              ("gemctl bench terms recipes/demo.yaml --set loader.local_batch_size=512",
+               "gemctl bench terms recipes/demo.yaml --set model.item_vectors=planted")),
     "compile-check": (_compile_check, "Step-1 gradients of the compiled model against the "
                       "eager one, per parameter (relative L2 error): does compiling change "
                       "what the model computes? Exit 1 beyond the tolerance.",

@@ -19,7 +19,8 @@ DEMO = str(REPO / "recipes" / "demo.yaml")
 AT_ONCE_S = 10.0
 FOLDER_OPTIONS = [("bench", "bbs"), ("bench", "loader"), ("bench", "e2e", DEMO),
                   ("bench", "repro", DEMO), ("bench", "compile-check", DEMO),
-                  ("bench", "quality", DEMO), ("bench", "kernels"), ("profile-data", DEMO),
+                  ("bench", "quality", DEMO), ("bench", "terms", DEMO), ("bench", "kernels"),
+                  ("profile-data", DEMO),
                   ("data", "movielens", str(REPO))]
 FILE_OPTIONS = [("plan", DEMO, "--out"), ("profile", DEMO, "--out"),
                 ("profile", DEMO, "--trace")]

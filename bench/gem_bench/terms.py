@@ -1,0 +1,160 @@
+"""gemctl bench terms: which planted signals a trained model's CTR scores follow.
+
+On synthetic data the CTR logit is a sum of planted terms (recent and long-term affinity,
+per-id effects, the candidate's category, dense features; per world). This trains a recipe in
+this process (one rank, as ``gemctl submit --local``), scores the held-out split and fits the
+model's CTR logit by least squares on those terms:
+
+- ``coef``: near 1, the model's logit moves with the term at the planted scale; near 0, the
+  model misses it. A model unsure of itself shrinks every coefficient alike.
+- ``partial_corr``: the correlation of the model's logit with the term, both with the other
+  terms regressed out: the same question without the overall scale.
+- ``r2``: how much of the model's logit the planted terms explain (the rest is noise the model
+  learned, or structure at another scale).
+
+Two runs of it tell which signal a change helps: e.g. the learned item tables against
+``model.item_vectors=planted`` (docs/quality/README.md).
+
+    gemctl bench terms recipes/demo.yaml --set loader.local_batch_size=512
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from gem_platform.data.ceilings import auc
+from gem_platform.data.learnability import eval_split
+from gem_platform.data.parquet import SampleTable
+from gem_platform.data.synthetic import PlantedWorld
+from gem_platform.errors import DataError, RecipeError
+from gem_platform.recipe import Recipe, load_recipe
+from gem_platform.train.loop import train
+
+EVAL_BATCH = 1024
+
+
+@dataclass
+class TermCapture:
+    """What a model's logit holds of each planted term (see the module docstring)."""
+
+    coef: dict[str, float]
+    partial_corr: dict[str, float]
+    r2: float
+    residual_std: float
+
+
+def _fit(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Residual of ``y`` after least squares on ``x``'s columns and an intercept."""
+    design = np.column_stack([x, np.ones(len(y))])
+    beta, *_ = np.linalg.lstsq(design, y, rcond=None)
+    return y - design @ beta
+
+
+def capture(logits: np.ndarray, terms: dict[str, np.ndarray]) -> TermCapture:
+    """Least-squares fit of ``logits`` on the planted ``terms`` (name -> per-sample value)."""
+    names = list(terms)
+    x = np.column_stack([terms[n] for n in names]).astype(np.float64)
+    z = logits.astype(np.float64)
+    design = np.column_stack([x, np.ones(len(z))])
+    beta, *_ = np.linalg.lstsq(design, z, rcond=None)
+    residual = z - design @ beta
+    partial = {}
+    for i, name in enumerate(names):
+        others = np.delete(x, i, axis=1)
+        a, b = _fit(others, z), _fit(others, x[:, i])
+        denom = float(np.linalg.norm(a) * np.linalg.norm(b))
+        partial[name] = float(a @ b / denom) if denom else 0.0
+    return TermCapture(coef={n: float(beta[i]) for i, n in enumerate(names)},
+                       partial_corr=partial, r2=float(1 - residual.var() / z.var()),
+                       residual_std=float(residual.std()))
+
+
+def held_out_terms(recipe: Recipe) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """The planted CTR terms and labels of the recipe's held-out split, in the order the
+    dataset stores it (the generator's own draw, repeated)."""
+    world = PlantedWorld.build(recipe.data.synthetic)
+    parts = eval_split(world)
+    per_part = [world.terms(a).ctr for a in parts]
+    terms = {name: np.concatenate([p[name] for p in per_part]) for name in per_part[0]}
+    return terms, np.concatenate([a.ctr for a in parts]).astype(np.float64)
+
+
+@torch.no_grad()
+def held_out_logits(model: torch.nn.Module, recipe: Recipe) -> tuple[np.ndarray, np.ndarray]:
+    """(CTR logits, CTR labels) of the stored held-out split, in its order."""
+    table = SampleTable.load(recipe.data.path, "eval", 0, 1)
+    device = next(model.parameters()).device
+    model.eval()
+    logits, labels = [], []
+    reduced = recipe.precision.mode != "fp32"
+    for start in range(0, len(table), EVAL_BATCH):
+        batch = table.collate(np.arange(start, min(start + EVAL_BATCH, len(table)))).to(device)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=reduced):
+            logits.append(model(batch)[:, 0].float().cpu())
+        labels.append(batch.labels[:, 0].cpu())
+    return torch.cat(logits).numpy(), torch.cat(labels).numpy().astype(np.float64)
+
+
+def measure(recipe: Recipe, echo=print) -> dict:
+    """Train ``recipe`` here, then fit its held-out CTR logits on the planted terms."""
+    if recipe.data.source != "synthetic":
+        raise RecipeError(f"data.source is {recipe.data.source!r}: only a generated "
+                          "(synthetic) world has planted terms.",
+                          "Run gemctl bench terms on a recipe with data.source: synthetic.")
+    held: dict[str, torch.nn.Module] = {}
+    summary = train(recipe, echo=echo, on_step=lambda _, m: held.__setitem__("model", m))
+    logits, labels = held_out_logits(held["model"], recipe)
+    terms, planted_labels = held_out_terms(recipe)
+    if len(planted_labels) != len(labels) or not np.array_equal(planted_labels, labels):
+        raise DataError(f"The dataset at {recipe.data.path} is not this recipe's synthetic "
+                        "draw (its held-out labels differ).",
+                        "Regenerate it for this recipe: gemctl data generate RECIPE --force.")
+    total = sum(terms.values())
+    return {"auc_ctr": auc(logits, labels), "planted_auc_ctr": auc(total, labels),
+            "term_auc_ctr": {n: auc(t, labels) for n, t in terms.items()},
+            "eval/ne_ctr": summary.get("eval/ne_ctr"),
+            "capture": asdict(capture(logits, terms))}
+
+
+def render(result: dict, console: Console) -> None:
+    cap = result["capture"]
+    table = Table(title=f"held-out CTR: model AUC {result['auc_ctr']:.4f}, planted "
+                        f"{result['planted_auc_ctr']:.4f}; terms explain "
+                        f"{cap['r2']:.0%} of the model's logit")
+    for col in ("planted term", "AUC alone", "coefficient", "partial corr"):
+        table.add_column(col, justify="left" if col == "planted term" else "right")
+    for name, coef in cap["coef"].items():
+        table.add_row(name, f"{result['term_auc_ctr'][name]:.3f}", f"{coef:.3f}",
+                      f"{cap['partial_corr'][name]:.3f}")
+    console.print(table)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("recipe", help="recipe YAML (synthetic data)")
+    p.add_argument("--set", dest="overrides", action="append", default=[],
+                   help="recipe override a.b=v (repeatable)")
+    p.add_argument("--out", default="bench_results", help="folder for terms_bench.json")
+    args = p.parse_args(argv)
+    recipe = load_recipe(args.recipe, ["parallel.workers=1", *args.overrides])
+    console = Console(stderr=True)
+    result = measure(recipe, echo=lambda event: console.print(str(event), markup=False,
+                                                              highlight=False))
+    result |= {"recipe": args.recipe, "overrides": args.overrides}
+    render(result, Console())
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "terms_bench.json").write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
