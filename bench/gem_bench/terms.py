@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -103,7 +104,7 @@ def held_out_logits(model: torch.nn.Module, recipe: Recipe) -> tuple[np.ndarray,
     return torch.cat(logits).numpy(), torch.cat(labels).numpy().astype(np.float64)
 
 
-def measure(recipe: Recipe, echo=print) -> dict:
+def measure(recipe: Recipe, echo: Callable[[object], None] = print) -> dict:
     """Train ``recipe`` here, then fit its held-out CTR logits on the planted terms."""
     if recipe.data.source != "synthetic":
         raise RecipeError(f"data.source is {recipe.data.source!r}: only a generated "
