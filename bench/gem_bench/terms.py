@@ -37,7 +37,7 @@ from gem_platform.data.parquet import SampleTable
 from gem_platform.data.synthetic import PlantedWorld
 from gem_platform.errors import DataError, RecipeError
 from gem_platform.recipe import Recipe, load_recipe
-from gem_platform.train.loop import train
+from gem_platform.train.loop import autocast_for, train
 
 EVAL_BATCH = 1024
 
@@ -52,11 +52,11 @@ class TermCapture:
     residual_std: float
 
 
-def _fit(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Residual of ``y`` after least squares on ``x``'s columns and an intercept."""
+def _least_squares(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(coefficients of ``x``'s columns, residual) of ``y``'s fit on them and an intercept."""
     design = np.column_stack([x, np.ones(len(y))])
     beta, *_ = np.linalg.lstsq(design, y, rcond=None)
-    return y - design @ beta
+    return beta[:-1], y - design @ beta
 
 
 def capture(logits: np.ndarray, terms: dict[str, np.ndarray]) -> TermCapture:
@@ -64,13 +64,11 @@ def capture(logits: np.ndarray, terms: dict[str, np.ndarray]) -> TermCapture:
     names = list(terms)
     x = np.column_stack([terms[n] for n in names]).astype(np.float64)
     z = logits.astype(np.float64)
-    design = np.column_stack([x, np.ones(len(z))])
-    beta, *_ = np.linalg.lstsq(design, z, rcond=None)
-    residual = z - design @ beta
+    beta, residual = _least_squares(x, z)
     partial = {}
     for i, name in enumerate(names):
         others = np.delete(x, i, axis=1)
-        a, b = _fit(others, z), _fit(others, x[:, i])
+        a, b = _least_squares(others, z)[1], _least_squares(others, x[:, i])[1]
         denom = float(np.linalg.norm(a) * np.linalg.norm(b))
         partial[name] = float(a @ b / denom) if denom else 0.0
     return TermCapture(coef={n: float(beta[i]) for i, n in enumerate(names)},
@@ -95,10 +93,9 @@ def held_out_logits(model: torch.nn.Module, recipe: Recipe) -> tuple[np.ndarray,
     device = next(model.parameters()).device
     model.eval()
     logits, labels = [], []
-    reduced = recipe.precision.mode != "fp32"
     for start in range(0, len(table), EVAL_BATCH):
         batch = table.collate(np.arange(start, min(start + EVAL_BATCH, len(table)))).to(device)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=reduced):
+        with autocast_for(recipe, device):
             logits.append(model(batch)[:, 0].float().cpu())
         labels.append(batch.labels[:, 0].cpu())
     return torch.cat(logits).numpy(), torch.cat(labels).numpy().astype(np.float64)

@@ -65,6 +65,7 @@ from gem_platform.data.worlds import (
     W_LOOKBACK,
     Interests,
     lookback_balance,
+    mean_per_sample,
     returning_share,
     zone_bag_overlap,
     zone_lookback_balance,
@@ -79,8 +80,9 @@ GENERATOR_VERSION = 3  # part of the reuse hash: bump whenever the generated dat
 LATENT_DIM = 16
 ITEM_NOISE = 0.15  # spread of item vectors around their cluster centroid (per dimension)
 LONG_TERM_INTERESTS = 3
-# The world's own CTR term that only attention across 64-token blocks reads (by world).
-WORLD_TERMS = {"long_range": "long_range", "lookback": "lookback"}
+# Worlds with a CTR term of their own, named after the world, that only attention across
+# 64-token blocks reads.
+WORLD_TERMS = ("long_range", "lookback")
 PILOT_SAMPLES = 8192  # samples drawn to calibrate the label base rates (~0.002 error)
 # Above this many history events a dataset's shards are drawn by a pool of processes.
 PARALLEL_TOKENS = 20_000_000
@@ -124,9 +126,7 @@ def draw_lengths(rng: np.random.Generator, cfg: SeqLenConfig, n: int) -> np.ndar
 
 
 def _segment_mean(values: np.ndarray, owner: np.ndarray, mask: np.ndarray, n: int) -> np.ndarray:
-    total = np.bincount(owner[mask], weights=values[mask], minlength=n)
-    count = np.bincount(owner[mask], minlength=n)
-    return total / np.maximum(count, 1)
+    return mean_per_sample(owner[mask], values[mask], n)
 
 
 def _skewed_ids(rng: np.random.Generator, size: np.ndarray | int, n: int) -> np.ndarray:
@@ -416,8 +416,8 @@ class PlantedWorld:
                 alone["dense"] = alone["dense"] + alone.pop("dense_pair")
             out[task] = {**alone, PLANTED: _total(full.task(task)),
                          CATEGORY_LEVEL: _total(coarse.task(task))}
-        term = WORLD_TERMS.get(self.cfg.world)
-        if term is not None:
+        term = self.cfg.world
+        if term in WORLD_TERMS:
             rest = {k: v for k, v in full.ctr.items() if k != term}
             out["ctr"][WITHOUT_WORLD_TERM] = _total(rest)
             out["ctr"][ZONE_BAGS] = self._through_zone_bags(arrays, full.ctr, term)

@@ -131,6 +131,12 @@ def zone_bag_overlap(offsets: np.ndarray, categories: np.ndarray) -> np.ndarray:
     return (shares[0] * np.sqrt(shares[1])).sum(axis=1)
 
 
+def mean_per_sample(owner: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
+    """(n,) mean of ``values`` per sample (``owner`` its index per value); 0 where it has none."""
+    count = np.bincount(owner, minlength=n)
+    return np.bincount(owner, weights=values, minlength=n) / np.maximum(count, 1)
+
+
 def kind(categories: np.ndarray) -> np.ndarray:
     """The lookback world's planted split of the categories: +1 for even ids, -1 for odd."""
     return 1.0 - 2.0 * (categories % 2)
@@ -145,8 +151,7 @@ def lookback_balance(offsets: np.ndarray, categories: np.ndarray, intent: np.nda
     t = np.arange(owner.size)
     marks = t[intent & (t - LOOKBACK_DISTANCE >= offsets[owner])]
     agree = kind(categories[marks]) * kind(categories[marks - LOOKBACK_DISTANCE])
-    count = np.bincount(owner[marks], minlength=n)
-    return np.bincount(owner[marks], weights=agree, minlength=n) / np.maximum(count, 1)
+    return mean_per_sample(owner[marks], agree, n)
 
 
 def zone_lookback_balance(offsets: np.ndarray, categories: np.ndarray, intent: np.ndarray,
@@ -169,6 +174,4 @@ def zone_lookback_balance(offsets: np.ndarray, categories: np.ndarray, intent: n
     marks = np.flatnonzero(intent & (back < zones))
     marks = marks[seen[owner[marks], back[marks]] > 0]
     mean_back = kinds[owner[marks], back[marks]] / seen[owner[marks], back[marks]]
-    agree = kind(categories[marks]) * mean_back
-    count = np.bincount(owner[marks], minlength=n)
-    return np.bincount(owner[marks], weights=agree, minlength=n) / np.maximum(count, 1)
+    return mean_per_sample(owner[marks], kind(categories[marks]) * mean_back, n)

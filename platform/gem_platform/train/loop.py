@@ -198,7 +198,9 @@ def build_model(recipe: Recipe, meta: DatasetMeta, device: torch.device) -> nn.M
     return model.to(device)
 
 
-def _autocast(recipe: Recipe, device: torch.device):
+def autocast_for(recipe: Recipe, device: torch.device):
+    """The autocast context the recipe's precision trains and evaluates under (bf16 for bf16
+    and fp8_block, none for fp32)."""
     if recipe.precision.mode in ("bf16", "fp8_block"):
         return torch.autocast(device.type, dtype=torch.bfloat16)
     return torch.autocast(device.type, enabled=False)
@@ -240,7 +242,7 @@ def evaluate(model: nn.Module, table: SampleTable, recipe: Recipe, device: torch
         indices = np.arange(start, min(start + bs, n))
         real = indices.size > 0
         batch = table.collate(indices if real else np.zeros(1, dtype=np.int64)).to(device)
-        with _autocast(recipe, device):
+        with autocast_for(recipe, device):
             logits = model(batch).float()
         keep = torch.full((batch.num_samples,), real, dtype=torch.bool, device=logits.device)
         evaluators["ctr"].update(logits[:, 0], batch.labels[:, 0], mask=keep)
@@ -395,7 +397,7 @@ def setup(recipe: Recipe, info: RankInfo, device: torch.device, meta: DatasetMet
         backend=compile_backend(recipe.train.compile_backend),
         budget_gb=recipe.train.activation_memory_gb,
         units=batch_units(train_table.seq_lengths, recipe.loader.local_batch_size),
-        device=device, autocast=lambda: _autocast(recipe, device),
+        device=device, autocast=lambda: autocast_for(recipe, device),
         stored=_stored_bytes(recipe, par.model),
         compile_only=recipe.train.compile_regions)
     return Run(recipe, info, device, meta, train_table, eval_table, par, optimizers, schedules,
@@ -488,7 +490,7 @@ def launch_step(run: Run, batch: JaggedBatch, step: int, meter: FlopMeter,
     distributed = (pipeline.forward_with(batch) if pipeline is not None
                    else contextlib.nullcontext())
     # train.saved_activations: what the forward keeps for the backward (fp8: compressed)
-    with (saved_activations(run.recipe, run.model), meter, _autocast(run.recipe, run.device),
+    with (saved_activations(run.recipe, run.model), meter, autocast_for(run.recipe, run.device),
           distributed, record_function(FORWARD)):
         logits = run.model(batch)
     loss, task_losses = compute_loss(logits, batch)
