@@ -79,6 +79,11 @@ class ModelConfig(_Strict):
         "it has attended to the whole history with softmax) joins the DHEN tokens: a "
         "summary of the recent events whatever the history's length, which GDPA's pooled "
         "mean over the whole history cannot give")
+    recent_mean: int = Field(
+        0, ge=0, le=1 << 20, description="N > 0: one more DHEN token, the mean of each "
+        "history's newest N tokens after the sequence tower (a short-term summary; the pooled "
+        "attention's GDPA divides by the whole history's length, so the last few events of a "
+        "long history weigh little in it); 0 = none")
     item_vectors: Literal["learned", "planted"] = Field(
         "learned", description="what stands for an item (history event or candidate): "
         "learned = its rows in the item and category tables; planted = the synthetic world's "

@@ -274,3 +274,16 @@ def test_newest_token_joins_the_dhen_tokens(tiny_meta, batch_factory):
     assert logits.shape == (len(LENGTHS), 2) and torch.isfinite(logits).all()
     logits.sum().backward()
     assert all(p.grad is not None for p in model.parameters())
+
+
+def test_recent_mean_joins_the_dhen_tokens(tiny_meta, batch_factory):
+    torch.manual_seed(0)
+    cfg = ModelConfig(d_model=16, num_heads=2, pooled_queries=2, newest_token=True,
+                      recent_mean=4)
+    model = GemModel(cfg, tiny_meta)
+    assert model.num_dhen_tokens == 2 + 1 + 1 + model.num_context
+    batch = batch_factory(tiny_meta, LENGTHS)
+    logits = model(batch)
+    assert logits.shape == (len(LENGTHS), 2) and torch.isfinite(logits).all()
+    logits.sum().backward()
+    assert all(p.grad is not None for p in model.parameters())

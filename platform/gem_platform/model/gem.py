@@ -27,7 +27,13 @@ from gem_platform import model_variants
 from gem_platform.data.batch import TASKS, JaggedBatch
 from gem_platform.data.meta import DatasetMeta
 from gem_platform.model.attention import SelfAttentionSpec
-from gem_platform.model.interaction import CrossAttention, DhenLayer, PooledAttention
+from gem_platform.model.interaction import (
+    CrossAttention,
+    DhenLayer,
+    PooledAttention,
+    positions_from_end,
+    segment_mean,
+)
 from gem_platform.model.sequence import SequenceTower
 from gem_platform.model.small_table import OneHotEmbedding
 from gem_platform.recipe import ModelConfig
@@ -46,7 +52,7 @@ RECENCY_BUCKETS = EXACT_RECENCY + 8
 
 def recency_buckets(offsets: torch.Tensor, owner: torch.Tensor) -> torch.Tensor:
     """(T,) bucket of each history event's position counted from its sample's newest event."""
-    from_end = offsets[owner + 1] - 1 - torch.arange(owner.numel(), device=owner.device)
+    from_end = positions_from_end(offsets, owner)
     far = EXACT_RECENCY + torch.log2(from_end.clamp_min(EXACT_RECENCY) / EXACT_RECENCY).long()
     return torch.where(from_end < EXACT_RECENCY, from_end, far).clamp_max(RECENCY_BUCKETS - 1)
 
@@ -150,8 +156,10 @@ class GemModel(nn.Module):
 
     @property
     def num_dhen_tokens(self) -> int:
-        """Tokens per sample into DHEN: pooled queries, the newest event (if on), context."""
-        return self.cfg.pooled_queries + int(self.cfg.newest_token) + self.num_context
+        """Tokens per sample into DHEN: pooled queries, the newest event and the recent mean
+        (each if on), context."""
+        return (self.cfg.pooled_queries + int(self.cfg.newest_token)
+                + int(self.cfg.recent_mean > 0) + self.num_context)
 
     def embedding_parameters(self) -> list[nn.Parameter]:
         """Sparse (embedding-table) parameters: trained by the sparse optimizer."""
@@ -215,10 +223,12 @@ class GemModel(nn.Module):
         x = self.cross(x, offsets, max_len, context)
         pooled = self.pooled(x, offsets, max_len, ad)
 
-        parts = [pooled, context]
+        parts = [pooled]
         if self.cfg.newest_token:
-            parts.insert(1, newest_tokens(x, offsets)[:, None])
-        tokens = torch.cat(parts, dim=1)
+            parts.append(newest_tokens(x, offsets)[:, None])
+        if self.cfg.recent_mean:
+            parts.append(segment_mean(x, offsets, self.cfg.recent_mean)[:, None].to(x.dtype))
+        tokens = torch.cat([*parts, context], dim=1)
         for layer in self.dhen:
             tokens = layer(tokens)
         return self.head(tokens.flatten(1))
