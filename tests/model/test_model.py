@@ -253,14 +253,21 @@ def test_one_hot_embedding_is_a_lookup():
     torch.testing.assert_close(d_ours, d_ref)
 
 
-def test_newest_tokens_pick_each_samples_last_event_and_zero_for_none():
-    from gem_platform.model.gem import newest_tokens
+def test_newest_mean_averages_each_samples_last_events_and_zero_for_none():
+    from gem_platform.model.gem import newest_mean
 
-    x = torch.arange(16.0).view(8, 2)  # histories of 3, 0, 1 and 4 events
+    x = torch.arange(16.0).view(8, 2).requires_grad_()  # histories of 3, 0, 1 and 4 events
     offsets = torch.tensor([0, 3, 3, 4, 8])
-    torch.testing.assert_close(newest_tokens(x, offsets),
+    torch.testing.assert_close(newest_mean(x, offsets, 1),
                                torch.tensor([[4.0, 5.0], [0.0, 0.0], [6.0, 7.0], [14.0, 15.0]]))
-    torch.testing.assert_close(newest_tokens(x[:0], torch.zeros(3, dtype=torch.int64)),
+    got = newest_mean(x, offsets, 2)
+    torch.testing.assert_close(got, torch.tensor([[3.0, 4.0], [0.0, 0.0], [6.0, 7.0],
+                                                  [13.0, 14.0]]))
+    got.sum().backward()
+    # only the newest two rows of each history get a gradient: 1 / min(length, 2)
+    want = torch.tensor([0.0, 0.5, 0.5, 1.0, 0.0, 0.0, 0.5, 0.5])
+    torch.testing.assert_close(x.grad, want[:, None].expand(-1, 2))
+    torch.testing.assert_close(newest_mean(x[:0], torch.zeros(3, dtype=torch.int64), 4),
                                torch.zeros(2, 2))
 
 

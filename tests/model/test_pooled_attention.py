@@ -30,22 +30,6 @@ def test_segment_mean_is_each_samples_mean_and_zero_when_empty():
     torch.testing.assert_close(values.grad, rows.view(-1, 1, 1).expand(-1, 2, 3))
 
 
-def test_segment_mean_of_the_newest_rows_averages_only_those():
-    torch.manual_seed(0)
-    offsets = _offsets(LENGTHS)
-    values = torch.randn(int(offsets[-1]), 3, requires_grad=True)
-    got = segment_mean(values, offsets, newest=2)
-    for i, (lo, hi) in enumerate(zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True)):
-        want = values[max(lo, hi - 2):hi].mean(0) if hi > lo else torch.zeros(3)
-        torch.testing.assert_close(got[i], want)
-    got.sum().backward()
-    # rows older than the newest two get no gradient; the newest get 1 / min(length, 2)
-    want = torch.zeros(int(offsets[-1]))
-    for lo, hi in zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True):
-        want[max(lo, hi - 2):hi] = 1 / min(hi - lo, 2) if hi > lo else 0.0
-    torch.testing.assert_close(values.grad, want.view(-1, 1).expand(-1, 3))
-
-
 def _pair(mean_base: bool, seed: int = 0) -> PooledAttention:
     torch.manual_seed(seed)
     return PooledAttention(16, 2, 2, "silu", "pytorch", mean_base=mean_base)

@@ -27,13 +27,7 @@ from gem_platform import model_variants
 from gem_platform.data.batch import TASKS, JaggedBatch
 from gem_platform.data.meta import DatasetMeta
 from gem_platform.model.attention import SelfAttentionSpec
-from gem_platform.model.interaction import (
-    CrossAttention,
-    DhenLayer,
-    PooledAttention,
-    positions_from_end,
-    segment_mean,
-)
+from gem_platform.model.interaction import CrossAttention, DhenLayer, PooledAttention
 from gem_platform.model.sequence import SequenceTower
 from gem_platform.model.small_table import OneHotEmbedding
 from gem_platform.recipe import ModelConfig
@@ -52,19 +46,22 @@ RECENCY_BUCKETS = EXACT_RECENCY + 8
 
 def recency_buckets(offsets: torch.Tensor, owner: torch.Tensor) -> torch.Tensor:
     """(T,) bucket of each history event's position counted from its sample's newest event."""
-    from_end = positions_from_end(offsets, owner)
+    from_end = offsets[owner + 1] - 1 - torch.arange(owner.numel(), device=owner.device)
     far = EXACT_RECENCY + torch.log2(from_end.clamp_min(EXACT_RECENCY) / EXACT_RECENCY).long()
     return torch.where(from_end < EXACT_RECENCY, from_end, far).clamp_max(RECENCY_BUCKETS - 1)
 
 
-def newest_tokens(x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-    """(B, d) each sample's newest history token; zeros for an empty history."""
+def newest_mean(x: torch.Tensor, offsets: torch.Tensor, newest: int) -> torch.Tensor:
+    """(B, d) fp32 mean of each sample's ``newest`` last history tokens (all of them in a
+    shorter history); zeros for an empty history. Gathers B x newest rows, not all T."""
     b = offsets.numel() - 1
     if x.shape[0] == 0:
-        return x.new_zeros(b, x.shape[1])
-    ends = (offsets[1:] - 1).clamp_min(0)
-    present = (offsets[1:] > offsets[:-1]).to(x.dtype)
-    return x[ends] * present[:, None]
+        return x.new_zeros(b, x.shape[1], dtype=torch.float32)
+    back = torch.arange(newest, device=x.device)
+    lengths = offsets[1:] - offsets[:-1]
+    kept = (back[None, :] < lengths[:, None]).to(torch.float32)  # (B, newest)
+    rows = x[(offsets[1:, None] - 1 - back[None, :]).clamp_min(0)].float()  # (B, newest, d)
+    return (rows * kept[..., None]).sum(1) / lengths.clamp(1, newest)[:, None]
 
 
 def unit_norm_init(dim: int) -> dict[str, float]:
@@ -155,11 +152,16 @@ class GemModel(nn.Module):
         )
 
     @property
+    def newest_windows(self) -> tuple[int, ...]:
+        """Short-term DHEN tokens, each the mean of this many newest history tokens: 1 for the
+        newest event's token (model.newest_token), N for model.recent_mean."""
+        return (1,) * self.cfg.newest_token + ((self.cfg.recent_mean,) if self.cfg.recent_mean
+                                                 else ())
+
+    @property
     def num_dhen_tokens(self) -> int:
-        """Tokens per sample into DHEN: pooled queries, the newest event and the recent mean
-        (each if on), context."""
-        return (self.cfg.pooled_queries + int(self.cfg.newest_token)
-                + int(self.cfg.recent_mean > 0) + self.num_context)
+        """Tokens per sample into DHEN: pooled queries, the short-term ones, context."""
+        return self.cfg.pooled_queries + len(self.newest_windows) + self.num_context
 
     def embedding_parameters(self) -> list[nn.Parameter]:
         """Sparse (embedding-table) parameters: trained by the sparse optimizer."""
@@ -224,10 +226,8 @@ class GemModel(nn.Module):
         pooled = self.pooled(x, offsets, max_len, ad)
 
         parts = [pooled]
-        if self.cfg.newest_token:
-            parts.append(newest_tokens(x, offsets)[:, None])
-        if self.cfg.recent_mean:
-            parts.append(segment_mean(x, offsets, self.cfg.recent_mean)[:, None].to(x.dtype))
+        for newest in self.newest_windows:
+            parts.append(newest_mean(x, offsets, newest)[:, None].to(x.dtype))
         tokens = torch.cat([*parts, context], dim=1)
         for layer in self.dhen:
             tokens = layer(tokens)

@@ -11,12 +11,6 @@ from gem_platform.model.attention import generalized_attention
 from gem_platform.model.flops import record_attention
 
 
-def positions_from_end(offsets: torch.Tensor, owner: torch.Tensor) -> torch.Tensor:
-    """(T,) each history event's position counted from its sample's newest event (0 = newest);
-    ``owner`` (T,) is each event's sample."""
-    return offsets[owner + 1] - 1 - torch.arange(owner.numel(), device=owner.device)
-
-
 def _offsets_on(device: torch.device, b: int, per_sample: int) -> torch.Tensor:
     """(b+1,) offsets of b samples of per_sample rows each, built on the host and copied
     without a sync, their host copy remembered: GDPA builds its tile schedules on the host
@@ -51,20 +45,12 @@ class CrossAttention(nn.Module):
         return x + self.out(o.reshape(x.shape[0], d))
 
 
-def segment_mean(values: torch.Tensor, offsets: torch.Tensor,
-                 newest: int | None = None) -> torch.Tensor:
-    """(B, ...) fp32 mean of each sample's rows of jagged ``values`` (T, ...), or of its
-    ``newest`` last rows only; 0 for a sample with no rows. A segmented sum on the device: no
-    host sync, and its gradient is a gather."""
-    values, lengths = values.float(), offsets[1:] - offsets[:-1]
-    if newest is not None:
-        owner = torch.repeat_interleave(torch.arange(lengths.numel(), device=values.device),
-                                        lengths, output_size=values.shape[0])
-        kept = positions_from_end(offsets, owner) < newest
-        values = values * kept.view(-1, *([1] * (values.dim() - 1))).to(values.dtype)
-        lengths = lengths.clamp_max(newest)
-    sums = torch.segment_reduce(values, "sum", offsets=offsets, axis=0, initial=0)
-    return sums / lengths.clamp_min(1).to(sums.dtype).view(-1, *([1] * (sums.dim() - 1)))
+def segment_mean(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """(B, ...) fp32 mean of each sample's rows of jagged ``values`` (T, ...); 0 for a sample
+    with no rows. A segmented sum on the device: no host sync, and its gradient is a gather."""
+    sums = torch.segment_reduce(values.float(), "sum", offsets=offsets, axis=0, initial=0)
+    lengths = (offsets[1:] - offsets[:-1]).clamp_min(1).to(sums.dtype)
+    return sums / lengths.view(-1, *([1] * (sums.dim() - 1)))
 
 
 class PooledAttention(nn.Module):
