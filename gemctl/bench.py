@@ -156,10 +156,15 @@ def _terms(
         "--set", "-s", help="Override a recipe field (repeatable).")] = None,
     out: Annotated[str, typer.Option(help="Folder for terms_bench.json.",
                                          callback=out_folder)] = "bench_results",
+    max_samples: Annotated[int | None, typer.Option(
+        min=1, help="Fit on the held-out split's first shards holding this many samples "
+        "(default: the whole split; a large one takes minutes to score).")] = None,
 ) -> None:
     from gem_bench.terms import main
 
-    raise typer.Exit(main([recipe, "--out", out, *_overrides(set_)]))
+    argv = [recipe, "--out", out, *_overrides(set_)]
+    argv += ["--max-samples", str(max_samples)] if max_samples is not None else []
+    raise typer.Exit(main(argv))
 
 
 # The commands that take recipes: (function, help, examples).

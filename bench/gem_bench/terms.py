@@ -76,47 +76,56 @@ def capture(logits: np.ndarray, terms: dict[str, np.ndarray]) -> TermCapture:
                        residual_std=float(residual.std()))
 
 
-def held_out_terms(recipe: Recipe) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """The planted CTR terms and labels of the recipe's held-out split, in the order the
-    dataset stores it (the generator's own draw, repeated)."""
+def held_out_terms(recipe: Recipe, max_samples: int | None = None
+                   ) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """The planted CTR terms and labels of the recipe's held-out split (its first shards,
+    holding ``max_samples``, when given), in the order the dataset stores it (the generator's
+    own draw, repeated)."""
     world = PlantedWorld.build(recipe.data.synthetic)
-    parts = eval_split(world)
+    parts = eval_split(world, max_samples)
     per_part = [world.terms(a).ctr for a in parts]
     terms = {name: np.concatenate([p[name] for p in per_part]) for name in per_part[0]}
     return terms, np.concatenate([a.ctr for a in parts]).astype(np.float64)
 
 
 @torch.no_grad()
-def held_out_logits(model: torch.nn.Module, recipe: Recipe) -> tuple[np.ndarray, np.ndarray]:
-    """(CTR logits, CTR labels) of the stored held-out split, in its order."""
+def held_out_logits(model: torch.nn.Module, recipe: Recipe, rows: int | None = None
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """(CTR logits, CTR labels) of the stored held-out split's first ``rows`` samples (all
+    when None), in its order."""
     table = SampleTable.load(recipe.data.path, "eval", 0, 1)
     device = next(model.parameters()).device
     model.eval()
     logits, labels = [], []
-    for start in range(0, len(table), EVAL_BATCH):
-        batch = table.collate(np.arange(start, min(start + EVAL_BATCH, len(table)))).to(device)
+    end = len(table) if rows is None else min(rows, len(table))
+    for start in range(0, end, EVAL_BATCH):
+        batch = table.collate(np.arange(start, min(start + EVAL_BATCH, end))).to(device)
         with autocast_for(recipe, device):
             logits.append(model(batch)[:, 0].float().cpu())
         labels.append(batch.labels[:, 0].cpu())
     return torch.cat(logits).numpy(), torch.cat(labels).numpy().astype(np.float64)
 
 
-def measure(recipe: Recipe, echo: Callable[[object], None] = print) -> dict:
-    """Train ``recipe`` here, then fit its held-out CTR logits on the planted terms."""
+def measure(recipe: Recipe, echo: Callable[[object], None] = print,
+            max_samples: int | None = None) -> dict:
+    """Train ``recipe`` here, then fit its held-out CTR logits on the planted terms (of the
+    held-out split's first shards holding ``max_samples``, when given: a large split takes
+    minutes to score and to draw again)."""
     if recipe.data.source != "synthetic":
         raise RecipeError(f"data.source is {recipe.data.source!r}: only a generated "
                           "(synthetic) world has planted terms.",
                           "Run gemctl bench terms on a recipe with data.source: synthetic.")
     held: dict[str, torch.nn.Module] = {}
     summary = train(recipe, echo=echo, on_step=lambda _, m: held.__setitem__("model", m))
-    logits, labels = held_out_logits(held["model"], recipe)
-    terms, planted_labels = held_out_terms(recipe)
+    terms, planted_labels = held_out_terms(recipe, max_samples)
+    logits, labels = held_out_logits(held["model"], recipe, len(planted_labels))
     if len(planted_labels) != len(labels) or not np.array_equal(planted_labels, labels):
         raise DataError(f"The dataset at {recipe.data.path} is not this recipe's synthetic "
                         "draw (its held-out labels differ).",
                         "Regenerate it for this recipe: gemctl data generate RECIPE --force.")
     total = sum(terms.values())
-    return {"auc_ctr": auc(logits, labels), "planted_auc_ctr": auc(total, labels),
+    return {"held_out_samples": len(labels),
+            "auc_ctr": auc(logits, labels), "planted_auc_ctr": auc(total, labels),
             "term_auc_ctr": {n: auc(t, labels) for n, t in terms.items()},
             "eval/ne_ctr": summary.get("eval/ne_ctr"),
             "capture": asdict(capture(logits, terms))}
@@ -141,11 +150,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--set", dest="overrides", action="append", default=[],
                    help="recipe override a.b=v (repeatable)")
     p.add_argument("--out", default="bench_results", help="folder for terms_bench.json")
+    p.add_argument("--max-samples", type=int, default=None,
+                   help="fit on the held-out split's first shards holding this many samples")
     args = p.parse_args(argv)
+    if args.max_samples is not None and args.max_samples < 1:
+        raise RecipeError(f"--max-samples is {args.max_samples}: it counts held-out samples.",
+                          "Give a positive number, or leave it out to fit on the whole split.")
     recipe = load_recipe(args.recipe, ["parallel.workers=1", *args.overrides])
     console = Console(stderr=True)
     result = measure(recipe, echo=lambda event: console.print(str(event), markup=False,
-                                                              highlight=False))
+                                                              highlight=False),
+                     max_samples=args.max_samples)
     result |= {"recipe": args.recipe, "overrides": args.overrides}
     render(result, Console())
     out = Path(args.out)

@@ -7,9 +7,11 @@ import json
 
 import numpy as np
 import pytest
+import yaml
 from typer.testing import CliRunner
 
-from gem_bench.terms import capture
+from gem_bench.terms import capture, held_out_terms
+from gem_platform.recipe import recipe_from_dict
 from gemctl.main import app
 from tests.tiny_training import TINY
 
@@ -31,16 +33,31 @@ def test_capture_recovers_known_coefficients():
 def test_command_writes_the_fit_of_a_trained_model(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "tiny.yaml").write_text(TINY.format(data="data"))
+    # 240 held-out samples in shards of 100: --max-samples 150 fits on the first two shards
     proc = CliRunner().invoke(app, ["bench", "terms", "tiny.yaml", "--out", "res",
-                                    "--set", "train.steps=4"])
+                                    "--set", "train.steps=4", "--set",
+                                    "data.synthetic.rows_per_shard=100", "--max-samples", "150"])
     assert proc.exit_code == 0, (proc.exception, proc.stdout)
     result = json.loads((tmp_path / "res" / "terms_bench.json").read_text())
+    assert result["held_out_samples"] == 200
     cap = result["capture"]
     assert {"recent_affinity", "sparse_ids", "dense"} <= set(cap["coef"])
     assert set(cap["coef"]) == set(cap["partial_corr"]) == set(result["term_auc_ctr"])
     assert all(np.isfinite(v) for v in cap["coef"].values())
     assert 0.0 <= cap["r2"] <= 1.0 and 0.5 < result["planted_auc_ctr"] <= 1.0
     assert "planted term" in proc.stdout and "coefficient" in proc.stdout
+
+
+def test_held_out_terms_of_the_first_shards_are_the_whole_splits_first_rows():
+    recipe = recipe_from_dict(yaml.safe_load(TINY.format(data="unused")) | {
+        "parallel": {"workers": 1}})
+    recipe.data.synthetic.rows_per_shard = 100  # 240 held-out samples: shards of 100, 100, 40
+    whole, whole_labels = held_out_terms(recipe)
+    first, first_labels = held_out_terms(recipe, max_samples=101)
+    assert len(whole_labels) == 240 and len(first_labels) == 200
+    np.testing.assert_array_equal(first_labels, whole_labels[:200])
+    for name, values in first.items():
+        np.testing.assert_array_equal(values, whole[name][:200])
 
 
 def test_command_refuses_data_without_planted_terms(tmp_path, monkeypatch):

@@ -96,11 +96,13 @@ def learnable_world(world: PlantedWorld, ids: IdInformation, seed: int) -> Plant
     return replace(world, ctr_effects=ctr, cvr_effects=cvr)
 
 
-def eval_split(world: PlantedWorld) -> list[SampleArrays]:
-    """The eval split's shards, labelled, as the generator writes them."""
+def eval_split(world: PlantedWorld, max_rows: int | None = None) -> list[SampleArrays]:
+    """The eval split's shards, labelled, as the generator writes them; with ``max_rows``
+    only its first shards, as many as hold that many rows."""
     syn = world.cfg
+    rows = syn.num_eval if max_rows is None else min(max_rows, syn.num_eval)
     parts = []
-    for i, start in enumerate(range(0, syn.num_eval, syn.rows_per_shard)):
+    for i, start in enumerate(range(0, rows, syn.rows_per_shard)):
         rng = shard_rng(syn.seed, "eval", i)
         arrays = world.sample(rng, min(syn.rows_per_shard, syn.num_eval - start))
         world.label(rng, arrays)
