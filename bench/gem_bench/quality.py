@@ -54,6 +54,22 @@ class QualityArm:
         values = [p["ne_ctr"] for p in self.curve if not math.isnan(p.get("ne_ctr", math.nan))]
         return min(values, default=math.nan)
 
+    @property
+    def startup_s(self) -> float:
+        """Training seconds beyond what the run's samples take at its steady samples/s: the
+        one-off cost of compiling and warming up, which a short run pays in full."""
+        if not self.curve or not self.samples_per_s > 0:
+            return math.nan
+        return self.train_s - self.curve[-1]["samples"] / self.samples_per_s
+
+    @property
+    def steady_s_to_target(self) -> float | None:
+        """Seconds to the target at the steady samples/s, the start-up left out: what the
+        time to quality tends to on a run long enough for it not to count."""
+        if self.samples_to_target is None or not self.samples_per_s > 0:
+            return None
+        return self.samples_to_target / self.samples_per_s
+
 
 @dataclass
 class QualityResult:
@@ -166,22 +182,30 @@ def bench(recipe: Recipe, arms: list[str] | None = None, target_ne: float | None
     return result
 
 
+ROWS = ("final NE", "final AUC", "share of ceiling lift", "samples/s", "E2E MFU",
+        "train s to target", "samples to target", "time vs ours", "start-up s (compile, warm-up)",
+        "steady s to target", "steady time vs ours")
+
+
 def _cells(a: QualityArm, ours: QualityArm | None, ceiling: dict[str, float]) -> list[str]:
     """One arm's row: the error in place of its figures where it did not finish."""
     if a.error:
-        return [a.error[:60], *[""] * 7]
+        return [a.error[:60], *[""] * (len(ROWS) - 1)]
     def fmt(x: float | None, spec: str) -> str:  # noqa: E306
         return "never" if x is None else ("-" if math.isnan(x) else format(x, spec))
 
     ne, auc = a.final.get("eval/ne_ctr", math.nan), a.final.get("eval/auc_ctr", math.nan)
     ceil = ceiling.get("ctr")
     share = (auc - 0.5) / (ceil - 0.5) if ceil and ceil > 0.5 else math.nan
-    vs = "-"
-    if ours and ours.train_s_to_target and a.train_s_to_target:
-        vs = f"{a.train_s_to_target / ours.train_s_to_target:.2f}x"
+    def vs(theirs: float | None, base: float | None) -> str:
+        return f"{theirs / base:.2f}x" if theirs and base else "-"
+
     return [fmt(ne, ".4f"), fmt(auc, ".4f"), fmt(share, ".0%"), fmt(a.samples_per_s, ",.0f"),
             fmt(a.mfu_e2e, ".1%"), fmt(a.train_s_to_target, ".0f"),
-            fmt(a.samples_to_target, ",.0f"), vs]
+            fmt(a.samples_to_target, ",.0f"),
+            vs(a.train_s_to_target, ours.train_s_to_target if ours else None),
+            fmt(a.startup_s, ".0f"), fmt(a.steady_s_to_target, ".0f"),
+            vs(a.steady_s_to_target, ours.steady_s_to_target if ours else None)]
 
 
 def render(result: QualityResult, console=None) -> None:  # noqa: ANN001 (rich Console)
@@ -197,12 +221,10 @@ def render(result: QualityResult, console=None) -> None:  # noqa: ANN001 (rich C
     ceiling = result.ceiling.get("ctr")
     console.print(escape(f"{result.recipe}: {target}"
                          + (f"; planted CTR ceiling AUC {ceiling:.4f}" if ceiling else "")))
-    rows = ("final NE", "final AUC", "share of ceiling lift", "samples/s", "E2E MFU",
-            "train s to target", "samples to target", "time vs ours")
     ours = next((a for a in result.arms if a.name == "ours" and not a.error), None)
     table = Table("", *[escape(a.name) for a in result.arms])
     cells = [_cells(a, ours, result.ceiling) for a in result.arms]
-    for i, label in enumerate(rows):
+    for i, label in enumerate(ROWS):
         table.add_row(label, *[escape(c[i]) for c in cells])
     console.print(table)
 
@@ -213,7 +235,10 @@ def write(result: QualityResult, out: str | Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     attention = result.resolved_recipe.get("model", {}).get("attention", "")
     path = folder / f"quality_{result.recipe}_{attention}.json"
-    return write_json(path, asdict(result))
+    data = asdict(result)
+    for arm, row in zip(result.arms, data["arms"], strict=True):
+        row |= {"startup_s": arm.startup_s, "steady_s_to_target": arm.steady_s_to_target}
+    return write_json(path, data)
 
 
 def main(argv: list[str] | None = None) -> int:

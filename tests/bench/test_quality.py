@@ -40,6 +40,17 @@ def test_time_to_target_is_interpolated_and_never_where_not_reached():
     assert slow.train_s_to_target is None and slow.samples_to_target is None
 
 
+def test_start_up_and_steady_time_split_the_time_to_target():
+    arm = _arm("ours", [0.99, 0.90, 0.85])  # 300 samples in 6 training seconds
+    arm.train_s, arm.samples_per_s = 6.0, 100.0  # steady: the 300 samples alone take 3 s
+    assert arm.startup_s == pytest.approx(3.0)
+    place_target([arm], 0.90)
+    assert arm.samples_to_target == pytest.approx(200)
+    assert arm.steady_s_to_target == pytest.approx(2.0)  # 200 samples at 100/s
+    unreached = _arm("base", [1.0])
+    assert unreached.steady_s_to_target is None and math.isnan(unreached.startup_s)
+
+
 @pytest.mark.slow
 def test_quality_bench_trains_each_arm_and_writes_its_curve(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -50,7 +61,7 @@ def test_quality_bench_trains_each_arm_and_writes_its_curve(tmp_path, monkeypatc
                                       "ours,off_the_shelf", "--evals", "4", "--same-process",
                                       "--out", str(out)])
     assert result.exit_code == 0, result.output
-    assert "train s to target" in result.output
+    assert "train s to target" in result.output and "steady s to target" in result.output
     (path,) = out.glob("quality_tiny_*.json")
     record = json.loads(path.read_text())
     assert [a["name"] for a in record["arms"]] == ["ours", "off_the_shelf"]
@@ -59,6 +70,10 @@ def test_quality_bench_trains_each_arm_and_writes_its_curve(tmp_path, monkeypatc
         assert [p["step"] for p in arm["curve"]] == [2, 4, 6, 8]  # the last: the final eval
         assert all(math.isfinite(p["ne_ctr"]) for p in arm["curve"])
         assert arm["samples_per_s"] > 0
+        assert arm["steady_s_to_target"] == pytest.approx(
+            arm["samples_to_target"] / arm["samples_per_s"])
+        assert arm["startup_s"] == pytest.approx(
+            arm["train_s"] - arm["curve"][-1]["samples"] / arm["samples_per_s"])
     # the default target is reached by every arm, by construction
     assert all(a["train_s_to_target"] is not None for a in record["arms"])
     assert record["ceiling"]["ctr"] > 0.5
