@@ -155,8 +155,8 @@ class GemModel(nn.Module):
     def newest_windows(self) -> tuple[int, ...]:
         """Short-term DHEN tokens, each the mean of this many newest history tokens: 1 for the
         newest event's token (model.newest_token), N for model.recent_mean."""
-        return (1,) * self.cfg.newest_token + ((self.cfg.recent_mean,) if self.cfg.recent_mean
-                                                 else ())
+        windows = (1,) if self.cfg.newest_token else ()
+        return windows + ((self.cfg.recent_mean,) if self.cfg.recent_mean else ())
 
     @property
     def num_dhen_tokens(self) -> int:
