@@ -40,6 +40,7 @@ def write(spec_dir: Path, text: str) -> Path:
     ("precision", ["bf16", "fp32", "fp8_block"], "bf16", [0, 1, 2, 3]),
     ("loader", ["no_balancing", "bbs"], "no_balancing", [0, 1]),
     ("precision_h200", ["bf16", "fp32", "fp8_b128", "fp8_b32"], "bf16", [0, 1, 2]),
+    ("attention_h200", ["full", "sliding", "block64"], "full", [0, 1, 2, 3, 4, 5]),
 ])
 def test_shipped_ablations_resolve(name, arms, baseline, seeds, monkeypatch):
     monkeypatch.chdir(REPO)
@@ -58,6 +59,9 @@ def test_shipped_ablations_resolve(name, arms, baseline, seeds, monkeypatch):
                 if r.precision.mode == "fp8_block"} == {"fp8_b128": ("fp8_block", 128),
                                                        "fp8_b32": ("fp8_block", 32)}
         assert {r.train.device for r in recipes.values()} == {"cuda"}
+    if name == "attention_h200":
+        assert {n: (r.model.attention, r.model.rope) for n, r in recipes.items()} == {
+            "full": ("full", True), "sliding": ("sliding", True), "block64": ("block64", True)}
     if name == "loader":
         assert recipes["no_balancing"].loader.batching == "sequential"
     # Arms differ only where their overrides say; seeds vary the model, never the data.
