@@ -80,21 +80,34 @@ def comparison_tables(cmp) -> list[Table]:
                       _pm(auc.mean, auc.std),
                       _styled_delta(arm.deltas.get(f"eval/auc_{task}"), False, "", 4),
                       _pm(cal.mean, cal.std, 3) if cal else "-")
+    return [q, efficiency_table(cmp)]
+
+
+def efficiency_table(cmp) -> Table:
+    """QPS, MFU, padding and straggler overhead per arm; arms whose trials shared a machine
+    (an in-process sweep's --parallel) are marked, their speed being a share of it."""
+    from gem_platform.sweep.gates import sharing
+
     e = Table(title="efficiency per arm: mean±std over seeds", title_justify="left")
     e.add_column("arm")
     for col in ("QPS", "ΔQPS %", "MFU E2E", "padding", "straggler"):
         e.add_column(col, justify="right")
+    shared = {arm.arm: n for arm in cmp.arms if (n := sharing(arm)) > 1}
+    if shared:
+        e.caption = ("‡ trained up to " + str(max(shared.values())) + " trials at a time on "
+                     "one machine (--parallel): QPS and MFU are shares of it, not speed figures")
     for arm in cmp.arms:
         m = arm.metrics
         qps = m["perf/qps"]
-        e.add_row(render.esc(arm.arm), _pm(qps.mean, qps.std, 0),
+        e.add_row(render.esc(arm.arm) + ("‡" if arm.arm in shared else ""),
+                  _pm(qps.mean, qps.std, 0),
                   _styled_delta(arm.deltas.get("perf/qps"), False, "%", 1),
                   _pm(m["perf/mfu_e2e"].mean, m["perf/mfu_e2e"].std),
                   _pm(m["balance/padding_waste_mean"].mean,
                       m["balance/padding_waste_mean"].std, 3),
                   _pm(m["balance/straggler_overhead_mean"].mean,
                       m["balance/straggler_overhead_mean"].std, 3))
-    return [q, e]
+    return e
 
 
 VERDICT_STYLE = {"pass": "green", "fail": "red", "inconclusive": "yellow"}
@@ -176,10 +189,10 @@ def _narrowed(plan, arms: list[str] | None, seeds: list[int] | None):
 
 
 def _sweep_in_process(plan, out: Path, new: bool, as_json: bool, verbose: bool,
-                      allow_code_change: bool = False) -> None:
-    """The sweep's trials one after another on this machine, each in a fresh process (no Ray,
-    no MLflow); results go to ``out``, rewritten after every trial, and the comparison is
-    printed at the end."""
+                      allow_code_change: bool = False, parallel: int = 1) -> None:
+    """The sweep's trials on this machine, ``parallel`` at a time, each in a fresh process (no
+    Ray, no MLflow); results go to ``out``, rewritten after every trial, and the comparison
+    is printed at the end."""
     from gem_platform.sweep.compare import compare as compare_runs
     from gem_platform.sweep.inprocess import run_in_process
 
@@ -188,7 +201,7 @@ def _sweep_in_process(plan, out: Path, new: bool, as_json: bool, verbose: bool,
     with LibraryOutput(f"sweep-{plan.name}", verbose) as lib, \
             TrainingProgress(con, plan.name, trials=len(plan.trials())) as progress:
         done = run_in_process(plan, out, echo=progress.echo, resume=not new,
-                              allow_code_change=allow_code_change)
+                              allow_code_change=allow_code_change, parallel=parallel)
     cmp = compare_runs("", [str(out)], plan.baseline, plan.gates) if done else None
     if as_json:
         render.print_json({"results": str(out), "trials": len(done), "wall_s": progress.wall_s,
@@ -212,8 +225,13 @@ def sweep(
     seeds: Annotated[list[int] | None, typer.Option(
         "--seeds", help="Run these seeds instead of the spec's (repeatable).")] = None,
     in_process: Annotated[bool, typer.Option(
-        "--in-process", help="Train the trials one after another on this machine, each in a "
-        "fresh process: no Ray, no MLflow; results go to --out (a lone GPU box).")] = False,
+        "--in-process", help="Train the trials on this machine, each in a fresh process (one "
+        "after another, or --parallel N at once): no Ray, no MLflow; results go to --out (a "
+        "lone GPU box).")] = False,
+    parallel: Annotated[int, typer.Option(
+        "--parallel", min=1, help="With --in-process: train N trials at once, each in its own "
+        "process, sharing this machine's GPU (quality as alone; QPS and MFU are then shares "
+        "of the machine). N is bounded by GPU memory.")] = 1,
     out: Annotated[Path | None, typer.Option(
         help="Results file of an --in-process sweep; default gem_runs/sweeps/<name>.json. "
         "Running again resumes it.")] = None,
@@ -237,6 +255,10 @@ def sweep(
     if in_process and (address or tracking_uri):
         raise GemError("--in-process trains here without Ray or MLflow; --address and "
                        "--tracking-uri don't apply.", "Drop them, or drop --in-process.")
+    if parallel > 1 and not in_process:
+        raise GemError(f"--parallel {parallel} applies to --in-process sweeps.",
+                       "Add --in-process, or set max_concurrent in the spec for a sweep on "
+                       "Ray.")
     jobs_address = None if in_process else jobs_address_for_submit(address, local=False)
     if jobs_address:  # http(s)://HEAD:8265: the whole sweep runs as a Ray job there
         extra = (["--new"] if new else []) + (
@@ -254,11 +276,12 @@ def sweep(
     names = ", ".join(a.name for a in plan.arms)
     con.print(f"[bold]gemctl sweep[/] {render.esc(spec)}: {len(plan.arms)} arms "
               f"({render.esc(names)}) x seeds {plan.seeds}, "
-              + ("one at a time here" if in_process else f"{plan.max_concurrent} at a time")
+              + (f"{'one' if parallel == 1 else parallel} at a time here" if in_process
+                 else f"{plan.max_concurrent} at a time")
               + f", baseline '{render.esc(plan.baseline)}'", highlight=False, soft_wrap=True)
     if in_process:
         _sweep_in_process(plan, out or Path("gem_runs/sweeps") / f"{plan.name}.json", new,
-                          as_json, verbose, allow_code_change)
+                          as_json, verbose, allow_code_change, parallel)
         return
     outcome, cmp, wall_s, log_path = _sweep_on_ray(plan, con, new=new, address=address,
                                                     allow_code_change=allow_code_change,

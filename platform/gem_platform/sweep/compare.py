@@ -15,6 +15,7 @@ from gem_platform.sweep.config import SweepError
 from gem_platform.sweep.gates import FAIL, Gates, Verdict, check_gates, exit_code
 from gem_platform.sweep.results import (
     COMPARISON_FORMAT,
+    CONCURRENT_TRIALS,
     TrialRun,
     is_results_file,
     load_results,
@@ -188,7 +189,8 @@ def _tasks(trials: list[TrialRun], declared: list[str] | tuple[str, ...] = ()) -
 
 
 def _metric_names(tasks: list[str]) -> list[str]:
-    return [f"eval/{q}_{t}" for t in tasks for q in QUALITY] + list(EFFICIENCY)
+    return [f"eval/{q}_{t}" for t in tasks for q in QUALITY] + list(EFFICIENCY) + [
+        CONCURRENT_TRIALS]
 
 
 def _relative_metric(name: str) -> bool:
@@ -254,7 +256,7 @@ def compare_trials(trials: list[TrialRun], baseline: str | None = None,
         for name in names:
             res.metrics[name] = summarize(values(runs, name))
             res.per_seed[name] = [r.metrics.get(name) for r in runs]
-            if arm != base:
+            if arm != base and name != CONCURRENT_TRIALS:
                 res.deltas[name] = delta_to_baseline(runs, arms[base], name,
                                                      percent=_relative_metric(name))
         results.append(res)

@@ -16,6 +16,9 @@ eval split without positives, whose NE a run does not record), the verdict names
 seeds and the values: fail when the arm's value is not finite where the baseline's is (the
 arm broke), inconclusive otherwise (nothing to compare).
 
+A QPS gate is inconclusive where the arm's or the baseline's trials trained several at once on
+one machine (an in-process sweep's ``--parallel``): their QPS is a share of that machine.
+
 A pipeline reads the verdicts by exit code (``EXIT_CODES``) or from ``gemctl compare --json``.
 """
 
@@ -26,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Literal, Protocol
 
+from gem_platform.sweep.results import CONCURRENT_TRIALS
 from gem_platform.sweep.stats import Delta, seeds_to_settle
 
 
@@ -195,6 +199,29 @@ def judge_unmeasured(res: GatedArm, base: GatedArm | None, metric: str, limit: f
                    unmeasured)
 
 
+def sharing(res: GatedArm) -> int:
+    """The most trials any run of ``res`` trained beside (itself included): above 1 its QPS
+    is a share of a machine, not a speed figure; 1 where no run recorded it."""
+    values = [v for v in res.per_seed.get(CONCURRENT_TRIALS) or [] if v is not None]
+    return int(max(values, default=1))
+
+
+def judge_shared(res: GatedArm, base: GatedArm | None, limit: float, option: str
+                 ) -> Verdict | None:
+    """INCONCLUSIVE for a QPS gate whose arm or baseline trained several trials at once on one
+    machine (their QPS is a share of it); None when both trained alone."""
+    shared = {a.arm: n for a in (res, base) if a is not None and (n := sharing(a)) > 1}
+    if not shared:
+        return None
+    listed = ", ".join(f"'{arm}' {n} at a time" for arm, n in shared.items())
+    return Verdict(res.arm, "perf/qps", INCONCLUSIVE, math.nan, math.nan, math.nan, limit,
+                   "%", 0, None,
+                   f"arm '{res.arm}': QPS: INCONCLUSIVE, trials shared one machine ({listed}): "
+                   f"their QPS is a share of it, not a speed figure ({option} {limit:g}%); "
+                   "gate speed on trials trained one at a time (--parallel 1)",
+                   f"trained {listed}")
+
+
 def check_gates(cmp: GatedComparison, gates: Gates) -> list[Verdict]:
     """A verdict per gated (arm, metric), arms in the comparison's order; a gate whose metric
     is not finite in some run gets a FAIL or INCONCLUSIVE verdict that says so."""
@@ -204,7 +231,8 @@ def check_gates(cmp: GatedComparison, gates: Gates) -> list[Verdict]:
         if res.arm == cmp.baseline:
             continue
         for metric, limit, worse_if, unit, label, option in _gate_checks(cmp.tasks, gates):
-            verdict = judge_unmeasured(res, base, metric, limit, unit, label, option)
+            verdict = (judge_shared(res, base, limit, option) if metric == "perf/qps" else
+                       None) or judge_unmeasured(res, base, metric, limit, unit, label, option)
             delta = res.deltas.get(metric)
             if verdict is not None:
                 out.append(verdict)

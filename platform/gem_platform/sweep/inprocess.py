@@ -1,4 +1,4 @@
-"""Run a sweep's trials one after another on this machine: no Ray, no MLflow.
+"""Run a sweep's trials on this machine, one after another or a few at once: no Ray, no MLflow.
 
 For a machine that has the GPU but not the cluster services (a lone H200 box, a notebook):
 each (arm, seed) trains through the same ``train`` function a Ray trial runs, and the
@@ -20,9 +20,17 @@ resolved recipe and whether it trained deterministically), and per trial its com
     python -m gem_platform.sweep.inprocess recipes/ablations/precision_h200.yaml \\
         --out gem_runs/precision_h200.json
 
-Trials trained in parallel processes (``--arms A --seeds S --out part.json`` each) become one
-file with ``python -m gem_platform.sweep.inprocess --merge part*.json --out all.json``
-(gem_platform.sweep.merge).
+``--parallel N`` trains N trials at once, each in its own fresh process, sharing the machine's
+GPU. A trial's result does not change with the company it keeps (a deterministic trial gives
+the same NE bit for bit), and a small model leaves most of an H200 idle between its kernels
+(start-up, compilation, evaluation), so N trials finish sooner than one after another; N is
+bounded by the device's memory. Their QPS and MFU are shares of the device, not speed figures:
+each trial records ``trial/concurrent_trials``, and ``gemctl compare`` says so and holds a QPS
+gate inconclusive for them.
+
+Results files of separate runs (other machines, or ``--arms A --seeds S --out part.json``
+each) become one file with ``python -m gem_platform.sweep.inprocess --merge part*.json --out
+all.json`` (gem_platform.sweep.merge).
 """
 
 from __future__ import annotations
@@ -32,7 +40,10 @@ import hashlib
 import json
 import math
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -94,12 +105,17 @@ def train_trial(recipe: Recipe, label: str, echo: Echo = print
 
 def run_in_process(plan: SweepPlan, out: str | Path, echo: Echo = print,
                    resume: bool = True, allow_code_change: bool = False,
-                   isolate: bool = True) -> list[TrialRun]:
+                   isolate: bool = True, parallel: int = 1) -> list[TrialRun]:
     """Train every (arm, seed) of ``plan``, in the plan's order (all arms of a seed before
     the next seed, so a cut-short sweep still pairs), each in a fresh process unless
-    ``isolate`` is off. With ``resume``, trials already in ``out`` (same sweep name, same
-    recipes) are kept, not retrained; trials of another commit only with
-    ``allow_code_change``."""
+    ``isolate`` is off; ``parallel`` > 1 trains that many at once (each in a fresh process)
+    and records it per trial as ``trial/concurrent_trials``. With ``resume``, trials already
+    in ``out`` (same sweep name, same recipes) are kept, not retrained; trials of another
+    commit only with ``allow_code_change``."""
+    if parallel < 1 or (parallel > 1 and not isolate):
+        raise GemError(f"parallel={parallel} with isolate={isolate}: trials run side by side "
+                       "only each in its own process.",
+                       "Pass --parallel N (N >= 1) without --same-process.")
     from gem_platform.data.prepare import prepare_dataset
     from gem_platform.provenance import code_version
 
@@ -130,24 +146,83 @@ def run_in_process(plan: SweepPlan, out: str | Path, echo: Echo = print,
               "baseline": plan.baseline, "seeds": plan.seeds,
               "arms": arms, "device": environment(),
               "recipes": recipes, "provenance": record}
+    todo = []
     for arm, seed in plan.trials():
         if (arm, str(seed)) in have:
             echo(TrialDone(f"{arm} seed {seed}", "kept", where=str(out)))
-            continue
-        recipe, label = plan.trial_recipe(arm, seed), f"{arm} seed {seed}"
-        t0 = time.perf_counter()
-        summary, points = (call_in_fresh_process(train_trial, recipe, label, echo=echo)
-                           if isolate else train_trial(recipe, label, echo))
+        else:
+            todo.append((arm, seed))
+    for arm, seed, (summary, points, wall_s) in _trained(plan, todo, isolate, parallel, echo):
         metrics = finite_metrics(summary)
-        metrics["trial/wall_s"] = time.perf_counter() - t0
+        metrics["trial/wall_s"] = wall_s
+        metrics["trial/concurrent_trials"] = float(min(parallel, len(todo)))
         metrics["train/deterministic"] = float(record["deterministic"][arm])
         done.append(TrialRun(run_id=f"{plan.name}/{arm}/seed{seed}", arm=arm, seed=str(seed),
                              metrics=metrics, sweep_id=plan.name, commit=commit,
                              history=points))
         write_results(out, header, done)
-        echo(TrialDone(label, "finished", metrics.get("eval/ne_ctr", math.nan),
+        echo(TrialDone(f"{arm} seed {seed}", "finished", metrics.get("eval/ne_ctr", math.nan),
                        metrics.get("eval/auc_ctr", math.nan), f"in {out}"))
     return done
+
+
+def _train(plan: SweepPlan, arm: str, seed: int, isolate: bool, echo: Echo
+           ) -> tuple[dict[str, Any], dict[str, list[tuple[int, float]]], float]:
+    """One trial: its summary, its HISTORY step series and its wall seconds."""
+    recipe, label = plan.trial_recipe(arm, seed), f"{arm} seed {seed}"
+    t0 = time.perf_counter()
+    summary, points = (call_in_fresh_process(train_trial, recipe, label, echo=echo)
+                       if isolate else train_trial(recipe, label, echo))
+    return summary, points, time.perf_counter() - t0
+
+
+def _trained(plan: SweepPlan, todo: list[tuple[str, int]], isolate: bool, parallel: int,
+             echo: Echo) -> Iterator[tuple[str, int, Any]]:
+    """(arm, seed, _train's result) for each trial of ``todo`` as it finishes: one after
+    another, or ``parallel`` at a time (threads, each waiting on the trial's own process;
+    their progress events reach ``echo`` one at a time; the next trial starts as one ends).
+    Once a trial fails no other starts; those running finish and are yielded, then the
+    failure is raised as a GemError."""
+    if parallel <= 1:
+        for arm, seed in todo:
+            yield arm, seed, _train(plan, arm, seed, isolate, echo)
+        return
+    lock = threading.Lock()
+
+    def one_at_a_time(event: Any) -> None:
+        with lock:
+            echo(event)
+
+    failed: tuple[str, int, BaseException] | None = None
+    queued = iter(todo)
+    with ThreadPoolExecutor(parallel, thread_name_prefix="trial") as pool:
+        running: dict[Future, tuple[str, int]] = {}
+
+        def start_next() -> None:
+            trial = next(queued, None)
+            if trial is not None:
+                running[pool.submit(_train, plan, *trial, True, one_at_a_time)] = trial
+
+        for _ in range(parallel):
+            start_next()
+        while running:
+            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in finished:
+                arm, seed = running.pop(future)
+                err = future.exception()
+                if err is None:
+                    if failed is None:
+                        start_next()
+                    yield arm, seed, future.result()
+                elif failed is None:
+                    failed = (arm, seed, err)
+    if failed is not None:
+        arm, seed, err = failed
+        raise GemError(f"Trial {arm} seed {seed} failed: {type(err).__name__}: {err}",
+                       "The trials that finished are in the results file; the same command "
+                       "trains only the missing ones. Out of GPU memory with --parallel N: "
+                       "lower N (each trial holds its own model, batches and compiled "
+                       "graphs on the one device).") from err
 
 
 def _arm_fingerprints(plan: SweepPlan) -> dict[str, str]:
@@ -182,6 +257,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="resume --out although its trials came from another git commit")
     p.add_argument("--same-process", action="store_true",
                    help="train every trial in this process (default: each in a fresh one)")
+    p.add_argument("--parallel", type=int, default=1, metavar="N",
+                   help="train N trials at once, each in its own process (they share this "
+                        "machine's GPU: quality as alone, QPS a share of it)")
     args = p.parse_args(argv)
     if args.merge:
         return _merge(args.merge, args.out)
@@ -192,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         plan = narrowed(plan, args.seeds, args.arms)
         run_in_process(plan, args.out, resume=not args.new,
                        allow_code_change=args.allow_code_change,
-                       isolate=not args.same_process)
+                       isolate=not args.same_process, parallel=args.parallel)
     except GemError as err:
         print(err.as_text(), file=sys.stderr)
         return 2

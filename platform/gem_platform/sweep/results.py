@@ -21,6 +21,9 @@ from gem_platform.json_results import write_json
 FORMAT = "gem-sweep-results/1"
 MAX_RESULTS_BYTES = 1 << 30  # far beyond any sweep's results; a larger file is a mistake
 COMPARISON_FORMAT = "gem-comparison/1"
+# How many trials trained at once on the trial's machine (in-process sweeps, --parallel): above
+# 1 its QPS and MFU are a share of the machine, not a speed figure.
+CONCURRENT_TRIALS = "trial/concurrent_trials"
 
 
 @dataclass(frozen=True)
