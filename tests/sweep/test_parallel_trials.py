@@ -64,6 +64,7 @@ def test_side_by_side_trials_equal_those_trained_alone_and_their_qps_is_not_gate
     assert "QPS: INCONCLUSIVE, trials shared one machine ('bf16' 2 at a time, 'fp32' 2 at a " \
         "time)" in text
     assert "‡ trained up to 2 trials at a time on one machine" in text
+    assert "trials trained alone" in text  # what would settle the QPS gate
     assert "NE ctr regression" in text  # the quality gates are judged as ever
     solo = gemctl_in_process("compare", "alone.json", *gates, cwd=sweep_dir)
     assert "shared one machine" not in solo.stdout and "‡" not in solo.stdout

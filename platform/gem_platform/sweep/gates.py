@@ -98,6 +98,8 @@ class Verdict:
     message: str
     # the runs whose value is NaN, infinite or missing, in words (None: every value finite)
     unmeasured: str | None = None
+    # for a speed gate: the arms whose trials shared a machine, in words (None: each alone)
+    shared: str | None = None
 
 
 def judge(arm: str, metric: str, delta: Delta, limit: float, worse_if: Literal[1, -1],
@@ -219,7 +221,7 @@ def judge_shared(res: GatedArm, base: GatedArm | None, limit: float, option: str
                    f"arm '{res.arm}': QPS: INCONCLUSIVE, trials shared one machine ({listed}): "
                    f"their QPS is a share of it, not a speed figure ({option} {limit:g}%); "
                    "gate speed on trials trained one at a time (--parallel 1)",
-                   f"trained {listed}")
+                   shared=f"trained {listed}")
 
 
 def check_gates(cmp: GatedComparison, gates: Gates) -> list[Verdict]:
