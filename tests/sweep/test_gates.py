@@ -94,7 +94,9 @@ def test_compare_reads_its_own_json_back(tmp_path: Path):
         assert x["deltas"] == y["deltas"]
 
 
-BENCH = sorted((REPO / "docs/bench").glob("precision_*.json"))
+BENCH = sorted((REPO / "docs/bench").glob("precision_*.json")) + \
+    sorted((REPO / "docs/quality").glob("ablation_*.json"))
+SHARED = sorted((REPO / "docs/quality").glob("ablation_*_h200.json"))
 
 
 @pytest.mark.parametrize("path", BENCH, ids=[p.name for p in BENCH])
@@ -107,6 +109,17 @@ def test_every_results_file_under_docs_bench_compares(path: Path, tmp_path: Path
     assert {a["arm"] for a in body["arms"]} == {t.arm for t in trials}
     assert all(a["deltas"]["eval/ne_ctr"]["value"] is not None for a in body["arms"]
                if a["arm"] != body["baseline"])
+
+
+@pytest.mark.parametrize("path", SHARED, ids=[p.name for p in SHARED])
+def test_committed_trials_that_shared_the_gpu_hold_their_qps_gate_inconclusive(path: Path,
+                                                                              tmp_path: Path):
+    trials, _ = load_results(path)
+    assert all(t.metrics["trial/concurrent_trials"] > 1 for t in trials)
+    proc = gemctl_in_process("compare", str(path), "--json", "--no-plot", "--max-qps-drop",
+                             "99%", cwd=tmp_path)
+    qps = [v for v in json.loads(proc.stdout)["verdicts"] if v["metric"] == "perf/qps"]
+    assert qps and all(v["verdict"] == "inconclusive" and v["shared"] for v in qps)
 
 
 def test_plot_for_a_results_file_writes_both_charts(tmp_path: Path):

@@ -39,7 +39,7 @@ def write(spec_dir: Path, text: str) -> Path:
     ("attention", ["padded", "full", "sliding", "block64"], "padded", [0, 1]),
     ("precision", ["bf16", "fp32", "fp8_block"], "bf16", [0, 1, 2, 3]),
     ("loader", ["no_balancing", "bbs"], "no_balancing", [0, 1]),
-    ("precision_h200", ["bf16", "fp32", "fp8_b128", "fp8_b32"], "bf16", [0, 1, 2]),
+    ("precision_h200", ["bf16", "fp32", "fp8_b128", "fp8_b32"], "bf16", [0, 1, 2, 3, 4, 5]),
     ("attention_h200", ["full", "sliding", "block64"], "full", [0, 1, 2, 3, 4, 5]),
 ])
 def test_shipped_ablations_resolve(name, arms, baseline, seeds, monkeypatch):
