@@ -1,5 +1,6 @@
-"""gemctl sweep --in-process (narrowed with --arms/--seeds, JSON result, resumable results file)
-and gemctl profile --trace, through the real CLI in a subprocess."""
+"""gemctl sweep --in-process refusals (the narrowed sweep itself runs in tests/sweep/
+test_inprocess.py, on that module's sweep) and gemctl profile --trace, through the real CLI
+in a subprocess."""
 
 from __future__ import annotations
 
@@ -9,11 +10,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import gemctl_in_process, run_gemctl
-from tests.sweep.test_inprocess import SPEC as PREC_SPEC
+from tests.sweep.test_inprocess import TRI_SPEC as SPEC
 from tests.sweep.test_spec import BASE
-
-# the in-process sweep's two precisions, and a third arm
-SPEC = PREC_SPEC.replace("name: prec", "name: tri") + "  wide: [model.d_model=64]\n"
 
 
 @pytest.fixture(scope="module")
@@ -22,25 +20,6 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (d / "base.yaml").write_text(BASE + "loader: {local_batch_size: 64, base_batch_size: 16}\n")
     (d / "tri.yaml").write_text(SPEC)
     return d
-
-
-@pytest.mark.slow
-def test_in_process_sweep_narrowed(workdir):
-    args = ("sweep", "tri.yaml", "--in-process", "--arms", "fp32", "--arms", "bf16",
-            "--seeds", "0", "--out", "res.json")
-    proc = run_gemctl(*args, "--json", cwd=workdir)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    body = json.loads(proc.stdout)
-    assert body["trials"] == 2 and body["results"] == "res.json"
-    assert {a["arm"] for a in body["comparison"]["arms"]} == {"fp32", "bf16"}
-    assert "trials 2/2 done" in proc.stderr and "Traceback" not in proc.stderr
-    results = json.loads((workdir / "res.json").read_text())
-    assert sorted((t["arm"], t["seed"]) for t in results["trials"]) == [("bf16", "0"),
-                                                                      ("fp32", "0")]
-    # resumes: nothing retrained (others may commit meanwhile: allow the code change)
-    again = run_gemctl(*args, "--allow-code-change", cwd=workdir)
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert again.stdout.count("already in") == 2 and "quality per arm" in again.stdout
 
 
 def test_unknown_arm_is_named(workdir):

@@ -1,7 +1,8 @@
 """An in-process sweep (no Ray, no MLflow): a tiny recipe, two precisions x two seeds trained
 one after another here, results in a JSON file that survives a cut-short run and resumes; then
 the real `gemctl compare FILE.json` (the app, run in this process) pairs the arms by seed and
-applies the gates."""
+applies the gates, and `gemctl sweep --in-process` narrowed to seed 0 trains those trials again,
+bit for bit."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from gem_platform.sweep.config import load_sweep
 from gem_platform.sweep.inprocess import run_in_process
 from gem_platform.sweep.merge import merge_results
 from gem_platform.sweep.results import load_results, write_results
-from tests.conftest import gemctl_in_process
+from tests.conftest import gemctl_in_process, run_gemctl
 from tests.sweep.test_provenance import in_history
 from tests.sweep.test_spec import BASE
 
@@ -31,6 +32,8 @@ arms:
   fp32: [precision.mode=fp32]
   bf16: [precision.mode=bf16]
 """
+# the two precisions, and a third arm (the CLI's narrowed sweep; tests/cli too)
+TRI_SPEC = SPEC.replace("name: prec", "name: tri") + "  wide: [model.d_model=64]\n"
 
 
 pytestmark = pytest.mark.slow  # every test reads the sweep the module trains (4 trials)
@@ -127,19 +130,35 @@ def test_results_file_records_provenance_and_determinism(swept, monkeypatch):
         assert t.history["eval/ne_ctr"][-1][1] == pytest.approx(t.metrics["eval/ne_ctr"])
 
 
-def test_a_trial_trained_again_gives_identical_metrics(swept, tmp_path):
-    again = tmp_path / "again.json"
-    proc = subprocess.run([sys.executable, "-m", "gem_platform.sweep.inprocess", "prec.yaml",
-                           "--out", str(again), "--arms", "bf16", "--seeds", "1"], cwd=swept,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    (rerun,), _ = load_results(again)
-    first = next(t for t in load_results(swept / "results.json")[0]
-                 if (t.arm, t.seed) == ("bf16", "1"))
-    for key in ("eval/ne_ctr", "eval/ne_cvr", "eval/auc_ctr", "train/loss"):
-        if key in first.metrics:
-            assert rerun.metrics[key] == first.metrics[key], key  # bitwise, not approx
-    assert rerun.history == first.history
+def test_cli_sweep_narrowed_trains_its_trials_again_identically(swept):
+    """`gemctl sweep --in-process` (a subprocess) narrowed with --arms/--seeds, in the folder
+    of the module's sweep and on its dataset: a JSON result and a resumable results file, and
+    each trial it trains again in a fresh process gives the metrics and step history the
+    module's sweep recorded for it, bit for bit."""
+    (swept / "tri.yaml").write_text(TRI_SPEC)
+    args = ("sweep", "tri.yaml", "--in-process", "--arms", "fp32", "--arms", "bf16",
+            "--seeds", "0", "--out", "res.json")
+    proc = run_gemctl(*args, "--json", cwd=swept)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    body = json.loads(proc.stdout)
+    assert body["trials"] == 2 and body["results"] == "res.json"
+    assert {a["arm"] for a in body["comparison"]["arms"]} == {"fp32", "bf16"}
+    assert "trials 2/2 done" in proc.stderr and "Traceback" not in proc.stderr
+    results = json.loads((swept / "res.json").read_text())
+    assert sorted((t["arm"], t["seed"]) for t in results["trials"]) == [("bf16", "0"),
+                                                                      ("fp32", "0")]
+    reruns, _ = load_results(swept / "res.json")
+    firsts = {(t.arm, t.seed): t for t in load_results(swept / "results.json")[0]}
+    for rerun in reruns:
+        first = firsts[(rerun.arm, rerun.seed)]
+        for key in ("eval/ne_ctr", "eval/ne_cvr", "eval/auc_ctr", "train/loss"):
+            if key in first.metrics:
+                assert rerun.metrics[key] == first.metrics[key], key  # bitwise, not approx
+        assert rerun.history == first.history
+    # resumes: nothing retrained (others may commit meanwhile: allow the code change)
+    again = gemctl_in_process(*args, "--allow-code-change", cwd=swept)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.stdout.count("already in") == 2 and "quality per arm" in again.stdout
 
 
 def test_resume_across_commits_needs_allow_code_change(swept, tmp_path, monkeypatch):
