@@ -54,7 +54,13 @@ from gem_platform.progress import Echo, TrialDone, in_trial
 from gem_platform.provenance import environment
 from gem_platform.recipe import Recipe
 from gem_platform.sweep.config import SweepPlan, load_sweep
-from gem_platform.sweep.results import TrialRun, finite_metrics, load_results, write_results
+from gem_platform.sweep.results import (
+    CONCURRENT_TRIALS,
+    TrialRun,
+    finite_metrics,
+    load_results,
+    write_results,
+)
 
 HISTORY = ("train/loss", "train/ne_ctr", "eval/ne_ctr", "eval/ne_cvr", "eval/auc_ctr",
            "eval/auc_cvr")
@@ -155,7 +161,7 @@ def run_in_process(plan: SweepPlan, out: str | Path, echo: Echo = print,
     for arm, seed, (summary, points, wall_s) in _trained(plan, todo, isolate, parallel, echo):
         metrics = finite_metrics(summary)
         metrics["trial/wall_s"] = wall_s
-        metrics["trial/concurrent_trials"] = float(min(parallel, len(todo)))
+        metrics[CONCURRENT_TRIALS] = float(min(parallel, len(todo)))
         metrics["train/deterministic"] = float(record["deterministic"][arm])
         done.append(TrialRun(run_id=f"{plan.name}/{arm}/seed{seed}", arm=arm, seed=str(seed),
                              metrics=metrics, sweep_id=plan.name, commit=commit,
