@@ -27,6 +27,7 @@ from gem_platform.checkpoint.intact import (
 from gem_platform.checkpoint.store import LocalStore, latest_checkpoint
 from gem_platform.recipe import recipe_from_dict
 from gem_platform.train.loop import train
+from tests.conftest import gemctl_in_process
 from tests.resume import losses_of
 
 STEP2, STEP4 = "step_00000002", "step_00000004"
@@ -214,7 +215,9 @@ def test_failed_resume_leaves_a_finished_run_finished(tiny_recipe, tmp_path):
     garble_step_file(root / "step_00000006")
     truncate_rank_file(root / STEP4)
     shard = truncate_shard(root / STEP2)
-    refused = _gemctl([*args, "--resume", run_id], tmp_path, uri)
+    # refused before anything starts: the app, run in this process
+    refused = gemctl_in_process(*args, "--resume", run_id, cwd=tmp_path,
+                                env={"MLFLOW_TRACKING_URI": uri})
     assert refused.returncode == 2, refused.stdout[-2000:] + refused.stderr[-2000:]
     assert "Traceback" not in refused.stderr
     for part in ("no intact checkpoint", "step_00000006", "gem_step.json", STEP4, "rank0.pt",

@@ -1,8 +1,8 @@
 """A 2-arm x 2-seed sweep of a tiny demo recipe on CPU, through the real CLI against a live
 MLflow server: interrupted (SIGTERM) after its first trial, resumed by the same command,
 ending with 1 parent + 4 child runs and no duplicates; then `gemctl compare` (table, JSON,
-gates, plot) and `gemctl runs` over it (those two read runs only: the app runs in this
-process)."""
+gates, plot), `gemctl runs` and the finished sweep's re-run over it (those read runs only: the
+app runs in this process)."""
 
 from __future__ import annotations
 
@@ -194,7 +194,8 @@ def test_compare_run_ids_and_bad_ids(swept):
 
 
 def test_rerun_of_finished_sweep_is_a_no_op_and_runs_lists_it(swept):
-    proc = run_gemctl("sweep", "ablate.yaml", cwd=swept.dir, env=swept.env)
+    # a finished sweep is found complete before Ray starts: the app, run in this process
+    proc = gemctl_in_process("sweep", "ablate.yaml", cwd=swept.dir, env=swept.env)
     assert proc.returncode == 0, proc.stderr
     assert "already complete" in proc.stdout
     parents, children = sweep_runs(swept.uri)
