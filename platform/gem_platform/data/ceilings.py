@@ -26,11 +26,11 @@ TaskScores = Mapping[str, Mapping[str, np.ndarray]]  # task -> score name -> (n,
 
 # how the terms are listed (meta.json keeps its keys sorted)
 TERM_ORDER = ("intent_affinity", "recent_affinity", "long_affinity", "long_range", "lookback",
-              "sparse_ids", "ad_category", "dense")
+              "recall", "sparse_ids", "ad_category", "dense")
 PLANTED = "planted"  # the whole planted logit (the ceiling)
 CATEGORY_LEVEL = "category_level"  # the planted logit with items known only by category
 ZONE_BAGS = "zone_bags"  # long_range, lookback: the world's own term as seen through zone bags
-WITHOUT_WORLD_TERM = "without_world_term"  # long_range, lookback: the logit less the world's term
+WITHOUT_WORLD_TERM = "without_world_term"  # long_range, lookback, recall: less the world's term
 WHOLE = (CATEGORY_LEVEL, ZONE_BAGS, WITHOUT_WORLD_TERM)  # scores of the whole logit
 
 
@@ -93,7 +93,7 @@ def describe_ceilings(planted: Mapping[str, float] | None, extra: Mapping) -> li
         alone = ", ".join(f"{name} {known[name]:.3f}" for name in names)
         bags = extra.get("zone_bags_auc", {}).get(task)
         blind = extra.get("without_world_term_auc", {}).get(task)
-        term = "lookback" if "lookback" in known else "long-range"
+        term = next((t for t in ("lookback", "recall") if t in known), "long-range")
         through_bags = "" if bags is None else (
             f", with the {term} term through zone bags (no attention across blocks) "
             f"{bags:.3f}")

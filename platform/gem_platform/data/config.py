@@ -33,7 +33,14 @@ LOOKBACK_DISTANCE = 96
 # events have one LOOKBACK_DISTANCE before them in every sample.
 LOOKBACK_MIN_LEN = LOOKBACK_DISTANCE + 64
 
-World = Literal["standard", "long_range", "local", "lookback"]
+# world recall: the newest event's category recurs at least RECALL_GAP positions before it, or
+# nowhere before it. A 64-token block holding the newest event reaches 63 events back, a
+# 64-token sliding window (model.window=64) 64: neither holds one of those.
+RECALL_GAP = 65
+# Shortest history world recall accepts: some events beyond the gap in every sample.
+RECALL_MIN_LEN = RECALL_GAP + 16
+
+World = Literal["standard", "long_range", "local", "lookback", "recall"]
 
 
 class SeqLenConfig(BaseModel):
@@ -102,6 +109,8 @@ _WORLD_MIN_LEN = {
                    "end carry its signal"),
     "lookback": (LOOKBACK_MIN_LEN, f"its signal lies {LOOKBACK_DISTANCE} positions before "
                  "high-intent events among the newest 64"),
+    "recall": (RECALL_MIN_LEN, f"its signal lies {RECALL_GAP} or more positions before the "
+               "newest event"),
 }
 
 
@@ -135,7 +144,10 @@ class SyntheticConfig(BaseModel):
         "self-attention can't pair them, though pooled attention still sees both zones as "
         "bags); lookback (part of the CTR logit reads the event exactly "
         f"{LOOKBACK_DISTANCE} positions before each high-intent event: only attention from "
-        "one event to another that far back, at that exact distance, sees it); local (the "
+        "one event to another that far back, at that exact distance, sees it); recall (part "
+        "of the CTR logit says whether the newest event's category occurred "
+        f"{RECALL_GAP} or more positions before it: attention from the newest event to its "
+        "match that far back sees it); local (the "
         "history signal comes only from the last events). See "
         "docs/synthetic-data.md",
     )

@@ -63,9 +63,12 @@ from gem_platform.data.staging import os_errors, remove_stale_staging, staged_da
 from gem_platform.data.worlds import (
     W_LONG_RANGE,
     W_LOOKBACK,
+    W_RECALL,
     Interests,
     lookback_balance,
     mean_per_sample,
+    recall_history,
+    recall_sign,
     returning_share,
     zone_bag_overlap,
     zone_lookback_balance,
@@ -82,7 +85,10 @@ ITEM_NOISE = 0.15  # spread of item vectors around their cluster centroid (per d
 LONG_TERM_INTERESTS = 3
 # Worlds with a CTR term of their own, named after the world, that only attention across
 # 64-token blocks reads.
-WORLD_TERMS = ("long_range", "lookback")
+WORLD_TERMS = ("long_range", "lookback", "recall")
+# Of those, the worlds whose term a model can partly recover by pooling zones of the history
+# apart and comparing them (ceilings: zone_bags).
+ZONE_BAG_TERMS = ("long_range", "lookback")
 PILOT_SAMPLES = 8192  # samples drawn to calibrate the label base rates (~0.002 error)
 # Above this many history events a dataset's shards are drawn by a pool of processes.
 PARALLEL_TOKENS = 20_000_000
@@ -284,6 +290,8 @@ class PlantedWorld:
             clusters = self._standard_history(rng, interests, owner, from_end)
         elif c.world == "lookback":  # independent events, alike at every position
             clusters = rng.integers(0, c.num_clusters, t)
+        elif c.world == "recall":  # independent events but the newest
+            clusters = recall_history(rng, offsets, c.num_clusters)
         else:
             interests = zoned_interests(rng, n, c.num_clusters, LONG_TERM_INTERESTS)
             clusters = zoned_history(rng, interests, owner, from_end, c.num_clusters)
@@ -295,7 +303,7 @@ class PlantedWorld:
         age = ends - csum + gaps  # seconds from the event to the request
         seq_age = np.log1p(age).astype(np.float32)
 
-        if interests is None:  # world lookback: no interests, any candidate
+        if interests is None:  # worlds lookback, recall: no interests, any candidate
             ad_cluster = rng.integers(0, c.num_clusters, n)
         else:
             r_ad = rng.random(n)
@@ -358,7 +366,8 @@ class PlantedWorld:
         weighted = sim * self.action_weight[arrays.seq_action_types]
         aff_recent = _segment_mean(weighted, owner, recent, n)
         intent = arrays.seq_action_types == self.cfg.num_action_types - 1
-        local = self.cfg.world in ("local", "lookback")  # no history signal beyond the recent one
+        # no history signal beyond the recent one
+        local = self.cfg.world in ("local", "lookback", "recall")
         aff_intent = _segment_mean(sim, owner, intent & recent if local else intent, n)
 
         ad_cluster = self.item_cluster[arrays.ad_item_id]
@@ -379,6 +388,9 @@ class PlantedWorld:
         if self.cfg.world == "lookback":
             categories = self.item_cluster[arrays.seq_item_ids]
             ctr["lookback"] = W_LOOKBACK * lookback_balance(arrays.seq_offsets, categories, intent)
+        if self.cfg.world == "recall":
+            categories = self.item_cluster[arrays.seq_item_ids]
+            ctr["recall"] = W_RECALL * recall_sign(arrays.seq_offsets, categories)
         cvr = {
             "intent_affinity": W_CVR_INTENT * aff_intent,
             "recent_affinity": W_CVR_RECENT * aff_recent,
@@ -420,7 +432,8 @@ class PlantedWorld:
         if term in WORLD_TERMS:
             rest = {k: v for k, v in full.ctr.items() if k != term}
             out["ctr"][WITHOUT_WORLD_TERM] = _total(rest)
-            out["ctr"][ZONE_BAGS] = self._through_zone_bags(arrays, full.ctr, term)
+            if term in ZONE_BAG_TERMS:
+                out["ctr"][ZONE_BAGS] = self._through_zone_bags(arrays, full.ctr, term)
         return out
 
     def _through_zone_bags(self, arrays: SampleArrays, ctr: dict[str, np.ndarray], term: str

@@ -30,6 +30,17 @@ not per user, so a model cannot learn them from the user id instead of reading t
   back, reading the distance exactly (rotary positions), tells it. The distance is over 64,
   so 64-token blocks or windows never hold both events. What pooling the history into zones
   and comparing the zones can still recover is :func:`zone_lookback_balance`.
+- ``recall``: histories of independent events, as in ``lookback``, except that the newest
+  event's category never occurs among the ``RECALL_GAP - 1`` events before it. For half the
+  samples it is the category of an event ``RECALL_GAP`` or more positions back (it *recurs*),
+  for the others one that occurs nowhere in the history. The CTR logit gains ``W_RECALL``
+  times +1 where it recurs, -1 where not (:func:`recall_sign`). Telling which needs the
+  newest event and its match together: attention from the newest token that reaches beyond
+  ``RECALL_GAP`` finds it by content alone (no distance to read, unlike ``lookback``), while a
+  64-token block or window holding the newest event holds no event of its category at all.
+  A pooled summary of the history that does not know the newest event (the pooled
+  attention's queries are learned, or the candidate's) carries it only as far as a few
+  pooled vectors can list which of the categories occurred.
 - ``local``: the history signal comes only from the recent events (their affinity to the
   candidate; for CVR, their high-intent actions), so block-local attention loses nothing.
 """
@@ -40,12 +51,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gem_platform.data.config import LONG_RANGE_GAP, LOOKBACK_DISTANCE, RECENT_WINDOW
+from gem_platform.data.config import (
+    LONG_RANGE_GAP,
+    LOOKBACK_DISTANCE,
+    RECALL_GAP,
+    RECENT_WINDOW,
+)
 
 RETURNING_SHARE = 0.5  # samples whose recent interest is one of their long-term interests
 SESSION_INTERESTS = 2  # clusters of the middle zone, per sample
 W_LONG_RANGE = 3.0  # CTR logit per unit of returning share (world long_range)
 W_LOOKBACK = 1.5  # CTR logit per unit of lookback balance (world lookback)
+W_RECALL = 1.0  # CTR logit of the newest category recurring (+1) or not (-1) (world recall)
 LOOKBACK_ZONE = RECENT_WINDOW  # width of the zones zone_lookback_balance compares
 
 
@@ -175,3 +192,43 @@ def zone_lookback_balance(offsets: np.ndarray, categories: np.ndarray, intent: n
     marks = marks[seen[owner[marks], back[marks]] > 0]
     mean_back = kinds[owner[marks], back[marks]] / seen[owner[marks], back[marks]]
     return mean_per_sample(owner[marks], kind(categories[marks]) * mean_back, n)
+
+
+def recall_history(rng: np.random.Generator, offsets: np.ndarray, num_clusters: int
+                   ) -> np.ndarray:
+    """(T,) categories of the recall world's events: independent and uniform, then each
+    history's newest event set to a category of an event ``RECALL_GAP`` or more back (half
+    the samples) or to one absent from the whole history (the others, where one is), and
+    every event of the newest one's category among the ``RECALL_GAP - 1`` before it redrawn."""
+    n, owner, from_end = _positions(offsets)
+    cats = rng.integers(0, num_clusters, owner.size)
+    newest = offsets[1:][np.diff(offsets) > 0] - 1
+    has = np.diff(offsets) > 0
+    old = from_end >= RECALL_GAP
+    present = np.zeros((n, num_clusters), dtype=bool)
+    present[owner[old], cats[old]] = True
+    # a random old event's category: its position drawn uniformly among the sample's old ones
+    old_count = np.maximum(np.diff(offsets) - RECALL_GAP, 0)
+    pick = offsets[:-1] + (rng.random(n) * old_count).astype(np.int64)
+    recurring = cats[np.minimum(pick, max(owner.size - 1, 0))] if owner.size else pick
+    absent_score = np.where(present, -1.0, rng.random((n, num_clusters)))
+    absent = absent_score.argmax(axis=1)  # a uniformly drawn absent category, if any
+    recurs = (rng.random(n) < 0.5) & (old_count > 0)
+    choice = np.where(recurs, recurring, absent)
+    cats[newest] = choice[has]
+    near = (from_end > 0) & (from_end < RECALL_GAP) & (cats == choice[owner])
+    cats[near] = (cats[near] + rng.integers(1, num_clusters, int(near.sum()))) % num_clusters
+    return cats
+
+
+def recall_sign(offsets: np.ndarray, categories: np.ndarray) -> np.ndarray:
+    """(n,) +1 where the newest event's category occurs ``RECALL_GAP`` or more positions
+    before it, -1 where not; 0 for an empty history."""
+    n, owner, from_end = _positions(offsets)
+    has = np.diff(offsets) > 0
+    newest_cat = np.full(n, -1)
+    newest_cat[has] = categories[offsets[1:][has] - 1]
+    old = from_end >= RECALL_GAP
+    found = np.zeros(n, dtype=bool)
+    found[owner[old][categories[old] == newest_cat[owner[old]]]] = True
+    return np.where(has, np.where(found, 1.0, -1.0), 0.0)
