@@ -1,5 +1,7 @@
 """Placement on a real (fake multi-node) Ray cluster: discovery by zone label, pinned actors and
-Ray Train workers, and verification of where each one really runs."""
+Ray Train workers (`gemctl submit` on the cluster puts ranks where `gemctl plan` says, and
+records each host's system metrics in the run under its node name), and verification of where
+each one really runs."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+from mlflow.tracking import MlflowClient
 
 from gem_platform.errors import ClusterError
 from gem_platform.topology import (
@@ -20,12 +23,13 @@ from gem_platform.topology import (
     Zone,
     build_plan,
     discover_cluster,
-    label_selectors,
     place_on_ray,
     scheduling_strategy,
     verify_placement,
     worker_location,
 )
+from tests.conftest import gemctl_in_process, run_gemctl
+from tests.tiny_training import TINY
 
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster as RayCluster  # noqa: E402
@@ -105,35 +109,49 @@ def test_pinned_actors_run_where_the_placement_says(ray_cluster) -> None:
         verify_placement(placement, reports[:5])
 
 
-def test_ray_train_workers_follow_label_selectors(ray_cluster, tmp_path: Path) -> None:
-    """A CPU TorchTrainer whose workers are pinned per rank with ScalingConfig(label_selector):
-    rank 0 in zone za, rank 1 in zone zb; each worker reports where it ran."""
-    from ray.train import RunConfig, ScalingConfig, get_context
-    from ray.train.torch import TorchTrainer
+def test_submit_places_ranks_as_planned_and_records_each_hosts_metrics(
+        ray_cluster, mlflow_server, tmp_path: Path) -> None:
+    """`gemctl submit --address` on this cluster: three Ray Train workers (one rank per host),
+    each pinned by its rank's label selector to a host of its own, two of them on the two
+    hosts of zone za and one in zb, where `gemctl plan` puts them; the run records each host's
+    system metrics under its node name."""
+    (tmp_path / "tiny.yaml").write_text(TINY.format(data=tmp_path / "data"))
+    sets = ["--set", "parallel.workers=3", "--set", "parallel.gpus_per_host=1",
+            "--set", "parallel.hsdp_shard_group=1", "--set", "train.steps=4",
+            "--set", "tracking.experiment=placement"]
+    plan = gemctl_in_process("plan", "tiny.yaml", "--world", "3", "--gpus-per-host", "1",
+                             "--hosts-per-zone", "2", "--out", "plan.json", *sets,
+                             cwd=tmp_path)
+    assert plan.returncode == 0, plan.stderr[-2000:]
+    planned = json.loads((tmp_path / "plan.json").read_text())["placement"]
 
-    cfg = ParallelConfig(workers=2, gpus_per_host=1)  # one rank per host
-    cluster = discover_cluster(cfg)
-    one_per_zone = Cluster(zones=tuple(Zone(z.name, z.hosts[:1]) for z in cluster.zones))
-    placement = one_per_zone.place(2)
-    out = tmp_path / "reports"
-    out.mkdir()
+    proc = run_gemctl("submit", "tiny.yaml", "--address", ray_cluster.address, *sets,
+                      cwd=tmp_path, env={"MLFLOW_TRACKING_URI": mlflow_server,
+                                        "MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL": "0.5"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    client = MlflowClient(mlflow_server)
+    (run,) = client.search_runs([client.get_experiment_by_name("placement").experiment_id])
+    placement = json.loads(Path(client.download_artifacts(run.info.run_id, "placement.json"))
+                           .read_text())
+    actual = sorted(placement["actual"], key=lambda loc: loc["rank"])
+    assert [loc["zone"] for loc in actual] == ["za", "za", "zb"]
+    assert len({loc["node_id"] for loc in actual}) == 3
+    # where the selectors pinned them: the discovered placement's node of each rank
+    expected = place_on_ray(ParallelConfig(workers=3, gpus_per_host=1))
+    verify_placement(expected, [WorkerLocation(**loc) for loc in actual])
 
-    def train_fn(config: dict) -> None:
-        import torch.distributed as dist
+    # Same layout as the plan: which ranks share a host and which share a zone.
+    def pattern(values: list[str]) -> list[int]:
+        order: dict[str, int] = {}
+        return [order.setdefault(v, len(order)) for v in values]
 
-        rank = get_context().get_world_rank()
-        loc = worker_location(rank)
-        dist.barrier()  # the gloo process group exists and spans both workers
-        Path(config["out"], f"{rank}.json").write_text(json.dumps(loc.__dict__))
-
-    TorchTrainer(
-        train_fn,
-        train_loop_config={"out": str(out)},
-        scaling_config=ScalingConfig(
-            num_workers=2, use_gpu=False, label_selector=label_selectors(placement)
-        ),
-        run_config=RunConfig(storage_path=str(tmp_path / "runs"), name="placement"),
-    ).fit()
-    reports = [WorkerLocation(**json.loads(p.read_text())) for p in sorted(out.glob("*.json"))]
-    verify_placement(placement, reports)
-    assert [r.zone for r in reports] == ["za", "zb"]
+    assert pattern([loc["zone"] for loc in actual]) == pattern([s["zone"] for s in planned])
+    assert pattern([loc["node_id"] for loc in actual]) == pattern([s["host"] for s in planned])
+    assert [s["local_rank"] for s in planned] == [0, 0, 0]
+    # one system-metrics sampler per host, each under its node name
+    keys, tags = set(run.data.metrics), run.data.tags
+    for node in ("node_0", "node_1", "node_2"):
+        assert f"system/{node}/cpu_utilization_percentage" in keys, sorted(keys)
+        assert f"system/{node}/system_memory_usage_megabytes" in keys
+    assert len({tags["gem.node.node_0"], tags["gem.node.node_1"], tags["gem.node.node_2"]}) == 3
+    assert not any(k.startswith("system/node_3/") for k in keys)
