@@ -172,7 +172,7 @@ def _check_run(uri: str, run, workers: int) -> None:
 def test_submit_on_ray_with_two_workers(workdir, mlflow_server):
     """With the off-the-shelf model variant: neither the driver nor a Ray worker imports
     gem_bench by name; both find it through its entry point (ours trains on Ray Train in the
-    checkpoint, placement and object-storage tests)."""
+    placement and object-storage tests)."""
     proc = run_gemctl("submit", "tiny.yaml", "--json", "--set", "model.kernel=baseline",
                       cwd=workdir, env={"MLFLOW_TRACKING_URI": mlflow_server})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -1,5 +1,5 @@
 """System metrics of every worker host land in the run, named by MLflow's node id (a real
-two-host Ray run checks it in tests/topology/test_submit_placement.py)."""
+three-host Ray run checks it in tests/topology/test_topology_ray.py)."""
 
 from __future__ import annotations
 
