@@ -220,18 +220,23 @@ def test_four_hsdp_row_wise_ranks_resume_on_two_table_wise(tiny_recipe, tmp_path
 
 
 @pytest.mark.slow
-def test_submit_resume_says_what_changed(tiny_recipe, mlflow_server):
+def test_submit_resume_says_what_changed(tiny_recipe, mlflow_server, monkeypatch):
     """gemctl submit --resume under another parallel section continues the run and says what
-    changed and that the checkpoint was resharded, in the output and the run's record."""
+    changed and that the checkpoint was resharded, in the output and the run's record. (The
+    run it resumes is trained here, in one process, as `gemctl submit --local` trains it.)"""
+    from gem_platform.launch import submit
+
     d, tree = tiny_recipe
     tree = {**tree, "train": {**tree["train"], "steps": 4, "checkpoint_every": 2},
             "tracking": {**tree["tracking"], "experiment": "reshard-cli"}}
     (d / "ckpt.yaml").write_text(yaml.safe_dump(tree))
-    first = _gemctl(d, mlflow_server)
-    assert first.returncode == 0, first.stderr[-2000:]
+    monkeypatch.chdir(d)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
+    first = submit(recipe_from_dict(tree), local=True, echo=lambda _: None)
     client = MlflowClient(mlflow_server)
     exp = client.get_experiment_by_name("reshard-cli").experiment_id
     (run,) = client.search_runs([exp])
+    assert run.info.run_id == first.run_id and run.info.status == "FINISHED"
     resumed = _gemctl(d, mlflow_server, "--resume", run.info.run_id,
                       "--set", "parallel.cpus_per_worker=2")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
