@@ -28,12 +28,15 @@ _SECRET_PARAM = re.compile(
 
 
 def connect_error(host: str, port: int, timeout: float = 3.0) -> OSError | None:
-    """None if a TCP connection to host:port opens within ``timeout``, else the error."""
+    """None if a TCP connection to host:port opens within ``timeout``, else the error (an
+    OSError naming the host where it is no host name at all: characters no DNS name holds)."""
     try:
         with socket.create_connection((host, port), timeout=timeout):
             return None
     except OSError as err:
         return err
+    except UnicodeError as err:  # the IDNA codec refuses the name before any lookup
+        return OSError(f"{host!r} is not a valid host name: {err}")
 
 
 def require_reachable(host: str, port: int, what: str, fix: str,

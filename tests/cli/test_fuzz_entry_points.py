@@ -243,6 +243,7 @@ URIS = st.builds(_uri, st.sampled_from(["http", "https", "HTTP", "postgresql", "
 @example("sqlite:///.")
 @example("http://u:secret@[::1")
 @example("://u:secret@127.0.0.1:1")
+@example("http://127.0.0.1\x80")  # a host name the IDNA codec refuses before any lookup
 def test_tracking_uri(tmp_path_factory, monkeypatch, uri):
     monkeypatch.chdir(tmp_path_factory.mktemp("uri"))
     result = run("runs", "--tracking-uri", uri)
