@@ -18,7 +18,7 @@ from gem_platform.errors import GemError
 from gem_platform.sweep.config import load_sweep
 from gem_platform.sweep.inprocess import run_in_process
 from gem_platform.sweep.merge import merge_results
-from gem_platform.sweep.results import load_results, write_results
+from gem_platform.sweep.results import CONCURRENT_TRIALS, load_results, write_results
 from tests.conftest import gemctl_in_process, run_gemctl
 from tests.sweep.test_provenance import in_history
 from tests.sweep.test_spec import BASE
@@ -54,9 +54,11 @@ def swept(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = d / "results.json"
     # the lone GPU box has neither Ray nor MLflow: the runner must not need them
     cmd = [sys.executable, "-c", NO_RAY_NO_MLFLOW, "prec.yaml", "--out", str(out)]
-    # seed 0 first (as if the sweep had been cut short), then the whole sweep resumes
-    first = subprocess.run([*cmd, "--seeds", "0"], cwd=d, capture_output=True, text=True,
-                           timeout=600)
+    # seed 0 first (as if the sweep had been cut short), its two trials side by side (each in
+    # its own process: test_cli_sweep_narrowed_... trains them again one at a time and finds
+    # them bit for bit the same), then the whole sweep resumes one trial at a time
+    first = subprocess.run([*cmd, "--seeds", "0", "--parallel", "2"], cwd=d,
+                           capture_output=True, text=True, timeout=600)
     assert first.returncode == 0, first.stderr[-2000:]
     assert len(load_results(out)[0]) == 2
     # --allow-code-change: this checkout may gain commits between the two launches
@@ -159,6 +161,23 @@ def test_cli_sweep_narrowed_trains_its_trials_again_identically(swept):
     again = gemctl_in_process(*args, "--allow-code-change", cwd=swept)
     assert again.returncode == 0, again.stderr[-3000:]
     assert again.stdout.count("already in") == 2 and "quality per arm" in again.stdout
+
+
+def test_trials_trained_side_by_side_say_so_and_their_qps_is_not_gated(swept):
+    """Seed 0's trials trained two at a time (``--parallel 2``), seed 1's alone: each records
+    how many shared the machine, compare marks the arms whose QPS is a share of it and holds
+    a QPS gate on them inconclusive, while the quality gates are judged as ever."""
+    trials, _ = load_results(swept / "results.json")
+    assert {(t.seed, t.metrics[CONCURRENT_TRIALS]) for t in trials} == {("0", 2.0), ("1", 1.0)}
+    proc = gemctl_in_process("compare", "results.json", "--max-ne-regression", "1000%",
+                             "--max-qps-drop", "99%", cwd=swept)
+    assert proc.returncode == 3, proc.stdout + proc.stderr  # inconclusive, not passed
+    text = " ".join(proc.stdout.split())
+    assert "QPS: INCONCLUSIVE, trials shared one machine ('bf16' 2 at a time, 'fp32' 2 at a " \
+        "time)" in text and "trials trained alone" in text
+    assert "‡ trained up to 2 trials at a time on one machine" in text
+    assert "ne_ctr" in text and "PASS" in text  # the quality gates, judged as ever
+    assert "gates INCONCLUSIVE (no gate failed)" in text
 
 
 def test_resume_across_commits_needs_allow_code_change(swept, tmp_path, monkeypatch):
