@@ -9,12 +9,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from pydantic import ValidationError
 
 from gem_platform.data.ceilings import describe_ceilings
 from gem_platform.data.config import RECALL_GAP, RECALL_MIN_LEN, DataConfig, SyntheticConfig
 from gem_platform.data.synthetic import PlantedWorld, _rng, generate_synthetic
 from gem_platform.data.worlds import recall_history, recall_sign
+from gem_platform.model.attention import SelfAttentionSpec
+from gem_platform.model.sequence import SequenceTower
 
 
 def _config(**synthetic) -> SyntheticConfig:
@@ -86,10 +89,6 @@ def test_only_attention_across_blocks_sees_the_newest_events_match(kind: str, la
     more before it replaced (where the recall world's match lies): unchanged under
     block-local attention, changed under full attention; histories of every length modulo
     64, so every way a block edge can fall."""
-    torch = pytest.importorskip("torch")
-    from gem_platform.model.attention import SelfAttentionSpec
-    from gem_platform.model.sequence import SequenceTower
-
     lengths = np.arange(RECALL_MIN_LEN, RECALL_MIN_LEN + 64)
     offsets = np.concatenate([[0], np.cumsum(lengths)])
     owner = np.repeat(np.arange(lengths.size), lengths)

@@ -202,20 +202,20 @@ def recall_history(rng: np.random.Generator, offsets: np.ndarray, num_clusters: 
     every event of the newest one's category among the ``RECALL_GAP - 1`` before it redrawn."""
     n, owner, from_end = _positions(offsets)
     cats = rng.integers(0, num_clusters, owner.size)
-    newest = offsets[1:][np.diff(offsets) > 0] - 1
-    has = np.diff(offsets) > 0
+    if owner.size == 0:
+        return cats
     old = from_end >= RECALL_GAP
     present = np.zeros((n, num_clusters), dtype=bool)
     present[owner[old], cats[old]] = True
     # a random old event's category: its position drawn uniformly among the sample's old ones
     old_count = np.maximum(np.diff(offsets) - RECALL_GAP, 0)
     pick = offsets[:-1] + (rng.random(n) * old_count).astype(np.int64)
-    recurring = cats[np.minimum(pick, max(owner.size - 1, 0))] if owner.size else pick
-    absent_score = np.where(present, -1.0, rng.random((n, num_clusters)))
-    absent = absent_score.argmax(axis=1)  # a uniformly drawn absent category, if any
-    recurs = (rng.random(n) < 0.5) & (old_count > 0)
-    choice = np.where(recurs, recurring, absent)
-    cats[newest] = choice[has]
+    recurring = cats[np.minimum(pick, owner.size - 1)]
+    # a uniformly drawn absent category (any, where none is absent)
+    absent = np.where(present, -1.0, rng.random((n, num_clusters))).argmax(axis=1)
+    choice = np.where((rng.random(n) < 0.5) & (old_count > 0), recurring, absent)
+    newest = from_end == 0
+    cats[newest] = choice[owner[newest]]
     near = (from_end > 0) & (from_end < RECALL_GAP) & (cats == choice[owner])
     cats[near] = (cats[near] + rng.integers(1, num_clusters, int(near.sum()))) % num_clusters
     return cats
@@ -225,10 +225,10 @@ def recall_sign(offsets: np.ndarray, categories: np.ndarray) -> np.ndarray:
     """(n,) +1 where the newest event's category occurs ``RECALL_GAP`` or more positions
     before it, -1 where not; 0 for an empty history."""
     n, owner, from_end = _positions(offsets)
-    has = np.diff(offsets) > 0
+    newest = from_end == 0
     newest_cat = np.full(n, -1)
-    newest_cat[has] = categories[offsets[1:][has] - 1]
+    newest_cat[owner[newest]] = categories[newest]
     old = from_end >= RECALL_GAP
     found = np.zeros(n, dtype=bool)
     found[owner[old][categories[old] == newest_cat[owner[old]]]] = True
-    return np.where(has, np.where(found, 1.0, -1.0), 0.0)
+    return np.where(np.diff(offsets) > 0, np.where(found, 1.0, -1.0), 0.0)
