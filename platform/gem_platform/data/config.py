@@ -20,8 +20,8 @@ PATH_MAX = 4096  # bytes of a whole path (Linux)
 # The planted world's "recent" events: the last RECENT_WINDOW of a history.
 RECENT_WINDOW = 8
 # world long_range: the old events are those at least LONG_RANGE_GAP positions from the end.
-# A 64-token block (or a 64-token window) that holds a recent event reaches at most 63 older
-# positions, so no such block holds a recent and an old event, wherever its edges fall.
+# A 64-token block that holds a recent event reaches at most 63 older positions, a 64-token
+# sliding window (model.window=64) 64, so neither holds a recent and an old event.
 LONG_RANGE_GAP = 64 + RECENT_WINDOW
 # Shortest history world long_range accepts: a few old events beyond the gap in every sample.
 LONG_RANGE_MIN_LEN = LONG_RANGE_GAP + 16
