@@ -128,6 +128,7 @@ def verdict_table(cmp) -> Table:
             reg += f" [{v.low:+.{digits}f},{v.high:+.{digits}f}]"
         settle = "" if v.verdict != "inconclusive" else (
             "trials trained alone" if v.shared else
+            "a baseline that learned the term" if v.unlearned else
             "a finite value in every run" if v.unmeasured else
             f"~{v.seeds_needed} seeds" if v.seeds_needed else
             "needs 2+ seeds" if math.isnan(v.low) else "unknown")

@@ -32,6 +32,9 @@ CATEGORY_LEVEL = "category_level"  # the planted logit with items known only by 
 ZONE_BAGS = "zone_bags"  # long_range, lookback: the world's own term as seen through zone bags
 WITHOUT_WORLD_TERM = "without_world_term"  # long_range, lookback, recall: less the world's term
 WHOLE = (CATEGORY_LEVEL, ZONE_BAGS, WITHOUT_WORLD_TERM)  # scores of the whole logit
+# A run summary's key for its dataset's ceiling without the world's own term, per task: what a
+# model blind to that term reaches (gem_platform.sweep.gates reads it)
+BLIND_AUC_METRIC = "planted/auc_without_world_term_{task}"
 
 
 def auc(scores: np.ndarray, labels: np.ndarray) -> float:
@@ -76,6 +79,12 @@ def ceiling_aucs(parts: Sequence[TaskScores], ctr: np.ndarray, cvr: np.ndarray
     return out
 
 
+def blind_ceilings(extra: Mapping) -> dict[str, float]:
+    """task -> the AUC ceiling without the world's own term, for the tasks a dataset's meta
+    (``extra``) records one for (the long_range, lookback and recall worlds' CTR)."""
+    return {task: float(v) for task, v in extra.get(f"{WITHOUT_WORLD_TERM}_auc", {}).items()}
+
+
 def describe_ceilings(planted: Mapping[str, float] | None, extra: Mapping) -> list[str]:
     """One line per task: the ceiling, the ceiling at category level and each term alone, as
     a dataset's meta holds them; none for real data, a hint for a synthetic dataset written
@@ -92,7 +101,7 @@ def describe_ceilings(planted: Mapping[str, float] | None, extra: Mapping) -> li
         names = sorted(known, key=lambda k: (TERM_ORDER.index(k) if k in TERM_ORDER else 99, k))
         alone = ", ".join(f"{name} {known[name]:.3f}" for name in names)
         bags = extra.get("zone_bags_auc", {}).get(task)
-        blind = extra.get("without_world_term_auc", {}).get(task)
+        blind = blind_ceilings(extra).get(task)
         term = next((t for t in ("lookback", "recall") if t in known), "long-range")
         through_bags = "" if bags is None else (
             f", with the {term} term through zone bags (no attention across blocks) "

@@ -9,6 +9,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from gem_platform.data.ceilings import BLIND_AUC_METRIC
 from gem_platform.provenance import TAG_COMMIT
 from gem_platform.sweep import store
 from gem_platform.sweep.config import SweepError
@@ -188,9 +189,15 @@ def _tasks(trials: list[TrialRun], declared: list[str] | tuple[str, ...] = ()) -
     return [t for t in order if t in found] + sorted(found - set(order))
 
 
+def _context_names(tasks: list[str]) -> list[str]:
+    """Facts of each run that the gates read but no arm is compared on: how many trials shared
+    its machine, and its dataset's ceiling without the world's own term."""
+    return [CONCURRENT_TRIALS] + [BLIND_AUC_METRIC.format(task=t) for t in tasks]
+
+
 def _metric_names(tasks: list[str]) -> list[str]:
-    return [f"eval/{q}_{t}" for t in tasks for q in QUALITY] + list(EFFICIENCY) + [
-        CONCURRENT_TRIALS]
+    return [f"eval/{q}_{t}" for t in tasks for q in QUALITY] + list(EFFICIENCY) + \
+        _context_names(tasks)
 
 
 def _relative_metric(name: str) -> bool:
@@ -243,7 +250,7 @@ def compare_trials(trials: list[TrialRun], baseline: str | None = None,
         raise SweepError(f"Baseline arm {base!r} is not among the compared arms "
                          f"({', '.join(arms)}).", "Pass --baseline with one of them.")
     tasks = _tasks(trials, tasks)
-    names = _metric_names(tasks)
+    names, context = _metric_names(tasks), set(_context_names(tasks))
 
     def values(runs: list[TrialRun], name: str) -> list[float]:
         return [r.metrics[name] for r in runs if name in r.metrics]
@@ -256,7 +263,7 @@ def compare_trials(trials: list[TrialRun], baseline: str | None = None,
         for name in names:
             res.metrics[name] = summarize(values(runs, name))
             res.per_seed[name] = [r.metrics.get(name) for r in runs]
-            if arm != base and name != CONCURRENT_TRIALS:
+            if arm != base and name not in context:
                 res.deltas[name] = delta_to_baseline(runs, arms[base], name,
                                                      percent=_relative_metric(name))
         results.append(res)

@@ -19,6 +19,12 @@ arm broke), inconclusive otherwise (nothing to compare).
 A QPS gate is inconclusive where the arm's or the baseline's trials trained several at once on
 one machine (an in-process sweep's ``--parallel``): their QPS is a share of that machine.
 
+A quality gate that would pass is inconclusive where the data plants a term of its own world
+(long_range, lookback, recall: the attention ablation's controls) and the baseline's mean AUC
+on that task is not above what a model blind to the term reaches (the runs record that
+ceiling): an arm that cannot see the term, block-local attention there, would pass as well, so
+the pass says nothing about it. A fail stands: the arm is worse whatever the baseline learned.
+
 A pipeline reads the verdicts by exit code (``EXIT_CODES``) or from ``gemctl compare --json``.
 """
 
@@ -26,9 +32,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Literal, Protocol
 
+from gem_platform.data.ceilings import BLIND_AUC_METRIC
 from gem_platform.sweep.results import CONCURRENT_TRIALS
 from gem_platform.sweep.stats import Delta, seeds_to_settle
 
@@ -100,6 +107,9 @@ class Verdict:
     unmeasured: str | None = None
     # for a speed gate: the arms whose trials shared a machine, in words (None: each alone)
     shared: str | None = None
+    # for a quality gate: why the baseline can't yet show what blindness to the world's own
+    # term costs, in words (None: it learned the term, or the data has none)
+    unlearned: str | None = None
 
 
 def judge(arm: str, metric: str, delta: Delta, limit: float, worse_if: Literal[1, -1],
@@ -224,6 +234,42 @@ def judge_shared(res: GatedArm, base: GatedArm | None, limit: float, option: str
                    shared=f"trained {listed}")
 
 
+def _finite(values: Sequence[float | None] | None) -> list[float]:
+    return [v for v in values or [] if v is not None and math.isfinite(v)]
+
+
+def blind_baseline(base: GatedArm | None, task: str) -> str | None:
+    """Why ``base`` can't yet show what blindness to its data's world term costs on ``task``,
+    in words: its mean AUC is not above the ceiling of a model blind to the term. None where
+    it is above, or where the runs record no such ceiling (data without a world term)."""
+    if base is None:
+        return None
+    ceilings = _finite(base.per_seed.get(BLIND_AUC_METRIC.format(task=task)))
+    aucs = _finite(base.per_seed.get(f"eval/auc_{task}"))
+    if not ceilings or not aucs:
+        return None
+    blind, auc = max(ceilings), sum(aucs) / len(aucs)
+    if auc > blind:
+        return None
+    return (f"baseline '{base.arm}' AUC {task} {auc:.4f} is not above {blind:.4f}, what a "
+            "model blind to the data's world term reaches")
+
+
+def judge_unlearned(verdict: Verdict, base: GatedArm | None) -> Verdict:
+    """``verdict``, or INCONCLUSIVE in its place where it passes a quality gate of a task whose
+    baseline has not learned the data's world term (blind_baseline)."""
+    task = verdict.metric.removeprefix("eval/").partition("_")[2]
+    if verdict.verdict != PASS or not verdict.metric.startswith("eval/"):
+        return verdict
+    why = blind_baseline(base, task)
+    if why is None:
+        return verdict
+    return replace(verdict, verdict=INCONCLUSIVE, seeds_needed=None, unlearned=why,
+                   message=verdict.message.replace(": PASS,", ": INCONCLUSIVE,", 1) +
+                   f", but {why}, so an arm blind to the term would pass too; train the "
+                   "baseline until it learns the term (more steps or samples), then compare")
+
+
 def check_gates(cmp: GatedComparison, gates: Gates) -> list[Verdict]:
     """A verdict per gated (arm, metric), arms in the comparison's order; a gate whose metric
     is not finite in some run gets a FAIL or INCONCLUSIVE verdict that says so."""
@@ -245,7 +291,8 @@ def check_gates(cmp: GatedComparison, gates: Gates) -> list[Verdict]:
                                    f"difference to the baseline ({option} {limit:g}{unit})",
                                    "no finite difference to the baseline"))
             else:
-                out.append(judge(res.arm, metric, delta, limit, worse_if, unit, label, option))
+                out.append(judge_unlearned(judge(res.arm, metric, delta, limit, worse_if, unit,
+                                                 label, option), base))
     return out
 
 

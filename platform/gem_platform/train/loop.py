@@ -52,6 +52,7 @@ from gem_platform.balance.stats import measure_step
 from gem_platform.checkpoint.reshard import fit_schedule, layout_changes, map_loader
 from gem_platform.checkpoint.store import Stateful
 from gem_platform.data.batch import TASKS, JaggedBatch
+from gem_platform.data.ceilings import BLIND_AUC_METRIC, blind_ceilings
 from gem_platform.data.loader import Table, expected_work, iterate, open_table
 from gem_platform.data.meta import DatasetMeta
 from gem_platform.data.parquet import SampleTable
@@ -712,6 +713,8 @@ def summarize(run: Run, state: LoopState, report: Reporter) -> RunSummary:
     if run.meta.planted_auc:
         for task, value in run.meta.planted_auc.items():
             summary[f"planted/auc_{task}"] = float(value)
+    for task, value in blind_ceilings(run.meta.extra).items():
+        summary[BLIND_AUC_METRIC.format(task=task)] = value
     summary.update(summary_entries(state.curve, totals.step_s, run.recipe.train.target_ne,
                                    run.meta.planted_auc))
     return summary
