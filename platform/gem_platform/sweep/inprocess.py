@@ -129,21 +129,12 @@ def run_in_process(plan: SweepPlan, out: str | Path, echo: Echo = print,
     code = code_version()
     commit = code["commit"]
     recipes = _arm_fingerprints(plan)
-    arms = {a.name: a.overrides for a in plan.arms}
+    arms: dict[str, Any] = {a.name: a.overrides for a in plan.arms}
     done: list[TrialRun] = []
     if resume and out.exists():
-        earlier, header = load_results(out)
-        before = header.get("recipes")
-        before = before if isinstance(before, dict) else {}
-        changed = sorted(a for a in recipes if a in before and before[a] != recipes[a])
-        if header.get("sweep") != plan.name or changed:
-            raise GemError(f"{out} holds results of other recipes (sweep "
-                           f"{header.get('sweep')!r}, arms {changed or 'all'}) than this run of "
-                           f"{plan.name!r}.", "Pass another --out, or --new to overwrite it.")
-        _check_commits(earlier, commit, out, allow_code_change, echo)
-        done = earlier
-        recipes = {**before, **recipes}
-        arms = {**(header.get("arms") or {}), **arms}
+        done, before = _resumable(plan, out, recipes, commit, allow_code_change, echo)
+        recipes = {**before.get("recipes", {}), **recipes}
+        arms = {**(before.get("arms") or {}), **arms}
     for arm in {a.recipe.data.path: a for a in plan.arms}.values():
         prepare_dataset(arm.recipe.data)  # before the fingerprint record reads the shards
     record = {**plan.fingerprint_record(), "code": code}
@@ -170,6 +161,24 @@ def run_in_process(plan: SweepPlan, out: str | Path, echo: Echo = print,
         echo(TrialDone(f"{arm} seed {seed}", "finished", metrics.get("eval/ne_ctr", math.nan),
                        metrics.get("eval/auc_ctr", math.nan), f"in {out}"))
     return done
+
+
+def _resumable(plan: SweepPlan, out: Path, recipes: dict[str, str], commit: str | None,
+               allow_code_change: bool, echo: Echo) -> tuple[list[TrialRun], dict[str, Any]]:
+    """The trials already in ``out`` and its header (its ``recipes`` a mapping), once checked
+    to be this sweep's: same name, the same recipe for every arm both hold, and this commit's
+    trials unless ``allow_code_change``."""
+    earlier, header = load_results(out)
+    before = header.get("recipes")
+    header = {**header, "recipes": before if isinstance(before, dict) else {}}
+    changed = sorted(a for a in recipes
+                     if a in header["recipes"] and header["recipes"][a] != recipes[a])
+    if header.get("sweep") != plan.name or changed:
+        raise GemError(f"{out} holds results of other recipes (sweep "
+                       f"{header.get('sweep')!r}, arms {changed or 'all'}) than this run of "
+                       f"{plan.name!r}.", "Pass another --out, or --new to overwrite it.")
+    _check_commits(earlier, commit, out, allow_code_change, echo)
+    return earlier, header
 
 
 def _train(plan: SweepPlan, arm: str, seed: int, isolate: bool, echo: Echo
