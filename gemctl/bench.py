@@ -167,6 +167,25 @@ def _terms(
     raise typer.Exit(main(argv))
 
 
+def _recall_probe(
+    recipe: Annotated[str, typer.Argument(help="Recipe YAML whose data is world recall.")],
+    set_: Annotated[list[str] | None, typer.Option(
+        "--set", "-s", help="Override a recipe field (repeatable).")] = None,
+    readers: Annotated[str, typer.Option(help="Comma-separated: bare, tower.")] = "bare,tower",
+    steps: Annotated[int, typer.Option(min=1, help="Training steps per reader.")] = 1500,
+    every: Annotated[int, typer.Option(min=1, help="Evaluate every this many steps.")] = 100,
+    init: Annotated[str, typer.Option(help="Category rows: unit (norm ~1, as the model's "
+                                           "tables) or normal (N(0, 1)).")] = "unit",
+    out: Annotated[str, typer.Option(help="Folder for recall_probe.json.",
+                                         callback=out_folder)] = "bench_results",
+) -> None:
+    from gem_bench.recall_probe import main
+
+    argv = [recipe, "--readers", readers, "--steps", str(steps), "--every", str(every),
+            "--init", init, "--out", out, *_overrides(set_)]
+    raise typer.Exit(main(argv))
+
+
 # The commands that take recipes: (function, help, examples).
 RECIPE_COMMANDS = {
     "e2e": (_e2e, "A recipe trained by the platform's own build and by the same model from "
@@ -189,6 +208,12 @@ RECIPE_COMMANDS = {
               "(coefficient ~1: learned at the planted scale; ~0: missed).",
               ("gemctl bench terms recipes/demo.yaml --set loader.local_batch_size=512",
                "gemctl bench terms recipes/demo.yaml --set model.item_vectors=planted")),
+    "recall-probe": (_recall_probe, "Can an attention reader learn the recall world's term "
+                     "at all: a bare attention and the model's sequence tower trained on the "
+                     "term's sign itself; held-out AUC every N steps.",
+                     ("gemctl bench recall-probe recipes/demo.yaml --set "
+                      "data.synthetic.world=recall --set data.synthetic.seq_len.min=88 --set "
+                      "data.path=gem_data/recall --steps 1500",)),
     "compile-check": (_compile_check, "Step-1 gradients of the compiled model against the "
                       "eager one, per parameter (relative L2 error): does compiling change "
                       "what the model computes? Exit 1 beyond the tolerance.",
