@@ -167,6 +167,12 @@ def _terms(
     raise typer.Exit(main(argv))
 
 
+def _probe_init(value: str) -> str:
+    if value not in ("unit", "normal"):
+        raise typer.BadParameter(f"{value[:50]!r}: pass unit or normal.")
+    return value
+
+
 def _recall_probe(
     recipe: Annotated[str, typer.Argument(help="Recipe YAML whose data is world recall.")],
     set_: Annotated[list[str] | None, typer.Option(
@@ -175,7 +181,8 @@ def _recall_probe(
     steps: Annotated[int, typer.Option(min=1, help="Training steps per reader.")] = 1500,
     every: Annotated[int, typer.Option(min=1, help="Evaluate every this many steps.")] = 100,
     init: Annotated[str, typer.Option(help="Category rows: unit (norm ~1, as the model's "
-                                           "tables) or normal (N(0, 1)).")] = "unit",
+                                           "tables) or normal (N(0, 1)).",
+                                      callback=_probe_init)] = "unit",
     out: Annotated[str, typer.Option(help="Folder for recall_probe.json.",
                                          callback=out_folder)] = "bench_results",
 ) -> None:

@@ -57,3 +57,6 @@ def test_another_world_is_refused_with_the_fix(tmp_path, monkeypatch):
     out = " ".join(proc.output.split())
     assert "world recall" in out and "data.synthetic.world=recall" in out
     assert not (tmp_path / "data").exists()  # refused before generating anything
+    bad = CliRunner().invoke(app, ["bench", "recall-probe", "tiny.yaml", *RECALL,
+                                   "--init", "zeros"])
+    assert bad.exit_code == 2 and "pass unit or normal" in " ".join(bad.output.split())
