@@ -232,7 +232,7 @@ def sweep(
         "lone GPU box).")] = False,
     parallel: Annotated[int, typer.Option(
         "--parallel", min=1, help="With --in-process: train N trials at once, each in its own "
-        "process, sharing this machine's GPU (quality as alone; QPS and MFU are then shares "
+        "process, sharing this machine's GPU (QPS and MFU are then shares "
         "of the machine). N is bounded by GPU memory.")] = 1,
     out: Annotated[Path | None, typer.Option(
         help="Results file of an --in-process sweep; default gem_runs/sweeps/<name>.json. "

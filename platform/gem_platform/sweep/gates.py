@@ -258,10 +258,9 @@ def blind_baseline(base: GatedArm | None, task: str) -> str | None:
 def judge_unlearned(verdict: Verdict, base: GatedArm | None) -> Verdict:
     """``verdict``, or INCONCLUSIVE in its place where it passes a quality gate of a task whose
     baseline has not learned the data's world term (blind_baseline)."""
-    task = verdict.metric.removeprefix("eval/").partition("_")[2]
     if verdict.verdict != PASS or not verdict.metric.startswith("eval/"):
         return verdict
-    why = blind_baseline(base, task)
+    why = blind_baseline(base, verdict.metric.removeprefix("eval/").partition("_")[2])
     if why is None:
         return verdict
     return replace(verdict, verdict=INCONCLUSIVE, seeds_needed=None, unlearned=why,

@@ -21,8 +21,9 @@ resolved recipe and whether it trained deterministically), and per trial its com
         --out gem_runs/precision_h200.json
 
 ``--parallel N`` trains N trials at once, each in its own fresh process, sharing the machine's
-GPU. A trial's result does not change with the company it keeps (a deterministic trial gives
-the same NE bit for bit), and a small model leaves most of an H200 idle between its kernels
+GPU. A deterministic trial is meant to give the same NE bit for bit whatever company it keeps;
+the committed H200 ablations show it for most trials, with one exception whose cause is not
+found (docs/quality/README.md). A small model leaves most of an H200 idle between its kernels
 (start-up, compilation, evaluation), so N trials finish sooner than one after another; N is
 bounded by the device's memory. Their QPS and MFU are shares of the device, not speed figures:
 each trial records ``trial/concurrent_trials``, and ``gemctl compare`` says so and holds a QPS
@@ -274,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="train every trial in this process (default: each in a fresh one)")
     p.add_argument("--parallel", type=int, default=1, metavar="N",
                    help="train N trials at once, each in its own process (they share this "
-                        "machine's GPU: quality as alone, QPS a share of it)")
+                        "machine's GPU; QPS a share of it)")
     args = p.parse_args(argv)
     if args.merge:
         return _merge(args.merge, args.out)
