@@ -173,11 +173,23 @@ def _probe_init(value: str) -> str:
     return value
 
 
+def _probe_readers(value: str) -> str:
+    from gem_bench.recall_probe import READERS
+
+    names = [r.strip() for r in value.split(",") if r.strip()]
+    if not names or set(names) - set(READERS):
+        raise typer.BadParameter(f"{value[:100]!r}: pass a comma-separated list of "
+                                 f"{', '.join(READERS)}.")
+    return value
+
+
 def _recall_probe(
     recipe: Annotated[str, typer.Argument(help="Recipe YAML whose data is world recall.")],
     set_: Annotated[list[str] | None, typer.Option(
         "--set", "-s", help="Override a recipe field (repeatable).")] = None,
-    readers: Annotated[str, typer.Option(help="Comma-separated: bare, tower.")] = "bare,tower",
+    readers: Annotated[str, typer.Option(
+        help="Comma-separated: bare, tower, tower_prenorm, tower_attention.",
+        callback=_probe_readers)] = "bare,tower",
     steps: Annotated[int, typer.Option(min=1, help="Training steps per reader.")] = 1500,
     every: Annotated[int, typer.Option(min=1, help="Evaluate every this many steps.")] = 100,
     init: Annotated[str, typer.Option(help="Category rows: unit (norm ~1, as the model's "

@@ -10,7 +10,9 @@ too weak in clicks" from "this attention block is slow to learn a content match"
 - ``bare``: one softmax attention from the newest token over all tokens (LayerNorm'd
   embeddings), read by an MLP beside the newest token's own embedding;
 - ``tower``: the model's own SequenceTower (the recipe's layers, heads, QK-norm and attention
-  kind), read by the same MLP from the newest token's output.
+  kind), read by the same MLP from the newest token's output; ``tower_prenorm`` reads it
+  before the tower's final LayerNorm, ``tower_attention`` reads the last block's attention
+  output: where along the tower a match is slow to show.
 
 Category rows start at norm ~1, as the model's tables do (``--init normal``: N(0, 1) rows).
 
@@ -44,7 +46,9 @@ from gem_platform.model.gem import unit_norm_init
 from gem_platform.model.sequence import SequenceTower
 from gem_platform.recipe import Recipe, load_recipe
 
-READERS = ("bare", "tower")
+# reader -> what the probe's MLP reads (TowerReader.read for the tower's)
+READERS = {"bare": None, "tower": "output", "tower_prenorm": "prenorm",
+           "tower_attention": "attention"}
 
 
 class BareReader(nn.Module):
@@ -72,19 +76,33 @@ class BareReader(nn.Module):
 
 
 class TowerReader(nn.Module):
-    """The model's sequence tower; the newest token's output and its input."""
+    """The model's sequence tower and the newest token's input. ``read`` says what of the
+    tower the MLP gets for the newest token: ``output`` (after the final LayerNorm, what the
+    model reads), ``prenorm`` (the last block's output, before that norm) or ``attention``
+    (the last block's attention output, its ``out`` projection, before the residual add)."""
 
-    def __init__(self, recipe: Recipe) -> None:
+    def __init__(self, recipe: Recipe, read: str = "output") -> None:
         super().__init__()
         m = recipe.model
         spec = SelfAttentionSpec(kind=m.attention, window=m.window, causal=m.causal,
                                  rope_base=10000.0 if m.rope else None, kernel="pytorch")
         self.tower = SequenceTower(m.d_model, m.num_heads, m.seq_layers, spec, m.qk_norm)
+        self.read = read
 
     def forward(self, x: torch.Tensor, offsets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         longest = int((offsets[1:] - offsets[:-1]).max())
         newest = offsets[1:] - 1
-        return self.tower(x, offsets, longest)[newest], x[newest]
+        if self.read == "output":
+            return self.tower(x, offsets, longest)[newest], x[newest]
+        kept: list[torch.Tensor] = []
+        hook = self.tower.blocks[-1].out.register_forward_hook(lambda *a: kept.append(a[2]))
+        y = x
+        try:
+            for block in self.tower.blocks:
+                y = block(y, offsets, longest)
+        finally:
+            hook.remove()
+        return (y if self.read == "prenorm" else kept[-1])[newest], x[newest]
 
 
 class Probe(nn.Module):
@@ -115,7 +133,8 @@ def curve(recipe: Recipe, train: SampleTable, held: SampleTable, reader: str, st
     ``train`` and scored on (the first 3,000 samples of) ``held``."""
     torch.manual_seed(0)
     d = recipe.model.d_model
-    module = BareReader(d, recipe.model.num_heads) if reader == "bare" else TowerReader(recipe)
+    module = (BareReader(d, recipe.model.num_heads) if reader == "bare" else
+              TowerReader(recipe, READERS[reader]))
     probe = Probe(module, train.meta.num_categories, d, init)
     opt = torch.optim.Adam(probe.parameters(), lr=3e-3)
     held_batch = held.collate(np.arange(min(len(held), 3000)))

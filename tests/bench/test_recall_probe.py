@@ -23,11 +23,14 @@ def test_command_writes_a_curve_per_reader(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "tiny.yaml").write_text(TINY.format(data="data"))
     proc = CliRunner().invoke(app, ["bench", "recall-probe", "tiny.yaml", *RECALL, "--steps",
-                                    "4", "--every", "2", "--out", "res"])
+                                    "4", "--every", "2", "--out", "res", "--readers",
+                                    "bare,tower,tower_prenorm,tower_attention"])
     assert proc.exit_code == 0, (proc.exception, proc.stdout)
     assert "held-out AUC of the recall sign" in " ".join(proc.stdout.split())
     result = json.loads((tmp_path / "res" / "recall_probe.json").read_text())
-    assert set(result["curves"]) == {"bare", "tower"}
+    assert set(result["curves"]) == {"bare", "tower", "tower_prenorm", "tower_attention"}
+    curves = result["curves"]  # the tower's three readings train different heads: they differ
+    assert len({c[-1]["auc"] for k, c in curves.items() if k.startswith("tower")}) == 3
     for points in result["curves"].values():
         assert [p["step"] for p in points] == [2, 4]
         assert all(0.0 <= p["auc"] <= 1.0 and p["loss"] > 0 for p in points)
@@ -60,3 +63,6 @@ def test_another_world_is_refused_with_the_fix(tmp_path, monkeypatch):
     bad = CliRunner().invoke(app, ["bench", "recall-probe", "tiny.yaml", *RECALL,
                                    "--init", "zeros"])
     assert bad.exit_code == 2 and "pass unit or normal" in " ".join(bad.output.split())
+    bad = CliRunner().invoke(app, ["bench", "recall-probe", "tiny.yaml", *RECALL,
+                                   "--readers", "bare,towr"])
+    assert bad.exit_code == 2 and "tower_attention" in " ".join(bad.output.split())
