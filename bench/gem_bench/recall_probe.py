@@ -86,7 +86,8 @@ class TowerReader(nn.Module):
         m = recipe.model
         spec = SelfAttentionSpec(kind=m.attention, window=m.window, causal=m.causal,
                                  rope_base=10000.0 if m.rope else None, kernel="pytorch")
-        self.tower = SequenceTower(m.d_model, m.num_heads, m.seq_layers, spec, m.qk_norm)
+        self.tower = SequenceTower(m.d_model, m.num_heads, m.seq_layers, spec, m.qk_norm,
+                                   expose_attention=read == "attention")
         self.read = read
 
     def forward(self, x: torch.Tensor, offsets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -94,15 +95,12 @@ class TowerReader(nn.Module):
         newest = offsets[1:] - 1
         if self.read == "output":
             return self.tower(x, offsets, longest)[newest], x[newest]
-        kept: list[torch.Tensor] = []
-        hook = self.tower.blocks[-1].out.register_forward_hook(lambda *a: kept.append(a[2]))
+        if self.read == "attention":
+            return self.tower.forward_with_attention(x, offsets, longest)[1][newest], x[newest]
         y = x
-        try:
-            for block in self.tower.blocks:
-                y = block(y, offsets, longest)
-        finally:
-            hook.remove()
-        return (y if self.read == "prenorm" else kept[-1])[newest], x[newest]
+        for block in self.tower.blocks:
+            y = block(y, offsets, longest)
+        return y[newest], x[newest]
 
 
 class Probe(nn.Module):

@@ -84,6 +84,13 @@ class ModelConfig(_Strict):
         "history's newest N tokens after the sequence tower (a short-term summary; the pooled "
         "attention's GDPA divides by the whole history's length, so the last few events of a "
         "long history weigh little in it); 0 = none")
+    newest_attention: bool = Field(
+        False, description="one more DHEN token: what the last sequence layer's attention "
+        "read for the newest event (its attention output at that token, before the residual "
+        "add and the norms). A match between the newest event and an older one shows there "
+        "at once, while through the tower's output it is scaled back by the LayerNorms and "
+        "takes far longer to learn (docs/quality: gemctl bench recall-probe); the read "
+        "follows model.attention, so block64 or a window cannot see past its block")
     item_vectors: Literal["learned", "planted"] = Field(
         "learned", description="what stands for an item (history event or candidate): "
         "learned = its rows in the item and category tables; planted = the synthetic world's "
@@ -114,6 +121,9 @@ class ModelConfig(_Strict):
                 f"model.d_model={self.d_model} must be divisible by model.num_heads="
                 f"{self.num_heads}"
             )
+        if self.newest_attention and self.seq_layers < 1:
+            raise ValueError("model.newest_attention reads the last sequence layer's "
+                             "attention: set model.seq_layers >= 1 or newest_attention false")
         if self.rope and (self.d_model // self.num_heads) % 2:
             raise ValueError("model.rope needs an even head dim (d_model / num_heads)")
         return self

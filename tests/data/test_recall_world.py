@@ -85,7 +85,8 @@ def test_meta_records_the_ceiling_without_the_term(tmp_path: Path) -> None:
 ])
 def test_only_attention_across_blocks_sees_the_newest_events_match(kind: str, layers: int,
                                                                    blind: bool) -> None:
-    """The newest token's output of the model's sequence tower with every event RECALL_GAP or
+    """The newest token's output of the model's sequence tower, and its last block's attention
+    read (what model.newest_attention gives DHEN), with every event RECALL_GAP or
     more before it replaced (where the recall world's match lies): unchanged under
     block-local attention, changed under full attention; histories of every length modulo
     64, so every way a block edge can fall."""
@@ -95,15 +96,18 @@ def test_only_attention_across_blocks_sees_the_newest_events_match(kind: str, la
     old = torch.as_tensor(offsets[owner + 1] - 1 - np.arange(owner.size) >= RECALL_GAP)
     torch.manual_seed(0)
     spec = SelfAttentionSpec(kind=kind, window=64, causal=True)
-    tower = SequenceTower(16, 2, layers, spec, qk_norm=True).eval()
+    tower = SequenceTower(16, 2, layers, spec, qk_norm=True, expose_attention=True).eval()
     x = torch.randn(int(offsets[-1]), 16)
     y = x.clone()
     y[old] = torch.randn(int(old.sum()), 16)
     newest = torch.as_tensor(offsets[1:] - 1)
     with torch.no_grad():
-        before = tower(x, torch.as_tensor(offsets), int(lengths.max()))[newest]
-        after = tower(y, torch.as_tensor(offsets), int(lengths.max()))[newest]
-    if blind:
-        torch.testing.assert_close(after, before, rtol=0, atol=0)
-    else:
-        assert (after - before).abs().amax(dim=1).gt(1e-3).float().mean() > 0.9
+        before = tower.forward_with_attention(x, torch.as_tensor(offsets), int(lengths.max()))
+        after = tower.forward_with_attention(y, torch.as_tensor(offsets), int(lengths.max()))
+    # the tower's output and the last block's attention read (model.newest_attention) alike
+    for was, now in zip(before, after, strict=True):
+        was, now = was[newest], now[newest]
+        if blind:
+            torch.testing.assert_close(now, was, rtol=0, atol=0)
+        else:
+            assert (now - was).abs().amax(dim=1).gt(1e-3).float().mean() > 0.9

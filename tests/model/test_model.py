@@ -283,6 +283,31 @@ def test_newest_token_joins_the_dhen_tokens(tiny_meta, batch_factory):
     assert all(p.grad is not None for p in model.parameters())
 
 
+def test_newest_attention_joins_the_dhen_tokens(tiny_meta, batch_factory):
+    """model.newest_attention: one more DHEN token, the last block's attention output (its
+    ``out`` projection, before the residual add) at each history's newest event; zeros for an
+    empty history; trained through."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(d_model=16, num_heads=2, pooled_queries=2, seq_layers=2,
+                      newest_attention=True)
+    model = GemModel(cfg, tiny_meta)
+    assert model.num_dhen_tokens == 2 + 1 + model.num_context
+    seen: list[torch.Tensor] = []
+    model.sequence.blocks[-1].out.register_forward_hook(lambda *a: seen.append(a[2]))
+    dhen_in: list[torch.Tensor] = []
+    model.dhen[0].register_forward_pre_hook(lambda m, a: dhen_in.append(a[0]))
+    batch = batch_factory(tiny_meta, LENGTHS)
+    logits = model(batch)
+    newest = torch.tensor(LENGTHS).cumsum(0) - 1
+    read = dhen_in[0][:, cfg.pooled_queries]
+    want = seen[0][newest] * (torch.tensor(LENGTHS) > 0)[:, None]
+    torch.testing.assert_close(read, want)
+    logits.sum().backward()
+    assert all(p.grad is not None for p in model.parameters())
+    with pytest.raises(ValueError, match="newest_attention"):
+        ModelConfig(seq_layers=0, newest_attention=True)
+
+
 def test_recent_mean_joins_the_dhen_tokens(tiny_meta, batch_factory):
     torch.manual_seed(0)
     cfg = ModelConfig(d_model=16, num_heads=2, pooled_queries=2, newest_token=True,

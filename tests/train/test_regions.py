@@ -175,3 +175,21 @@ def test_compile_regions_narrows_what_compiles(tiny_meta):
     apply_regions(regions, compile=True, backend="aot_eager", compile_only=["dhen"])
     changed = {r.name for r in regions if r.module.forward != eager[r.name]}
     assert changed == {"dhen.0", "dhen.1"}
+
+
+def test_a_block_that_hands_out_its_attention_read_compiles_and_recomputes(tiny_tree):
+    """model.newest_attention: the last sequence layer returns (output, attention update), a
+    tuple out of a compiled and recomputed region; training matches the eager run."""
+    tree = {**tiny_tree, "model": {**tiny_tree["model"], "newest_attention": True}}
+    eager, _ = train_losses(tree)
+    torch._dynamo.reset()
+    counters.clear()
+    regional = {**tree, "train": {**tree["train"], "compile": True, "perf_warmup_steps": 1,
+                                  "compile_backend": "aot_eager", "eval_max_samples": 1,
+                                  "activation_memory_gb": 1e-9}}
+    lines: list[str] = []
+    compiled, summary = train_losses(regional, echo=lambda event: lines.append(str(event)))
+    assert compiled == pytest.approx(eager, rel=1e-4, abs=1e-5)
+    assert any("recompute:" in line and "sequence.blocks.1" in line for line in lines), lines
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    assert summary["perf/compiles_after_warmup"] == 0

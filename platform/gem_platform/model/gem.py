@@ -7,7 +7,10 @@ Data flow per batch (B samples, T history tokens in total, nothing padded):
   sequence tower: self-attention over each history (full | sliding | block64 | padded)
   cross attention: history tokens (long Q) x own context tokens (short KV), GDPA
   pooled attention: nq queries per sample (short Q) x history tokens (long KV), GDPA
-  DHEN: expert ensemble over [pooled, context] tokens -> CTR and CVR logits
+  short-term tokens: the newest event's token, the mean of the newest N
+  (model.newest_token, recent_mean), the last layer's attention read for the newest event
+  (model.newest_attention)
+  DHEN: expert ensemble over [pooled, short-term, context] tokens -> CTR and CVR logits
 """
 
 from __future__ import annotations
@@ -136,7 +139,8 @@ class GemModel(nn.Module):
             kind=cfg.attention, window=cfg.window, causal=cfg.causal,
             rope_base=10000.0 if cfg.rope else None, kernel=cfg.kernel,
         )
-        self.sequence = SequenceTower(d, cfg.num_heads, cfg.seq_layers, spec, cfg.qk_norm)
+        self.sequence = SequenceTower(d, cfg.num_heads, cfg.seq_layers, spec, cfg.qk_norm,
+                                      expose_attention=cfg.newest_attention)
         self.cross = CrossAttention(d, cfg.num_heads, cfg.gdpa_activation, cfg.kernel)
         self.pooled = PooledAttention(d, cfg.num_heads, cfg.pooled_queries, cfg.gdpa_activation,
                                       cfg.kernel, mean_base=cfg.pooled_base == "mean")
@@ -160,8 +164,10 @@ class GemModel(nn.Module):
 
     @property
     def num_dhen_tokens(self) -> int:
-        """Tokens per sample into DHEN: pooled queries, the short-term ones, context."""
-        return self.cfg.pooled_queries + len(self.newest_windows) + self.num_context
+        """Tokens per sample into DHEN: pooled queries, the short-term ones (and the newest
+        event's attention read, model.newest_attention), context."""
+        return (self.cfg.pooled_queries + len(self.newest_windows)
+                + int(self.cfg.newest_attention) + self.num_context)
 
     def embedding_parameters(self) -> list[nn.Parameter]:
         """Sparse (embedding-table) parameters: trained by the sparse optimizer."""
@@ -221,13 +227,15 @@ class GemModel(nn.Module):
         dense = batch.dense if batch.dense.shape[1] else batch.dense.new_zeros(ad.shape[0], 1)
         context = torch.stack([ad, self.dense_proj(dense), *feature_tokens], dim=1)
 
-        x = self.sequence(x, offsets, max_len)
+        x, read = self.sequence.forward_with_attention(x, offsets, max_len)
         x = self.cross(x, offsets, max_len, context)
         pooled = self.pooled(x, offsets, max_len, ad)
 
         parts = [pooled]
         for newest in self.newest_windows:
             parts.append(newest_mean(x, offsets, newest)[:, None].to(x.dtype))
+        if read is not None:  # model.newest_attention
+            parts.append(newest_mean(read, offsets, 1)[:, None].to(x.dtype))
         tokens = torch.cat([*parts, context], dim=1)
         for layer in self.dhen:
             tokens = layer(tokens)

@@ -32,11 +32,17 @@ class FeedForward(nn.Module):
 
 
 class SelfAttentionBlock(nn.Module):
-    """Pre-norm transformer block on (T, d) jagged tokens; no padding anywhere."""
+    """Pre-norm transformer block on (T, d) jagged tokens; no padding anywhere.
 
-    def __init__(self, dim: int, heads: int, spec: SelfAttentionSpec, qk_norm: bool) -> None:
+    With ``expose_attention`` it returns ``(x, update)``: its output and what its attention
+    added to each token (the ``out`` projection, before the residual add). A region is
+    compiled and recomputed as a whole, so that read of the history leaves it as an output."""
+
+    def __init__(self, dim: int, heads: int, spec: SelfAttentionSpec, qk_norm: bool,
+                 expose_attention: bool = False) -> None:
         super().__init__()
         self.heads, self.head_dim, self.spec = heads, dim // heads, spec
+        self.expose_attention = expose_attention
         self.norm1 = nn.LayerNorm(dim)
         self.qkv = nn.Linear(dim, 3 * dim)
         self.q_norm = RMSNorm(self.head_dim) if qk_norm else nn.Identity()
@@ -45,14 +51,17 @@ class SelfAttentionBlock(nn.Module):
         self.norm2 = nn.LayerNorm(dim)
         self.ffn = FeedForward(dim, 4 * dim)
 
-    def forward(self, x: torch.Tensor, offsets: torch.Tensor, max_len: int) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, offsets: torch.Tensor,
+                max_len: int) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         t = x.shape[0]
         q, k, v = self.qkv(self.norm1(x)).view(t, 3, self.heads, self.head_dim).unbind(1)
         # QK-norm's fp32 weight would promote q and k past autocast's dtype: one dtype for the op
         q, k = self.q_norm(q).to(v.dtype), self.k_norm(k).to(v.dtype)
         attn = self_attention(q, k, v, offsets, max_len, self.spec)
-        x = x + self.out(attn.reshape(t, self.heads * self.head_dim))  # t may be 0
-        return x + self.ffn(self.norm2(x))
+        update = self.out(attn.reshape(t, self.heads * self.head_dim))  # t may be 0
+        x = x + update
+        x = x + self.ffn(self.norm2(x))
+        return (x, update) if self.expose_attention else x
 
     def forward_flops(self, meter: FlopMeter, inputs: tuple) -> None:
         """Useful forward FLOPs of one call (a counted region): every Linear over the T tokens,
@@ -65,15 +74,31 @@ class SelfAttentionBlock(nn.Module):
 
 
 class SequenceTower(nn.Module):
+    """Self-attention blocks and a final LayerNorm. With ``expose_attention`` the last block
+    also hands out its attention update (``forward_with_attention``)."""
+
     def __init__(self, dim: int, heads: int, layers: int, spec: SelfAttentionSpec,
-                 qk_norm: bool) -> None:
+                 qk_norm: bool, expose_attention: bool = False) -> None:
         super().__init__()
+        if expose_attention and layers < 1:
+            raise ValueError("exposing the last block's attention needs at least one block")
         self.blocks = nn.ModuleList(
-            SelfAttentionBlock(dim, heads, spec, qk_norm) for _ in range(layers)
+            SelfAttentionBlock(dim, heads, spec, qk_norm,
+                               expose_attention=expose_attention and i == layers - 1)
+            for i in range(layers)
         )
         self.norm = nn.LayerNorm(dim)
 
     def forward(self, x: torch.Tensor, offsets: torch.Tensor, max_len: int) -> torch.Tensor:
+        return self.forward_with_attention(x, offsets, max_len)[0]
+
+    def forward_with_attention(self, x: torch.Tensor, offsets: torch.Tensor, max_len: int
+                               ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(T, d) normalized output, and the last block's attention update (T, d): what its
+        attention read from the history for each token, before the residual stream and the
+        norms scale it back (None unless built with ``expose_attention``)."""
+        update = None
         for block in self.blocks:
-            x = block(x, offsets, max_len)
-        return self.norm(x)
+            out = block(x, offsets, max_len)
+            x, update = out if isinstance(out, tuple) else (out, None)
+        return self.norm(x), update
