@@ -183,25 +183,39 @@ def _probe_readers(value: str) -> str:
     return value
 
 
+def _probe_seeds(value: str) -> str:
+    parts = [v.strip() for v in value.split(",")]
+    if not parts or not all(v.isdigit() and len(v) < 10 for v in parts):
+        raise typer.BadParameter(f"{value[:100]!r}: pass comma-separated seeds, e.g. 0,1,2.")
+    return ",".join(parts)
+
+
 def _recall_probe(
     recipe: Annotated[str, typer.Argument(help="Recipe YAML whose data is world recall.")],
     set_: Annotated[list[str] | None, typer.Option(
         "--set", "-s", help="Override a recipe field (repeatable).")] = None,
     readers: Annotated[str, typer.Option(
-        help="Comma-separated: bare, tower, tower_prenorm, tower_attention.",
+        help="Comma-separated: bare, tower, tower_prenorm, tower_attention, model, "
+        "model_read.",
         callback=_probe_readers)] = "bare,tower",
     steps: Annotated[int, typer.Option(min=1, help="Training steps per reader.")] = 1500,
     every: Annotated[int, typer.Option(min=1, help="Evaluate every this many steps.")] = 100,
     init: Annotated[str, typer.Option(help="Category rows: unit (norm ~1, as the model's "
                                            "tables) or normal (N(0, 1)).",
                                       callback=_probe_init)] = "unit",
+    seeds: Annotated[str, typer.Option(
+        help="Comma-separated seeds (initialization and batch order), a curve each: when a "
+        "reader starts to learn varies from seed to seed.", callback=_probe_seeds)] = "0",
+    reached: Annotated[float, typer.Option(
+        min=0.5, max=1.0, help="Report each curve's first step at this held-out AUC.")] = 0.75,
     out: Annotated[str, typer.Option(help="Folder for recall_probe.json.",
                                          callback=out_folder)] = "bench_results",
 ) -> None:
     from gem_bench.recall_probe import main
 
     argv = [recipe, "--readers", readers, "--steps", str(steps), "--every", str(every),
-            "--init", init, "--out", out, *_overrides(set_)]
+            "--init", init, "--seeds", *seeds.split(","), "--reached", str(reached),
+            "--out", out, *_overrides(set_)]
     raise typer.Exit(main(argv))
 
 

@@ -12,7 +12,11 @@ too weak in clicks" from "this attention block is slow to learn a content match"
 - ``tower``: the model's own SequenceTower (the recipe's layers, heads, QK-norm and attention
   kind), read by the same MLP from the newest token's output; ``tower_prenorm`` reads it
   before the tower's final LayerNorm, ``tower_attention`` reads the last block's attention
-  output: where along the tower a match is slow to show.
+  output: where along the tower a match is slow to show;
+- ``model``: the recipe's whole GemModel (item, category, action, recency and affinity in
+  every history token; tower, cross and pooled attention, DHEN), its CTR logit trained on the
+  sign; ``model_read`` the same with ``model.newest_attention`` on (the last layer's attention
+  read of the newest event as a DHEN token): whether the model as built can learn the term.
 
 Category rows start at norm ~1, as the model's tables do (``--init normal``: N(0, 1) rows).
 
@@ -27,6 +31,8 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -37,18 +43,19 @@ from torch import nn
 
 from gem_platform.data.batch import JaggedBatch
 from gem_platform.data.ceilings import auc
+from gem_platform.data.meta import DatasetMeta
 from gem_platform.data.parquet import SampleTable
 from gem_platform.data.prepare import prepare_dataset
 from gem_platform.data.worlds import recall_sign
 from gem_platform.errors import DataError
 from gem_platform.model.attention import SelfAttentionSpec
-from gem_platform.model.gem import unit_norm_init
+from gem_platform.model.gem import GemModel, unit_norm_init
 from gem_platform.model.sequence import SequenceTower
 from gem_platform.recipe import Recipe, load_recipe
 
 # reader -> what the probe's MLP reads (TowerReader.read for the tower's)
 READERS = {"bare": None, "tower": "output", "tower_prenorm": "prenorm",
-           "tower_attention": "attention"}
+           "tower_attention": "attention", "model": False, "model_read": True}
 
 
 class BareReader(nn.Module):
@@ -119,27 +126,73 @@ class Probe(nn.Module):
         return self.head(torch.cat([read, newest], 1))[:, 0]
 
 
+class ModelProbe(nn.Module):
+    """The recipe's GemModel (PyTorch kernels) whose CTR logit is trained on the sign;
+    ``read`` sets model.newest_attention."""
+
+    def __init__(self, recipe: Recipe, meta: DatasetMeta, read: bool) -> None:
+        super().__init__()
+        cfg = recipe.model.model_copy(update={"newest_attention": read, "kernel": "pytorch"})
+        self.model = GemModel(cfg, meta)
+
+    def forward(self, batch: JaggedBatch) -> torch.Tensor:
+        return self.model(batch)[:, 0]
+
+
+def probe_for(recipe: Recipe, meta: DatasetMeta, reader: str, init: str) -> nn.Module:
+    """A fresh probe of ``reader`` (seed it first)."""
+    if reader.startswith("model"):
+        return ModelProbe(recipe, meta, READERS[reader])
+    d = recipe.model.d_model
+    module = (BareReader(d, recipe.model.num_heads) if reader == "bare" else
+              TowerReader(recipe, READERS[reader]))
+    return Probe(module, meta.num_categories, d, init)
+
+
 def signs(batch: JaggedBatch) -> torch.Tensor:
     """1 where the newest event's category recurs 65 or more events back, else 0."""
     sign = recall_sign(batch.seq_offsets.numpy(), batch.seq_item_categories.numpy())
     return torch.as_tensor(sign > 0, dtype=torch.float32)
 
 
-def curve(recipe: Recipe, train: SampleTable, held: SampleTable, reader: str, steps: int,
-          every: int, batch_size: int, init: str, echo) -> list[dict[str, float]]:
-    """Held-out AUC of the sign every ``every`` steps, for one reader trained from seed 0 on
-    ``train`` and scored on (the first 3,000 samples of) ``held``."""
-    torch.manual_seed(0)
-    d = recipe.model.d_model
-    module = (BareReader(d, recipe.model.num_heads) if reader == "bare" else
-              TowerReader(recipe, READERS[reader]))
-    probe = Probe(module, train.meta.num_categories, d, init)
+def epochs_of(n: int, batch_size: int, seed: int = 0) -> Iterator[np.ndarray]:
+    """Batches of sample indices without end: each epoch a fresh permutation, so no sample is
+    seen twice before all have been seen once (a model with per-id rows could otherwise
+    lower its training loss by recalling repeats, which says nothing about the sign)."""
+    rng = np.random.default_rng(seed)
+    while True:
+        order = rng.permutation(n)
+        for start in range(0, max(n - batch_size, 0) + 1, batch_size):  # n < size: all n
+            yield order[start:start + batch_size]
+
+
+@dataclass(frozen=True)
+class ProbeRun:
+    """One probe training: which reader, its seed (initialization and batch order), and its
+    schedule."""
+
+    reader: str
+    seed: int
+    steps: int
+    every: int
+    batch_size: int
+    init: str
+
+
+def curve(recipe: Recipe, train: SampleTable, held: SampleTable, run: ProbeRun,
+          echo: Callable[[str], None]) -> list[dict[str, float]]:
+    """Held-out AUC of the sign every ``run.every`` steps, for one reader trained on ``train``
+    and scored on (the first 3,000 samples of) ``held``."""
+    reader, steps, every = run.reader, run.steps, run.every
+    torch.manual_seed(run.seed)
+    probe = probe_for(recipe, train.meta, reader, run.init)
     opt = torch.optim.Adam(probe.parameters(), lr=3e-3)
     held_batch = held.collate(np.arange(min(len(held), 3000)))
     held_sign = signs(held_batch).numpy() > 0
-    rng, points, t0 = np.random.default_rng(0), [], time.perf_counter()
+    order = epochs_of(len(train), run.batch_size, run.seed)
+    points, t0 = [], time.perf_counter()
     for step in range(1, steps + 1):
-        batch = train.collate(rng.integers(0, len(train), batch_size))
+        batch = train.collate(next(order))
         loss = nn.functional.binary_cross_entropy_with_logits(probe(batch), signs(batch))
         opt.zero_grad()
         loss.backward()
@@ -150,9 +203,42 @@ def curve(recipe: Recipe, train: SampleTable, held: SampleTable, reader: str, st
                 scores = probe(held_batch).numpy()
             points.append({"step": step, "loss": float(loss), "auc": auc(scores, held_sign),
                            "seconds": time.perf_counter() - t0})
-            echo(f"{reader} step {step}: loss {float(loss):.4f}, held-out AUC of the sign "
-                 f"{points[-1]['auc']:.4f}")
+            echo(f"{reader} seed {run.seed} step {step}: loss {float(loss):.4f}, held-out AUC "
+                 f"of the sign {points[-1]['auc']:.4f}")
     return points
+
+
+Curves = dict[str, dict[str, list[dict[str, float]]]]  # reader -> seed -> points
+
+
+def first_step(points: list[dict[str, float]], reached: float) -> int | None:
+    """The first evaluated step whose held-out AUC is at least ``reached`` (None: never)."""
+    return next((int(p["step"]) for p in points if p["auc"] >= reached), None)
+
+
+def curves_table(result: Curves) -> Table:
+    """Held-out AUC per evaluated step, a column per reader and seed."""
+    table = Table(title="recall probe: held-out AUC of the recall sign (clean labels)")
+    table.add_column("step", justify="right")
+    columns = [(r, s) for r, by in result.items() for s in by]
+    for r, s in columns:
+        table.add_column(f"{r} s{s}", justify="right")
+    first = result[columns[0][0]][columns[0][1]]
+    for i, point in enumerate(first):
+        table.add_row(str(point["step"]), *(f"{result[r][s][i]['auc']:.4f}" for r, s in columns))
+    return table
+
+
+def start_table(result: Curves, reached: float) -> Table:
+    """Per reader: the first step each seed reached ``reached``. When a reader starts to
+    learn the match varies a lot from seed to seed; one seed's curve says little."""
+    table = Table(title=f"first evaluated step at held-out AUC >= {reached:g}, per seed")
+    table.add_column("reader")
+    table.add_column("steps", justify="right")
+    for reader, by in result.items():
+        steps = [first_step(points, reached) for points in by.values()]
+        table.add_row(reader, ", ".join("never" if s is None else str(s) for s in steps))
+    return table
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -164,6 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--every", type=int, default=100)
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--init", choices=("unit", "normal"), default="unit")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0])
+    p.add_argument("--reached", type=float, default=0.75)
     p.add_argument("--out", default="bench_results")
     args = p.parse_args(argv)
     readers = [r.strip() for r in args.readers.split(",") if r.strip()]
@@ -179,19 +267,19 @@ def main(argv: list[str] | None = None) -> int:
     prepare_dataset(recipe.data)
     console = Console()
     train, held = (SampleTable.load(recipe.data.path, split) for split in ("train", "eval"))
-    result = {reader: curve(recipe, train, held, reader, args.steps, args.every,
-                            args.batch_size, args.init, console.print) for reader in readers}
-    table = Table(title="recall probe: held-out AUC of the recall sign (clean labels)")
-    table.add_column("step", justify="right")
-    for reader in readers:
-        table.add_column(reader, justify="right")
-    for i, point in enumerate(result[readers[0]]):
-        table.add_row(str(point["step"]), *(f"{result[r][i]['auc']:.4f}" for r in readers))
-    console.print(table)
+    result = {reader: {str(seed): curve(recipe, train, held, ProbeRun(
+        reader, seed, args.steps, args.every, args.batch_size, args.init), console.print)
+        for seed in args.seeds} for reader in readers}
+    console.print(curves_table(result))
+    console.print(start_table(result, args.reached))
     out = Path(args.out) / "recall_probe.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"recipe": args.recipe, "overrides": args.overrides,
+    out.write_text(json.dumps({"format": 2, "recipe": args.recipe, "overrides": args.overrides,
                                "init": args.init, "batch_size": args.batch_size,
+                               "seeds": args.seeds, "reached": args.reached,
+                               "first_step_reaching": {
+                                   r: {s: first_step(c, args.reached) for s, c in by.items()}
+                                   for r, by in result.items()},
                                "curves": result}, indent=1))
     console.print(f"wrote {out}")
     return 0

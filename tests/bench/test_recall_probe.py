@@ -8,7 +8,7 @@ import json
 import torch
 from typer.testing import CliRunner
 
-from gem_bench.recall_probe import BareReader, signs
+from gem_bench.recall_probe import BareReader, epochs_of, signs
 from gem_platform.data.config import RECALL_GAP
 from gem_platform.data.parquet import SampleTable
 from gemctl.main import app
@@ -24,19 +24,40 @@ def test_command_writes_a_curve_per_reader(tmp_path, monkeypatch):
     (tmp_path / "tiny.yaml").write_text(TINY.format(data="data"))
     proc = CliRunner().invoke(app, ["bench", "recall-probe", "tiny.yaml", *RECALL, "--steps",
                                     "4", "--every", "2", "--out", "res", "--readers",
-                                    "bare,tower,tower_prenorm,tower_attention"])
+                                    "bare,tower,tower_prenorm,tower_attention,model,model_read",
+                                    "--seeds", "0,1", "--reached", "0.5"])
     assert proc.exit_code == 0, (proc.exception, proc.stdout)
     assert "held-out AUC of the recall sign" in " ".join(proc.stdout.split())
     result = json.loads((tmp_path / "res" / "recall_probe.json").read_text())
-    assert set(result["curves"]) == {"bare", "tower", "tower_prenorm", "tower_attention"}
+    assert set(result["curves"]) == {"bare", "tower", "tower_prenorm", "tower_attention",
+                                     "model", "model_read"}
     curves = result["curves"]  # the tower's three readings train different heads: they differ
-    assert len({c[-1]["auc"] for k, c in curves.items() if k.startswith("tower")}) == 3
-    for points in result["curves"].values():
-        assert [p["step"] for p in points] == [2, 4]
-        assert all(0.0 <= p["auc"] <= 1.0 and p["loss"] > 0 for p in points)
+    assert len({c["0"][-1]["auc"] for k, c in curves.items() if k.startswith("tower")}) == 3
+    for by_seed in result["curves"].values():
+        assert set(by_seed) == {"0", "1"}
+        assert by_seed["0"] != by_seed["1"]  # another initialization and batch order
+        for points in by_seed.values():
+            assert [p["step"] for p in points] == [2, 4]
+            assert all(0.0 <= p["auc"] <= 1.0 and p["loss"] > 0 for p in points)
+    first = result["first_step_reaching"]
+    for reader, by_seed in curves.items():
+        for seed, points in by_seed.items():
+            want = next((p["step"] for p in points if p["auc"] >= 0.5), None)
+            assert first[reader][seed] == want
+    assert "first evaluated step at held-out AUC >= 0.5" in " ".join(proc.stdout.split())
     # the labels are the planted sign: about half the histories recur
     batch = SampleTable.load("data", "eval").collate(range(200))
     assert 0.3 < float(signs(batch).mean()) < 0.7
+
+
+def test_batches_see_every_sample_once_an_epoch():
+    """No sample comes back before every one has been seen (a per-id model would otherwise
+    recall repeats); a split smaller than a batch is one batch of all of it."""
+    batches = epochs_of(10, 3)
+    first = [next(batches) for _ in range(3)]
+    assert sorted(int(i) for b in first for i in b) == sorted(set(int(i) for b in first for i in b))
+    assert all(len(b) == 3 for b in first)
+    assert sorted(next(epochs_of(2, 5)).tolist()) == [0, 1]
 
 
 def test_bare_reader_sees_an_event_past_the_gap():
@@ -66,3 +87,6 @@ def test_another_world_is_refused_with_the_fix(tmp_path, monkeypatch):
     bad = CliRunner().invoke(app, ["bench", "recall-probe", "tiny.yaml", *RECALL,
                                    "--readers", "bare,towr"])
     assert bad.exit_code == 2 and "tower_attention" in " ".join(bad.output.split())
+    bad = CliRunner().invoke(app, ["bench", "recall-probe", "tiny.yaml", *RECALL,
+                                   "--seeds", "0,x"])
+    assert bad.exit_code == 2 and "comma-separated seeds" in " ".join(bad.output.split())
