@@ -96,3 +96,15 @@ def test_a_run_records_its_datasets_ceiling_without_the_world_term(tmp_path: Pat
     assert 0.5 < summary[BLIND] < summary["planted/auc_ctr"]
     standard = tiny_tree(tmp_path / "standard", seq_layers=1, steps=2)
     assert BLIND not in train_losses(standard)[1]  # no world term, no such ceiling
+
+
+def test_the_committed_recall_control_with_the_read_is_not_evidence_either():
+    """docs/quality/ablation_recall_h200_read.json: with model.newest_attention and 1.62M
+    training samples every arm is still below the ceiling without the recall term, so no
+    verdict on it can be a pass."""
+    path = REPO / "docs/quality/ablation_recall_h200_read.json"
+    trials, _ = load_results(path)
+    assert {t.arm for t in trials} == {"full", "block64", "full_no_read"}
+    assert all(t.metrics["eval/auc_ctr"] < t.metrics[BLIND] for t in trials)
+    verdicts = compare("", [str(path)], gates=Gates(max_ne_regression_pct=0.2)).verdicts
+    assert verdicts and all(v.verdict == "inconclusive" for v in verdicts)
