@@ -90,6 +90,13 @@ class ModelConfig(_Strict):
         "add and the norms), a direct path from what the newest event attended to. It follows "
         "model.attention, so block64 or a window cannot see past its block. Measured on the "
         "recall control (docs/quality): no change to NE or AUC")
+    attention_qk: Literal["token", "category"] = Field(
+        "token", description="what the sequence self-attention's queries and keys are computed "
+        "from: token = each event's whole token (item, category, action, recency, age and "
+        "affinity summed); category = the event's category row alone, values still from the "
+        "whole token (side information in queries and keys only, as NOVA's non-invasive "
+        "fusion), so attention can find events of a kind directly (docs/quality: the recall "
+        "probe). Needs a dataset whose items carry categories and learned item tables")
     item_vectors: Literal["learned", "planted"] = Field(
         "learned", description="what stands for an item (history event or candidate): "
         "learned = its rows in the item and category tables; planted = the synthetic world's "
@@ -123,6 +130,9 @@ class ModelConfig(_Strict):
         if self.newest_attention and self.seq_layers < 1:
             raise ValueError("model.newest_attention reads the last sequence layer's "
                              "attention: set model.seq_layers >= 1 or newest_attention false")
+        if self.attention_qk == "category" and self.item_vectors == "planted":
+            raise ValueError("model.attention_qk=category reads the category table, which "
+                             "model.item_vectors=planted replaces: use one or the other")
         if self.rope and (self.d_model // self.num_heads) % 2:
             raise ValueError("model.rope needs an even head dim (d_model / num_heads)")
         return self

@@ -78,13 +78,15 @@ def test_meta_records_the_ceiling_without_the_term(tmp_path: Path) -> None:
                                                                         meta.extra)[0]
 
 
+@pytest.mark.parametrize("side_qk", [False, True])
 @pytest.mark.parametrize("kind, layers, blind", [
     ("block64", 3, True),     # blocks never cross, however many layers
     ("sliding", 1, True),     # one 64-token window reaches 63 events back: none of the gap's
     ("full", 1, False),
 ])
 def test_only_attention_across_blocks_sees_the_newest_events_match(kind: str, layers: int,
-                                                                   blind: bool) -> None:
+                                                                   blind: bool,
+                                                                   side_qk: bool) -> None:
     """The newest token's output of the model's sequence tower, and its last block's attention
     read (what model.newest_attention gives DHEN), with every event RECALL_GAP or
     more before it replaced (where the recall world's match lies): unchanged under
@@ -96,14 +98,23 @@ def test_only_attention_across_blocks_sees_the_newest_events_match(kind: str, la
     old = torch.as_tensor(offsets[owner + 1] - 1 - np.arange(owner.size) >= RECALL_GAP)
     torch.manual_seed(0)
     spec = SelfAttentionSpec(kind=kind, window=64, causal=True)
-    tower = SequenceTower(16, 2, layers, spec, qk_norm=True, expose_attention=True).eval()
+    tower = SequenceTower(16, 2, layers, spec, qk_norm=True, expose_attention=True,
+                          side_qk=side_qk).eval()
     x = torch.randn(int(offsets[-1]), 16)
     y = x.clone()
     y[old] = torch.randn(int(old.sum()), 16)
+    # with side_qk, queries and keys from a side input (model.attention_qk=category), changed
+    # with the events
+    side_x = torch.randn_like(x) if side_qk else None
+    side_y = None
+    if side_qk:
+        side_y = side_x.clone()
+        side_y[old] = torch.randn(int(old.sum()), 16)
     newest = torch.as_tensor(offsets[1:] - 1)
+    longest = int(lengths.max())
     with torch.no_grad():
-        before = tower.forward_with_attention(x, torch.as_tensor(offsets), int(lengths.max()))
-        after = tower.forward_with_attention(y, torch.as_tensor(offsets), int(lengths.max()))
+        before = tower.forward_with_attention(x, torch.as_tensor(offsets), longest, side_x)
+        after = tower.forward_with_attention(y, torch.as_tensor(offsets), longest, side_y)
     # the tower's output and the last block's attention read (model.newest_attention) alike
     for was, now in zip(before, after, strict=True):
         was, now = was[newest], now[newest]

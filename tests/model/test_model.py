@@ -308,6 +308,37 @@ def test_newest_attention_joins_the_dhen_tokens(tiny_meta, batch_factory):
         ModelConfig(seq_layers=0, newest_attention=True)
 
 
+@pytest.mark.parametrize("attention", ["full", "block64"])
+def test_category_queries_and_keys_find_events_by_their_category(attention, tiny_meta,
+                                                                 batch_factory):
+    """model.attention_qk=category: queries and keys from each event's category row, values
+    from its whole token. Changing only the events' items (categories kept) leaves the
+    attention pattern alone and changes the output through the values; the model trains."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(d_model=16, num_heads=2, seq_layers=2, attention=attention,
+                      rope=attention == "block64", attention_qk="category")
+    meta, a = _categorized(tiny_meta, batch_factory(tiny_meta, LENGTHS, seed=3), 4)
+    model = GemModel(cfg, meta)
+    block = model.sequence.blocks[0]
+    assert block.side_qk and not hasattr(block, "qkv")
+    patterns: list[torch.Tensor] = []
+    block.qk.register_forward_hook(lambda *a: patterns.append(a[2]))
+    # other items, the same categories
+    b = dataclasses.replace(a, seq_item_ids=a.seq_item_ids % tiny_meta.num_items + 1)
+    with torch.no_grad():
+        out_a, out_b = model(a), model(b)
+    torch.testing.assert_close(patterns[0], patterns[1], rtol=0, atol=0)
+    assert not torch.allclose(out_a, out_b)
+    logits = model(a)
+    logits.sum().backward()
+    missing = [n for n, p in model.named_parameters() if p.grad is None]
+    assert not missing, missing
+    with pytest.raises(ValueError, match="planted"):
+        ModelConfig(attention_qk="category", item_vectors="planted")
+    with pytest.raises(ValueError, match="categories"):
+        GemModel(cfg, tiny_meta)  # its items carry no category
+
+
 def test_recent_mean_joins_the_dhen_tokens(tiny_meta, batch_factory):
     torch.manual_seed(0)
     cfg = ModelConfig(d_model=16, num_heads=2, pooled_queries=2, newest_token=True,

@@ -177,10 +177,12 @@ def test_compile_regions_narrows_what_compiles(tiny_meta):
     assert changed == {"dhen.0", "dhen.1"}
 
 
-def test_a_block_that_hands_out_its_attention_read_compiles_and_recomputes(tiny_tree):
+def test_blocks_with_an_attention_read_and_category_keys_compile_and_recompute(tiny_tree):
     """model.newest_attention: the last sequence layer returns (output, attention update), a
-    tuple out of a compiled and recomputed region; training matches the eager run."""
-    tree = {**tiny_tree, "model": {**tiny_tree["model"], "newest_attention": True}}
+    tuple out of a compiled and recomputed region; model.attention_qk=category: every layer
+    takes the category rows as a fourth input. Training matches the eager run."""
+    tree = {**tiny_tree, "model": {**tiny_tree["model"], "newest_attention": True,
+                                   "attention_qk": "category"}}
     eager, _ = train_losses(tree)
     torch._dynamo.reset()
     counters.clear()

@@ -4,7 +4,8 @@ Data flow per batch (B samples, T history tokens in total, nothing padded):
   items (+ their categories, TorchRec EmbeddingCollection) + action + age -> history tokens
   (T, d), each with its affinity to the candidate (DIN-style)
   sparse features (TorchRec EmbeddingBagCollection) + dense + ad -> context tokens (B, C, d)
-  sequence tower: self-attention over each history (full | sliding | block64 | padded)
+  sequence tower: self-attention over each history (full | sliding | block64 | padded),
+  queries and keys from each token or from its category row alone (model.attention_qk)
   cross attention: history tokens (long Q) x own context tokens (short KV), GDPA
   pooled attention: nq queries per sample (short Q) x history tokens (long KV), GDPA
   short-term tokens: the newest event's token, the mean of the newest N
@@ -139,8 +140,12 @@ class GemModel(nn.Module):
             kind=cfg.attention, window=cfg.window, causal=cfg.causal,
             rope_base=10000.0 if cfg.rope else None, kernel=cfg.kernel,
         )
+        if cfg.attention_qk == "category" and not self.use_categories:
+            raise ValueError("model.attention_qk=category needs a dataset whose items carry "
+                             "categories (meta.num_categories > 0); set it to token")
         self.sequence = SequenceTower(d, cfg.num_heads, cfg.seq_layers, spec, cfg.qk_norm,
-                                      expose_attention=cfg.newest_attention)
+                                      expose_attention=cfg.newest_attention,
+                                      side_qk=cfg.attention_qk == "category")
         self.cross = CrossAttention(d, cfg.num_heads, cfg.gdpa_activation, cfg.kernel)
         self.pooled = PooledAttention(d, cfg.num_heads, cfg.pooled_queries, cfg.gdpa_activation,
                                       cfg.kernel, mean_base=cfg.pooled_base == "mean")
@@ -201,21 +206,24 @@ class GemModel(nn.Module):
             keys=keys, values=torch.cat(values), lengths=torch.cat(per_key * pairs),
             stride=samples, length_per_key=[batch.num_tokens, samples] * pairs)
 
-    def _item_lookup(self, batch: JaggedBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """(T, d) history and (B, d) candidate item embeddings (item + category rows)."""
+    def _item_lookup(self, batch: JaggedBatch
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(T, d) history and (B, d) candidate item embeddings (item + category rows), and the
+        history's (T, d) category rows alone (None without categories)."""
         if self.planted_items is not None:
-            return self.planted_items[batch.seq_item_ids], self.planted_items[batch.ad_item_id]
+            return (self.planted_items[batch.seq_item_ids],
+                    self.planted_items[batch.ad_item_id], None)
         out = self.item_embeddings(self._item_features(batch))
         hist, ad = out["hist_item"].values(), out["ad_item"].values()
-        if self.use_categories:
-            hist = hist + out["hist_category"].values()
-            ad = ad + out["ad_category"].values()
-        return hist, ad
+        if not self.use_categories:
+            return hist, ad, None
+        categories = out["hist_category"].values()
+        return hist + categories, ad + out["ad_category"].values(), categories
 
     def forward(self, batch: JaggedBatch) -> torch.Tensor:
         """(B, 2) logits: CTR and CVR."""
         offsets, max_len = batch.seq_offsets, batch.max_seq_len
-        hist, ad = self._item_lookup(batch)
+        hist, ad, categories = self._item_lookup(batch)
         owner = torch.repeat_interleave(torch.arange(ad.shape[0], device=ad.device),
                                         batch.seq_lengths, output_size=hist.shape[0])
         x = (hist + self.action_embedding(batch.seq_action_types)
@@ -227,7 +235,8 @@ class GemModel(nn.Module):
         dense = batch.dense if batch.dense.shape[1] else batch.dense.new_zeros(ad.shape[0], 1)
         context = torch.stack([ad, self.dense_proj(dense), *feature_tokens], dim=1)
 
-        x, read = self.sequence.forward_with_attention(x, offsets, max_len)
+        side = categories if self.cfg.attention_qk == "category" else None
+        x, read = self.sequence.forward_with_attention(x, offsets, max_len, side)
         x = self.cross(x, offsets, max_len, context)
         pooled = self.pooled(x, offsets, max_len, ad)
 

@@ -36,25 +36,49 @@ class SelfAttentionBlock(nn.Module):
 
     With ``expose_attention`` it returns ``(x, update)``: its output and what its attention
     added to each token (the ``out`` projection, before the residual add). A region is
-    compiled and recomputed as a whole, so that read of the history leaves it as an output."""
+    compiled and recomputed as a whole, so that read of the history leaves it as an output.
+
+    With ``side_qk`` queries and keys come from a side input of each event (its category
+    row), values from the token itself: attention finds events by what they are, not through
+    the sum of everything the token carries (side information kept out of the values, as in
+    NOVA's non-invasive fusion)."""
 
     def __init__(self, dim: int, heads: int, spec: SelfAttentionSpec, qk_norm: bool,
-                 expose_attention: bool = False) -> None:
+                 expose_attention: bool = False, side_qk: bool = False) -> None:
         super().__init__()
         self.heads, self.head_dim, self.spec = heads, dim // heads, spec
-        self.expose_attention = expose_attention
+        self.expose_attention, self.side_qk = expose_attention, side_qk
         self.norm1 = nn.LayerNorm(dim)
-        self.qkv = nn.Linear(dim, 3 * dim)
+        if side_qk:
+            self.side_norm = nn.LayerNorm(dim)
+            self.qk = nn.Linear(dim, 2 * dim)
+            self.v = nn.Linear(dim, dim)
+        else:
+            self.qkv = nn.Linear(dim, 3 * dim)
         self.q_norm = RMSNorm(self.head_dim) if qk_norm else nn.Identity()
         self.k_norm = RMSNorm(self.head_dim) if qk_norm else nn.Identity()
         self.out = nn.Linear(dim, dim)
         self.norm2 = nn.LayerNorm(dim)
         self.ffn = FeedForward(dim, 4 * dim)
 
-    def forward(self, x: torch.Tensor, offsets: torch.Tensor,
-                max_len: int) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    def _qkv(self, x: torch.Tensor, side: torch.Tensor | None
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(T, H, head_dim) queries, keys and values."""
+        t, shape = x.shape[0], (x.shape[0], self.heads, self.head_dim)
+        if not self.side_qk:
+            return self.qkv(self.norm1(x)).view(t, 3, *shape[1:]).unbind(1)
+        if side is None:
+            raise ValueError("this block takes queries and keys from a side input "
+                             "(model.attention_qk=category): pass it")
+        q, k = self.qk(self.side_norm(side)).view(t, 2, *shape[1:]).unbind(1)
+        return q, k, self.v(self.norm1(x)).view(shape)
+
+    def forward(self, x: torch.Tensor, offsets: torch.Tensor, max_len: int,
+                side: torch.Tensor | None = None
+                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """``side`` (T, d): what queries and keys are computed from, with ``side_qk``."""
         t = x.shape[0]
-        q, k, v = self.qkv(self.norm1(x)).view(t, 3, self.heads, self.head_dim).unbind(1)
+        q, k, v = self._qkv(x, side)
         # QK-norm's fp32 weight would promote q and k past autocast's dtype: one dtype for the op
         q, k = self.q_norm(q).to(v.dtype), self.k_norm(k).to(v.dtype)
         attn = self_attention(q, k, v, offsets, max_len, self.spec)
@@ -78,27 +102,31 @@ class SequenceTower(nn.Module):
     also hands out its attention update (``forward_with_attention``)."""
 
     def __init__(self, dim: int, heads: int, layers: int, spec: SelfAttentionSpec,
-                 qk_norm: bool, expose_attention: bool = False) -> None:
+                 qk_norm: bool, expose_attention: bool = False, side_qk: bool = False) -> None:
         super().__init__()
         if expose_attention and layers < 1:
             raise ValueError("exposing the last block's attention needs at least one block")
         self.blocks = nn.ModuleList(
             SelfAttentionBlock(dim, heads, spec, qk_norm,
-                               expose_attention=expose_attention and i == layers - 1)
+                               expose_attention=expose_attention and i == layers - 1,
+                               side_qk=side_qk)
             for i in range(layers)
         )
         self.norm = nn.LayerNorm(dim)
 
-    def forward(self, x: torch.Tensor, offsets: torch.Tensor, max_len: int) -> torch.Tensor:
-        return self.forward_with_attention(x, offsets, max_len)[0]
+    def forward(self, x: torch.Tensor, offsets: torch.Tensor, max_len: int,
+                side: torch.Tensor | None = None) -> torch.Tensor:
+        return self.forward_with_attention(x, offsets, max_len, side)[0]
 
-    def forward_with_attention(self, x: torch.Tensor, offsets: torch.Tensor, max_len: int
+    def forward_with_attention(self, x: torch.Tensor, offsets: torch.Tensor, max_len: int,
+                               side: torch.Tensor | None = None
                                ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(T, d) normalized output, and the last block's attention update (T, d): what its
         attention read from the history for each token, before the residual stream and the
-        norms scale it back (None unless built with ``expose_attention``)."""
+        norms scale it back (None unless built with ``expose_attention``). ``side``: every
+        block's query and key input, for blocks built with ``side_qk``."""
         update = None
         for block in self.blocks:
-            out = block(x, offsets, max_len)
+            out = block(x, offsets, max_len) if side is None else block(x, offsets, max_len, side)
             x, update = out if isinstance(out, tuple) else (out, None)
         return self.norm(x), update

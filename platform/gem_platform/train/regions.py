@@ -88,7 +88,10 @@ def example_input(model: nn.Module, region: Region, units: int,
         lengths = [min(64, units - i) for i in range(0, units, 64)]
         offsets = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int64,
                                device=device)
-        return torch.randn(units, d, device=device), offsets, max(lengths)
+        x = torch.randn(units, d, device=device)
+        if getattr(region.module, "side_qk", False):  # queries and keys from a side input
+            return x, offsets, max(lengths), torch.randn(units, d, device=device)
+        return x, offsets, max(lengths)
     tokens = model.num_dhen_tokens
     if region.name == "head":
         return (torch.randn(units, tokens * d, device=device),)
