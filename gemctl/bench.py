@@ -242,11 +242,12 @@ RECIPE_COMMANDS = {
               ("gemctl bench terms recipes/demo.yaml --set loader.local_batch_size=512",
                "gemctl bench terms recipes/demo.yaml --set model.item_vectors=planted")),
     "recall-probe": (_recall_probe, "Can an attention reader learn the recall world's term "
-                     "at all: a bare attention and the model's sequence tower trained on the "
-                     "term's sign itself; held-out AUC every N steps.",
+                     "at all: a bare attention, the model's sequence tower or the whole model "
+                     "trained on the term's sign itself; held-out AUC every N steps, a curve "
+                     "per seed.",
                      ("gemctl bench recall-probe recipes/demo.yaml --set "
                       "data.synthetic.world=recall --set data.synthetic.seq_len.min=88 --set "
-                      "data.path=gem_data/recall --steps 1500",)),
+                      "data.path=gem_data/recall --steps 1500 --seeds 0,1,2",)),
     "compile-check": (_compile_check, "Step-1 gradients of the compiled model against the "
                       "eager one, per parameter (relative L2 error): does compiling change "
                       "what the model computes? Exit 1 beyond the tolerance.",

@@ -19,11 +19,14 @@ too weak in clicks" from "this attention block is slow to learn a content match"
   read of the newest event as a DHEN token): whether the model as built can learn the term.
 
 Category rows start at norm ~1, as the model's tables do (``--init normal``: N(0, 1) rows).
+When a reader starts to learn the match varies a lot with the seed (initialization and batch
+order), so ``--seeds`` trains a curve per seed and the summary gives each curve's first step
+at ``--reached`` AUC; read several seeds, never one curve.
 
     gemctl bench recall-probe recipes/demo.yaml --set data.synthetic.world=recall \\
         --set data.synthetic.num_clusters=100 --set data.synthetic.seq_len.mean=104 \\
         --set data.synthetic.seq_len.min=88 --set data.synthetic.seq_len.max=136 \\
-        --set data.path=gem_data/recall --readers bare,tower --steps 1500
+        --set data.path=gem_data/recall --readers bare,tower --steps 1500 --seeds 0,1,2
 """
 
 from __future__ import annotations

@@ -88,8 +88,9 @@ class ModelConfig(_Strict):
         False, description="one more DHEN token: what the last sequence layer's attention "
         "read for the newest event (its attention output at that token, before the residual "
         "add and the norms), a direct path from what the newest event attended to. It follows "
-        "model.attention, so block64 or a window cannot see past its block. Measured on the "
-        "recall control (docs/quality): no change to NE or AUC")
+        "model.attention, so block64 or a window cannot see past its block. On the GPU "
+        "recall control alone it changed nothing; with model.attention_qk=category it is "
+        "what let the whole model learn that control's term in the CPU probe (docs/quality)")
     attention_qk: Literal["token", "category"] = Field(
         "token", description="what the sequence self-attention's queries and keys are computed "
         "from: token = each event's whole token (item, category, action, recency, age and "
