@@ -57,8 +57,9 @@ from gem_platform.model.sequence import SequenceTower
 from gem_platform.recipe import Recipe, load_recipe
 
 # reader -> what the probe's MLP reads (TowerReader.read for the tower's)
-READERS = {"bare": None, "tower": "output", "tower_prenorm": "prenorm",
-           "tower_attention": "attention", "model": False, "model_read": True}
+# the tower readers -> what of the tower the MLP reads (TowerReader.read)
+TOWER_READS = {"tower": "output", "tower_prenorm": "prenorm", "tower_attention": "attention"}
+READERS = ("bare", *TOWER_READS, "model", "model_read")
 
 
 class BareReader(nn.Module):
@@ -145,10 +146,10 @@ class ModelProbe(nn.Module):
 def probe_for(recipe: Recipe, meta: DatasetMeta, reader: str, init: str) -> nn.Module:
     """A fresh probe of ``reader`` (seed it first)."""
     if reader.startswith("model"):
-        return ModelProbe(recipe, meta, READERS[reader])
+        return ModelProbe(recipe, meta, read=reader == "model_read")
     d = recipe.model.d_model
     module = (BareReader(d, recipe.model.num_heads) if reader == "bare" else
-              TowerReader(recipe, READERS[reader]))
+              TowerReader(recipe, TOWER_READS[reader]))
     return Probe(module, meta.num_categories, d, init)
 
 
@@ -182,16 +183,27 @@ class ProbeRun:
     init: str
 
 
-def curve(recipe: Recipe, train: SampleTable, held: SampleTable, run: ProbeRun,
+@dataclass(frozen=True)
+class HeldOut:
+    """What every curve is scored on: the first 3,000 held-out samples and their signs."""
+
+    batch: JaggedBatch
+    recurs: np.ndarray  # bool, the sign
+
+    @classmethod
+    def of(cls, held: SampleTable) -> HeldOut:
+        batch = held.collate(np.arange(min(len(held), 3000)))
+        return cls(batch, signs(batch).numpy() > 0)
+
+
+def curve(recipe: Recipe, train: SampleTable, held: HeldOut, run: ProbeRun,
           echo: Callable[[str], None]) -> list[dict[str, float]]:
-    """Held-out AUC of the sign every ``run.every`` steps, for one reader trained on ``train``
-    and scored on (the first 3,000 samples of) ``held``."""
+    """Held-out AUC of the sign every ``run.every`` steps, for one reader trained on
+    ``train``."""
     reader, steps, every = run.reader, run.steps, run.every
     torch.manual_seed(run.seed)
     probe = probe_for(recipe, train.meta, reader, run.init)
     opt = torch.optim.Adam(probe.parameters(), lr=3e-3)
-    held_batch = held.collate(np.arange(min(len(held), 3000)))
-    held_sign = signs(held_batch).numpy() > 0
     order = epochs_of(len(train), run.batch_size, run.seed)
     points, t0 = [], time.perf_counter()
     for step in range(1, steps + 1):
@@ -203,8 +215,8 @@ def curve(recipe: Recipe, train: SampleTable, held: SampleTable, run: ProbeRun,
         loss = loss.detach()
         if step % every == 0 or step == steps:
             with torch.no_grad():
-                scores = probe(held_batch).numpy()
-            points.append({"step": step, "loss": float(loss), "auc": auc(scores, held_sign),
+                scores = probe(held.batch).numpy()
+            points.append({"step": step, "loss": float(loss), "auc": auc(scores, held.recurs),
                            "seconds": time.perf_counter() - t0})
             echo(f"{reader} seed {run.seed} step {step}: loss {float(loss):.4f}, held-out AUC "
                  f"of the sign {points[-1]['auc']:.4f}")
@@ -269,7 +281,8 @@ def main(argv: list[str] | None = None) -> int:
                         "of its own.")
     prepare_dataset(recipe.data)
     console = Console()
-    train, held = (SampleTable.load(recipe.data.path, split) for split in ("train", "eval"))
+    train = SampleTable.load(recipe.data.path, "train")
+    held = HeldOut.of(SampleTable.load(recipe.data.path, "eval"))
     result = {reader: {str(seed): curve(recipe, train, held, ProbeRun(
         reader, seed, args.steps, args.every, args.batch_size, args.init), console.print)
         for seed in args.seeds} for reader in readers}

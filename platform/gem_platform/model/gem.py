@@ -75,6 +75,30 @@ def unit_norm_init(dim: int) -> dict[str, float]:
     return {"weight_init_min": -bound, "weight_init_max": bound}
 
 
+def item_tables(meta: DatasetMeta, d: int) -> list[EmbeddingConfig]:
+    """The item table and, where items carry categories, the category table. They share one
+    collection: the category (a small vocabulary, seen in every batch) carries what an item
+    has in common with its kind, so history-candidate affinity is learnable long before each
+    item's own row is."""
+    tables = [EmbeddingConfig(name="item", embedding_dim=d, num_embeddings=meta.num_items + 1,
+                              feature_names=list(ITEM_FEATURES), **unit_norm_init(d))]
+    if meta.num_categories > 0:
+        tables.append(EmbeddingConfig(name="category", embedding_dim=d,
+                                      num_embeddings=meta.num_categories,
+                                      feature_names=list(CATEGORY_FEATURES),
+                                      **unit_norm_init(d)))
+    return tables
+
+
+def sparse_tables(meta: DatasetMeta, dim: int) -> list[EmbeddingBagConfig]:
+    """One pooled table per sparse feature: mean over a multi-hot feature's ids, else sum."""
+    return [EmbeddingBagConfig(name=f"t_{f.name}", embedding_dim=dim,
+                               num_embeddings=f.vocab_size, feature_names=[f.name],
+                               pooling=PoolingType.MEAN if f.multi_hot else PoolingType.SUM,
+                               **unit_norm_init(dim))
+            for f in meta.sparse_features]
+
+
 class GemModel(nn.Module):
     def __init__(self, cfg: ModelConfig, meta: DatasetMeta,
                  planted_items: torch.Tensor | None = None) -> None:
@@ -92,34 +116,13 @@ class GemModel(nn.Module):
             self.register_buffer("planted_items", planted, persistent=False)
         else:
             self.planted_items = None
-        # Item and category tables share one collection: the category (a small vocabulary,
-        # seen in every batch) carries what an item has in common with its kind, so
-        # history-candidate affinity is learnable long before each item's own row is.
-        item_tables = [EmbeddingConfig(name="item", embedding_dim=d,
-                                       num_embeddings=meta.num_items + 1,
-                                       feature_names=list(ITEM_FEATURES), **unit_norm_init(d))]
         self.use_categories = meta.num_categories > 0
-        if self.use_categories:
-            item_tables.append(EmbeddingConfig(name="category", embedding_dim=d,
-                                               num_embeddings=meta.num_categories,
-                                               feature_names=list(CATEGORY_FEATURES),
-                                               **unit_norm_init(d)))
         # Tables go on the default device: the CPU (moved with the model), or "meta" under
         # `with torch.device("meta")` where only sizes are wanted (planning_model).
-        self.item_embeddings = EmbeddingCollection(tables=item_tables,
+        self.item_embeddings = EmbeddingCollection(tables=item_tables(meta, d),
                                                    device=torch.get_default_device())
         self.sparse_embeddings = EmbeddingBagCollection(
-            tables=[
-                EmbeddingBagConfig(
-                    name=f"t_{f.name}", embedding_dim=cfg.sparse_dim,
-                    num_embeddings=f.vocab_size, feature_names=[f.name],
-                    pooling=PoolingType.MEAN if f.multi_hot else PoolingType.SUM,
-                    **unit_norm_init(cfg.sparse_dim),
-                )
-                for f in meta.sparse_features
-            ],
-            device=torch.get_default_device(),
-        )
+            tables=sparse_tables(meta, cfg.sparse_dim), device=torch.get_default_device())
         self.sparse_names = [f.name for f in meta.sparse_features]
         self.action_embedding = OneHotEmbedding(meta.num_action_types + 1, d)
         nn.init.normal_(self.action_embedding.weight, std=d**-0.5)
