@@ -46,17 +46,26 @@ class StepProgress:
 @dataclass(frozen=True)
 class TaskScores:
     """One task's held-out scores; ``lift_share`` is (AUC - 0.5) / (planted ceiling - 0.5)
-    where the data has a planted ceiling."""
+    where the data has a planted ceiling; ``ne_pm`` and ``auc_pm`` the half-widths of their
+    95% intervals on the samples scored (NaN: not known)."""
 
     ne: float
     auc: float
     calibration: float
     lift_share: float | None = None
+    ne_pm: float = math.nan
+    auc_pm: float = math.nan
+
+
+def _pm(half_width: float, digits: int) -> str:
+    """"±w" for a known interval half-width, else nothing."""
+    return f"±{half_width:.{digits}f}" if math.isfinite(half_width) else ""
 
 
 @dataclass(frozen=True)
 class EvalProgress:
-    """A held-out evaluation at ``step``, beside the train CTR NE since the previous one."""
+    """A held-out evaluation at ``step``, beside the train CTR NE since the previous one;
+    its line gives each NE and AUC with the half-width of its 95% interval where known."""
 
     step: int
     total: int
@@ -72,11 +81,11 @@ class EvalProgress:
     def __str__(self) -> str:
         parts = [f"eval step {self.step:>5}/{self.total}"]
         for task, q in self.tasks.items():
-            parts.append(f"held-out ne_{task} {q.ne:.4f}")
+            parts.append(f"held-out ne_{task} {q.ne:.4f}{_pm(q.ne_pm, 4)}")
             if task == "ctr":
                 parts.append(f"train ne_ctr {self.train_ne:.4f}")
         for task, q in self.tasks.items():
-            auc = f"auc_{task} {q.auc:.4f}"
+            auc = f"auc_{task} {q.auc:.4f}{_pm(q.auc_pm, 3)}"
             if q.lift_share is not None and math.isfinite(q.lift_share):
                 auc += f" ({q.lift_share:.0%} of planted lift)"
             parts.append(auc)

@@ -181,7 +181,9 @@ class TrainConfig(_Strict):
         description="held-out samples each scheduled evaluation scores: the first N of the "
         "eval split (shared evenly by the workers), the same at every evaluation so the curve "
         "compares like with like; capped by eval_max_samples. Each scheduled evaluation costs "
-        "a forward pass over these samples, outside the steps' time")
+        "a forward pass over these samples, outside the steps' time. Its scores carry 95% "
+        "intervals: at 2,048 samples CTR AUC moves by ~±0.03 and CVR's (scored on the clicked "
+        "samples alone) by more, so raise it to compare curves finely")
     eval_max_samples: int | None = Field(
         None, ge=1, le=MAX_INT,
         description="held-out samples the final evaluation scores (the summary's eval/*); "

@@ -223,6 +223,13 @@ def test_results_of_parallel_processes_merge_into_one_file(swept, tmp_path):
     write_results(tmp_path / "bent.json", header, [bent])
     with pytest.raises(GemError, match=f"trial {bent.arm} seed {bent.seed} differs"):
         merge_results([parts[0], tmp_path / "bent.json"], tmp_path / "never.json")
+    # a file written before a score was recorded: the scores both hold decide
+    assert "eval/auc_se_ctr" in trials[0].metrics
+    older = replace(trials[0], metrics={k: v for k, v in trials[0].metrics.items()
+                                        if not k.startswith("eval/auc_se_")})
+    write_results(tmp_path / "older.json", header, [older])
+    kept = merge_results([tmp_path / "older.json", parts[0]], tmp_path / "both.json")
+    assert [t.metrics for t in kept] == [older.metrics]
     write_results(tmp_path / "other.json", {**header, "sweep": "other"}, [trials[0]])
     with pytest.raises(GemError, match="holds sweep 'other'"):
         merge_results([parts[0], tmp_path / "other.json"], tmp_path / "never.json")

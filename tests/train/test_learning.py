@@ -17,7 +17,13 @@ from gem_platform.train.learning import (
     lift_share,
     time_to_target,
 )
-from gem_platform.train.learning_report import epochs_line, summary_entries
+from gem_platform.train.learning_report import (
+    epochs_line,
+    eval_point,
+    eval_progress,
+    precision_line,
+    summary_entries,
+)
 from gem_platform.train.state import LoopState
 
 
@@ -199,3 +205,33 @@ def test_the_training_loop_says_it_before_the_first_step(tmp_path, monkeypatch):
     steps = [i for i, line in enumerate(lines) if line.lstrip().startswith("step")]
     assert len(warned) == 1 and steps and warned[0] < steps[0]
     assert "train.steps=20 covers 1.2 epochs" in lines[warned[0]]
+
+
+# -- the precision of an evaluation ------------------------------------------------------------
+
+def test_standard_errors_ride_the_curve_and_its_json():
+    scores = {"eval/ne_ctr": 0.9, "eval/auc_ctr": 0.7, "eval/calibration_ctr": 1.0,
+              "eval/ne_se_ctr": 0.004, "eval/auc_se_ctr": 0.015, "eval/count_ctr": 2048.0}
+    p = eval_point(scores, ["ctr"], 10, 1000.0, 5.0, 0.95)
+    assert p.tasks["ctr"] == TaskQuality(0.9, 0.7, 1.0, 0.004, 0.015)
+    assert EvalPoint.from_json(p.to_json()) == p
+    # a curve written before the errors were recorded reads back with them unknown
+    old = {k: v for k, v in p.to_json().items() if "_se_" not in k}
+    back = EvalPoint.from_json(old).tasks["ctr"]
+    assert (back.ne, back.auc) == (0.9, 0.7) and math.isnan(back.ne_se)
+    shown = str(eval_progress(p, 20, None))
+    assert "held-out ne_ctr 0.9000±0.0078" in shown and "auc_ctr 0.7000±0.029" in shown
+    assert "±" not in str(eval_progress(EvalPoint.from_json(old), 20, None))
+
+
+def test_a_small_scheduled_sample_is_noted_with_its_intervals():
+    coarse = EvalPoint(10, 1e3, 5.0, 0.95, {"ctr": TaskQuality(0.9, 0.7, 1.0, 0.004, 0.015),
+                                            "cvr": TaskQuality(0.95, 0.6, 1.0, 0.01, 0.036)},
+                       2048)
+    note = precision_line(coarse)
+    assert note.startswith("note: scheduled evaluations score the same 2,048 held-out samples")
+    assert "ctr AUC ±0.029 NE ±0.0078, cvr AUC ±0.071 NE ±0.0196" in note
+    assert "train.eval_sample" in note
+    fine = EvalPoint(10, 1e3, 5.0, 0.95, {"ctr": TaskQuality(0.9, 0.7, 1.0, 0.001, 0.004)}, 40000)
+    assert precision_line(fine) is None
+    assert precision_line(point(10, 0.9)) is None  # errors not known: nothing to say

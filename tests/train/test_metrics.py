@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from gem_platform.train.metrics import TaskEvaluator, normalized_entropy
+from gem_platform.train.metrics import TaskEvaluator, auc_standard_error, normalized_entropy
 
 LOGITS = torch.tensor([-2.0, 0.5, -0.3, 1.2, -1.0, 0.8])
 LABELS = torch.tensor([0.0, 1.0, 0.0, 1.0, 0.0, 0.0])
@@ -82,7 +82,7 @@ def _worker(rank: int, port: int, out: dict) -> None:
     sl = slice(0, 4) if rank == 0 else slice(4, 6)
     ev.update(LOGITS[sl], LABELS[sl])
     s = ev.compute()
-    out[rank] = (s.ne, s.auc, s.count, s.calibration)
+    out[rank] = (s.ne, s.auc, s.count, s.calibration, s.ne_se, s.auc_se)
     dist.destroy_process_group()
 
 
@@ -93,8 +93,41 @@ def test_distributed_reduction_equals_single_process():
     out = manager.dict()
     mp.spawn(_worker, args=(free_port(), out), nprocs=2, join=True)
     ne, auc = hand_scores()
+    alone = TaskEvaluator()
+    alone.update(LOGITS, LABELS)
+    whole = alone.compute()
     for rank in (0, 1):
-        r_ne, r_auc, count, cal = out[rank]
+        r_ne, r_auc, count, cal, ne_se, auc_se = out[rank]
         assert count == 6 and cal == pytest.approx(hand_calibration(), rel=1e-9)
         assert r_ne == pytest.approx(ne, rel=1e-6)
         assert r_auc == pytest.approx(auc)
+        assert (ne_se, auc_se) == pytest.approx((whole.ne_se, whole.auc_se), rel=1e-6)
+
+
+def test_standard_errors_match_the_spread_over_fresh_samples():
+    """The standard errors a single evaluation reports are what NE and AUC actually vary by
+    from one held-out sample to the next: 300 samples of 1,000 from one model and world."""
+    g = torch.Generator().manual_seed(0)
+    scores = []
+    for _ in range(300):
+        signal = torch.randn(1000, generator=g)
+        labels = (torch.rand(1000, generator=g) < torch.sigmoid(1.5 * signal - 1.2)).float()
+        ev = TaskEvaluator()
+        ev.update(1.2 * signal - 1.0, labels)  # a model close to, not equal to, the truth
+        scores.append(ev.compute())
+    # NE's delta method is close; Hanley-McNeil's AUC error is known to err large (it assumes
+    # exponential score distributions): here by ~14%, on the safe side
+    for name, low, high in (("ne", 0.9, 1.1), ("auc", 1.0, 1.25)):
+        values = torch.tensor([getattr(s, name) for s in scores], dtype=torch.float64)
+        reported = torch.tensor([getattr(s, f"{name}_se") for s in scores], dtype=torch.float64)
+        spread, mean = float(values.std()), float(reported.mean())
+        assert float(reported.std()) < 0.1 * mean  # each evaluation says about the same
+        assert low * spread <= mean <= high * spread, name
+
+
+def test_standard_errors_are_undefined_without_both_labels():
+    ev = TaskEvaluator()
+    ev.update(LOGITS, torch.zeros_like(LABELS))
+    s = ev.compute()
+    assert math.isnan(s.ne_se) and math.isnan(s.auc_se)
+    assert math.isnan(auc_standard_error(0.7, 0, 10)) and auc_standard_error(0.7, 5, 10) > 0

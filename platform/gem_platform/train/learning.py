@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal, NamedTuple
 
 WarningCode = Literal["ne_above_one", "memorization", "miscalibrated"]
@@ -23,11 +23,17 @@ TRAIN_NE_TASK = "ctr"
 
 @dataclass(frozen=True)
 class TaskQuality:
-    """Held-out quality of one task at one evaluation."""
+    """Held-out quality of one task at one evaluation, with the standard errors of NE and
+    AUC on the samples it scored (NaN where not recorded)."""
 
     ne: float
     auc: float
     calibration: float  # predicted / observed positives
+    ne_se: float = math.nan
+    auc_se: float = math.nan
+
+
+TASK_QUALITY_KEYS = tuple(f.name for f in fields(TaskQuality))  # as a curve point's JSON names
 
 
 @dataclass(frozen=True)
@@ -55,10 +61,10 @@ class EvalPoint:
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> EvalPoint:
         """The point ``to_json`` wrote."""
-        names = [key.removeprefix("ne_") for key in obj if key.startswith("ne_")]
-        tasks = {task: TaskQuality(float(obj[f"ne_{task}"]),
-                                   float(obj.get(f"auc_{task}", math.nan)),
-                                   float(obj.get(f"calibration_{task}", math.nan)))
+        names = [key.removeprefix("ne_") for key in obj
+                 if key.startswith("ne_") and not key.startswith("ne_se_")]
+        tasks = {task: TaskQuality(*(float(obj.get(f"{key}_{task}", math.nan))
+                                     for key in TASK_QUALITY_KEYS))
                  for task in names}
         return cls(int(obj["step"]), float(obj["samples"]), float(obj["train_s"]),
                    float(obj.get("train_ne_ctr", math.nan)), tasks,

@@ -2,7 +2,10 @@
 (MLflow), its progress event and warning lines, and the run summary's learning entries.
 
 Names it writes (every evaluation, at its step):
-- ``eval/{ne,auc,logloss,base_rate,count,calibration}_{task}``: held-out scores;
+- ``eval/{ne,auc,logloss,base_rate,count,calibration}_{task}``: held-out scores, and
+  ``eval/{ne,auc}_se_{task}`` their standard errors on the samples scored (the progress line
+  shows each as a 95% interval; after the first scheduled evaluation a note says how wide
+  they are when its sample is too small to tell AUC changes of 0.01);
 - ``eval/auc_lift_share_{task}``: (AUC - 0.5) / (planted ceiling - 0.5), synthetic data only;
 - ``perf/train_s``, ``eval/samples_seen``: training seconds (evaluation excluded) and samples
   trained on (all workers) when the evaluation ran;
@@ -24,6 +27,7 @@ from typing import Any
 
 from gem_platform.progress import EvalProgress, TaskScores
 from gem_platform.train.learning import (
+    TASK_QUALITY_KEYS,
     EvalPoint,
     LearningCurve,
     LearningWarning,
@@ -35,13 +39,17 @@ from gem_platform.train.learning import (
 )
 
 WARNING_PREFIX = "warning: "
+NOTE_PREFIX = "note: "
+Z95 = 1.96  # a standard error times this: the half-width of a 95% normal interval
+# AUC half-width above which the first scheduled evaluation notes its sample's precision
+COARSE_AUC = 0.01
 
 
 def eval_point(scores: dict[str, float], tasks: Sequence[str], step: int, samples: float,
                train_s: float, train_ne: float) -> EvalPoint:
     """The curve point of the scores ``evaluate`` returned at ``step``."""
-    quality = {task: TaskQuality(scores[f"eval/ne_{task}"], scores[f"eval/auc_{task}"],
-                                 scores[f"eval/calibration_{task}"]) for task in tasks}
+    quality = {task: TaskQuality(*(scores.get(f"eval/{key}_{task}", math.nan)
+                                   for key in TASK_QUALITY_KEYS)) for task in tasks}
     count = int(scores.get(f"eval/count_{tasks[0]}", 0)) if tasks else 0
     return EvalPoint(step, samples, train_s, train_ne, quality, count)
 
@@ -66,9 +74,26 @@ def eval_progress(point: EvalPoint, total: int, ceilings: dict[str, float] | Non
     planted lift where the data has a ceiling) beside the train NE."""
     tasks = {task: TaskScores(q.ne, q.auc, q.calibration,
                               lift_share(q.auc, ceilings[task])
-                              if ceilings and task in ceilings else None)
+                              if ceilings and task in ceilings else None,
+                              Z95 * q.ne_se, Z95 * q.auc_se)
              for task, q in point.tasks.items()}
     return EvalProgress(point.step, total, point.train_ne, tasks)
+
+
+def precision_line(point: EvalPoint, coarse: float = COARSE_AUC) -> str | None:
+    """A note after a run's first scheduled evaluation when its sample is too small to tell
+    AUC changes of ``coarse`` between evaluations: how far each task's scores may move by
+    chance, and how to narrow it. None when every task's interval is narrower."""
+    wide = {task: q for task, q in point.tasks.items() if Z95 * q.auc_se > coarse}
+    if not wide:
+        return None
+    spans = ", ".join(f"{task} AUC ±{Z95 * q.auc_se:.3f} NE ±{Z95 * q.ne_se:.4f}"
+                      for task, q in wide.items())
+    return NOTE_PREFIX + (
+        f"scheduled evaluations score the same {point.eval_samples:,} held-out samples "
+        f"(train.eval_sample): 95% intervals {spans}. Between two evaluations, or against "
+        "the final one (the whole eval split, train.eval_max_samples), smaller changes can "
+        "be the sample's noise; raise train.eval_sample for a finer curve.")
 
 
 def warning_line(warning: LearningWarning) -> str:

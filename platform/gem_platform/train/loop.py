@@ -71,6 +71,7 @@ from gem_platform.train.learning_report import (
     eval_metrics,
     eval_point,
     eval_progress,
+    precision_line,
     summary_entries,
     warning_line,
 )
@@ -259,6 +260,8 @@ def evaluate(model: nn.Module, table: SampleTable, recipe: Recipe, device: torch
         out[f"eval/base_rate_{task}"] = s.base_rate
         out[f"eval/count_{task}"] = float(s.count)
         out[f"eval/calibration_{task}"] = s.calibration
+        out[f"eval/ne_se_{task}"] = s.ne_se
+        out[f"eval/auc_se_{task}"] = s.auc_se
     return out
 
 
@@ -636,7 +639,10 @@ def scheduled_eval(run: Run, state: LoopState, report: Reporter) -> None:
     learning curve and publish at the current step."""
     scores = evaluate(run.model, run.eval_table, run.recipe, run.device, run.info,
                       max_samples=scheduled_eval_samples(run.recipe))
-    report.publish(record_eval(run, state, scores, report), state.step)
+    published = record_eval(run, state, scores, report)
+    if len(state.curve.points) == 1 and (note := precision_line(state.curve.points[0])):
+        report.line(note)
+    report.publish(published, state.step)
 
 
 def reached_target(state: LoopState, cfg: TrainConfig, report: Reporter) -> bool:
