@@ -98,6 +98,11 @@ class ModelConfig(_Strict):
         "whole token (side information in queries and keys only, as NOVA's non-invasive "
         "fusion), so attention can find events of a kind directly (docs/quality: the recall "
         "probe). Needs a dataset whose items carry categories and learned item tables")
+    shared_qk: bool = Field(
+        False, description="one projection for the sequence self-attention's queries and "
+        "keys (shared-QK attention, as in the Reformer): each event's score against another "
+        "starts as the similarity of their inputs (with model.attention_qk=category, of their "
+        "categories), so attention finds events like the querying one from the first step")
     item_vectors: Literal["learned", "planted"] = Field(
         "learned", description="what stands for an item (history event or candidate): "
         "learned = its rows in the item and category tables; planted = the synthetic world's "

@@ -78,7 +78,7 @@ def test_meta_records_the_ceiling_without_the_term(tmp_path: Path) -> None:
                                                                         meta.extra)[0]
 
 
-@pytest.mark.parametrize("side_qk", [False, True])
+@pytest.mark.parametrize("side_qk, shared_qk", [(False, False), (True, False), (True, True)])
 @pytest.mark.parametrize("kind, layers, blind", [
     ("block64", 3, True),     # blocks never cross, however many layers
     ("sliding", 1, True),     # one 64-token window reaches 63 events back: none of the gap's
@@ -86,7 +86,8 @@ def test_meta_records_the_ceiling_without_the_term(tmp_path: Path) -> None:
 ])
 def test_only_attention_across_blocks_sees_the_newest_events_match(kind: str, layers: int,
                                                                    blind: bool,
-                                                                   side_qk: bool) -> None:
+                                                                   side_qk: bool,
+                                                                   shared_qk: bool) -> None:
     """The newest token's output of the model's sequence tower, and its last block's attention
     read (what model.newest_attention gives DHEN), with every event RECALL_GAP or
     more before it replaced (where the recall world's match lies): unchanged under
@@ -99,7 +100,7 @@ def test_only_attention_across_blocks_sees_the_newest_events_match(kind: str, la
     torch.manual_seed(0)
     spec = SelfAttentionSpec(kind=kind, window=64, causal=True)
     tower = SequenceTower(16, 2, layers, spec, qk_norm=True, expose_attention=True,
-                          side_qk=side_qk).eval()
+                          side_qk=side_qk, shared_qk=shared_qk).eval()
     x = torch.randn(int(offsets[-1]), 16)
     y = x.clone()
     y[old] = torch.randn(int(old.sum()), 16)

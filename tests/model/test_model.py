@@ -12,6 +12,7 @@ from gem_platform.model import GemModel
 from gem_platform.model.attention import SelfAttentionSpec, self_attention
 from gem_platform.model.flops import FlopMeter, self_attention_pairs
 from gem_platform.model.gem import EXACT_RECENCY, RECENCY_BUCKETS, recency_buckets
+from gem_platform.model.sequence import SelfAttentionBlock
 from gem_platform.recipe import ModelConfig
 
 LENGTHS = [1, 5, 0, 70, 2]
@@ -337,6 +338,27 @@ def test_category_queries_and_keys_find_events_by_their_category(attention, tiny
         ModelConfig(attention_qk="category", item_vectors="planted")
     with pytest.raises(ValueError, match="categories"):
         GemModel(cfg, tiny_meta)  # its items carry no category
+
+
+@pytest.mark.parametrize("side_qk", [False, True])
+def test_shared_queries_and_keys_rank_an_events_own_kind_first_from_the_start(side_qk):
+    """model.shared_qk: one projection gives queries and keys, so before any training every
+    event scores highest against the events whose query/key input equals its own (with
+    model.attention_qk=category: its category's events)."""
+    torch.manual_seed(0)
+    spec = SelfAttentionSpec(kind="full", window=64, causal=True)
+    block = SelfAttentionBlock(16, 2, spec, qk_norm=True, side_qk=side_qk, shared_qk=True)
+    projection = block.qk if side_qk else block.qkv
+    assert projection.out_features == (16 if side_qk else 32)  # no separate key projection
+    kinds = torch.randn(4, 16)
+    kind = torch.arange(24) % 4
+    rows = kinds[kind]
+    x = torch.randn(24, 16) if side_qk else rows
+    q, k, _ = block._qkv(x, rows if side_qk else None)
+    scores = torch.einsum("thd,shd->hts", block.q_norm(q), block.k_norm(k))
+    same = kind[:, None] == kind[None, :]
+    best_other = scores.masked_fill(same, -torch.inf).amax(-1)
+    assert (scores.masked_fill(~same, torch.inf).amin(-1) > best_other + 1).all()
 
 
 def test_recent_mean_joins_the_dhen_tokens(tiny_meta, batch_factory):

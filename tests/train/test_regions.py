@@ -180,9 +180,10 @@ def test_compile_regions_narrows_what_compiles(tiny_meta):
 def test_blocks_with_an_attention_read_and_category_keys_compile_and_recompute(tiny_tree):
     """model.newest_attention: the last sequence layer returns (output, attention update), a
     tuple out of a compiled and recomputed region; model.attention_qk=category: every layer
-    takes the category rows as a fourth input. Training matches the eager run."""
+    takes the category rows as a fourth input (here with one projection for queries and keys,
+    model.shared_qk). Training matches the eager run."""
     tree = {**tiny_tree, "model": {**tiny_tree["model"], "newest_attention": True,
-                                   "attention_qk": "category"}}
+                                   "attention_qk": "category", "shared_qk": True}}
     eager, _ = train_losses(tree)
     torch._dynamo.reset()
     counters.clear()

@@ -148,7 +148,8 @@ class GemModel(nn.Module):
                              "categories (meta.num_categories > 0); set it to token")
         self.sequence = SequenceTower(d, cfg.num_heads, cfg.seq_layers, spec, cfg.qk_norm,
                                       expose_attention=cfg.newest_attention,
-                                      side_qk=cfg.attention_qk == "category")
+                                      side_qk=cfg.attention_qk == "category",
+                                      shared_qk=cfg.shared_qk)
         self.cross = CrossAttention(d, cfg.num_heads, cfg.gdpa_activation, cfg.kernel)
         self.pooled = PooledAttention(d, cfg.num_heads, cfg.pooled_queries, cfg.gdpa_activation,
                                       cfg.kernel, mean_base=cfg.pooled_base == "mean")

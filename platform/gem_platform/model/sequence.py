@@ -41,20 +41,27 @@ class SelfAttentionBlock(nn.Module):
     With ``side_qk`` queries and keys come from a side input of each event (its category
     row), values from the token itself: attention finds events by what they are, not through
     the sum of everything the token carries (side information kept out of the values, as in
-    NOVA's non-invasive fusion)."""
+    NOVA's non-invasive fusion).
+
+    With ``shared_qk`` one projection gives both queries and keys (the Reformer's shared-QK
+    attention): an event's score against another starts as the similarity of their inputs,
+    so attention finds events like the querying one from the first step instead of after
+    two projections have learned to agree."""
 
     def __init__(self, dim: int, heads: int, spec: SelfAttentionSpec, qk_norm: bool,
-                 expose_attention: bool = False, side_qk: bool = False) -> None:
+                 expose_attention: bool = False, side_qk: bool = False,
+                 shared_qk: bool = False) -> None:
         super().__init__()
         self.heads, self.head_dim, self.spec = heads, dim // heads, spec
-        self.expose_attention, self.side_qk = expose_attention, side_qk
+        self.expose_attention, self.side_qk, self.shared_qk = expose_attention, side_qk, shared_qk
         self.norm1 = nn.LayerNorm(dim)
+        qk_width = dim if shared_qk else 2 * dim
         if side_qk:
             self.side_norm = nn.LayerNorm(dim)
-            self.qk = nn.Linear(dim, 2 * dim)
+            self.qk = nn.Linear(dim, qk_width)
             self.v = nn.Linear(dim, dim)
         else:
-            self.qkv = nn.Linear(dim, 3 * dim)
+            self.qkv = nn.Linear(dim, qk_width + dim)
         self.q_norm = RMSNorm(self.head_dim) if qk_norm else nn.Identity()
         self.k_norm = RMSNorm(self.head_dim) if qk_norm else nn.Identity()
         self.out = nn.Linear(dim, dim)
@@ -66,12 +73,13 @@ class SelfAttentionBlock(nn.Module):
         """(T, H, head_dim) queries, keys and values."""
         t, shape = x.shape[0], (x.shape[0], self.heads, self.head_dim)
         if not self.side_qk:
-            return self.qkv(self.norm1(x)).view(t, 3, *shape[1:]).unbind(1)
+            parts = self.qkv(self.norm1(x)).view(t, -1, *shape[1:]).unbind(1)
+            return (parts[0], parts[0], parts[1]) if self.shared_qk else parts
         if side is None:
             raise ValueError("this block takes queries and keys from a side input "
                              "(model.attention_qk=category): pass it")
-        q, k = self.qk(self.side_norm(side)).view(t, 2, *shape[1:]).unbind(1)
-        return q, k, self.v(self.norm1(x)).view(shape)
+        qk = self.qk(self.side_norm(side)).view(t, -1, *shape[1:]).unbind(1)
+        return qk[0], qk[-1], self.v(self.norm1(x)).view(shape)
 
     def forward(self, x: torch.Tensor, offsets: torch.Tensor, max_len: int,
                 side: torch.Tensor | None = None
@@ -102,14 +110,15 @@ class SequenceTower(nn.Module):
     also hands out its attention update (``forward_with_attention``)."""
 
     def __init__(self, dim: int, heads: int, layers: int, spec: SelfAttentionSpec,
-                 qk_norm: bool, expose_attention: bool = False, side_qk: bool = False) -> None:
+                 qk_norm: bool, expose_attention: bool = False, side_qk: bool = False,
+                 shared_qk: bool = False) -> None:
         super().__init__()
         if expose_attention and layers < 1:
             raise ValueError("exposing the last block's attention needs at least one block")
         self.blocks = nn.ModuleList(
             SelfAttentionBlock(dim, heads, spec, qk_norm,
                                expose_attention=expose_attention and i == layers - 1,
-                               side_qk=side_qk)
+                               side_qk=side_qk, shared_qk=shared_qk)
             for i in range(layers)
         )
         self.norm = nn.LayerNorm(dim)
