@@ -41,6 +41,8 @@ def write(spec_dir: Path, text: str) -> Path:
     ("loader", ["no_balancing", "bbs"], "no_balancing", [0, 1]),
     ("precision_h200", ["bf16", "fp32", "fp8_b128", "fp8_b32"], "bf16", [0, 1, 2, 3, 4, 5]),
     ("attention_h200", ["full", "sliding", "block64"], "full", [0, 1, 2, 3, 4, 5]),
+    ("recall_controls", ["full", "block64"], "full", [0, 1, 2]),
+    ("recall_h200", ["full", "sliding", "block64", "full_token_keys"], "full", [0, 1]),
 ])
 def test_shipped_ablations_resolve(name, arms, baseline, seeds, monkeypatch):
     monkeypatch.chdir(REPO)
@@ -62,6 +64,12 @@ def test_shipped_ablations_resolve(name, arms, baseline, seeds, monkeypatch):
     if name == "attention_h200":
         assert {n: (r.model.attention, r.model.rope) for n, r in recipes.items()} == {
             "full": ("full", True), "sliding": ("sliding", True), "block64": ("block64", True)}
+    if name.startswith("recall"):  # the positive control: category keys, one projection
+        keys = {n: (r.model.attention, r.model.attention_qk, r.model.shared_qk)
+                for n, r in recipes.items()}
+        assert keys["full"] == ("full", "category", True)
+        assert keys["block64"] == ("block64", "category", True)
+        assert {r.data.synthetic.world for r in recipes.values()} == {"recall"}
     if name == "loader":
         assert recipes["no_balancing"].loader.batching == "sequential"
     # Arms differ only where their overrides say; seeds vary the model, never the data.
