@@ -211,14 +211,14 @@ def test_the_training_loop_says_it_before_the_first_step(tmp_path, monkeypatch):
 
 def test_standard_errors_ride_the_curve_and_its_json():
     scores = {"eval/ne_ctr": 0.9, "eval/auc_ctr": 0.7, "eval/calibration_ctr": 1.0,
-              "eval/ne_se_ctr": 0.004, "eval/auc_se_ctr": 0.015, "eval/count_ctr": 2048.0}
+              "eval_se/ne_ctr": 0.004, "eval_se/auc_ctr": 0.015, "eval/count_ctr": 2048.0}
     p = eval_point(scores, ["ctr"], 10, 1000.0, 5.0, 0.95)
     assert p.tasks["ctr"] == TaskQuality(0.9, 0.7, 1.0, 0.004, 0.015)
     assert EvalPoint.from_json(p.to_json()) == p
     # a curve written before the errors were recorded reads back with them unknown
-    old = {k: v for k, v in p.to_json().items() if "_se_" not in k}
+    old = {k: v for k, v in p.to_json().items() if not k.startswith("se_")}
     back = EvalPoint.from_json(old).tasks["ctr"]
-    assert (back.ne, back.auc) == (0.9, 0.7) and math.isnan(back.ne_se)
+    assert (back.ne, back.auc) == (0.9, 0.7) and math.isnan(back.se_ne)
     shown = str(eval_progress(p, 20, None))
     assert "held-out ne_ctr 0.9000±0.0078" in shown and "auc_ctr 0.7000±0.029" in shown
     assert "±" not in str(eval_progress(EvalPoint.from_json(old), 20, None))

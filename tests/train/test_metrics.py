@@ -82,7 +82,7 @@ def _worker(rank: int, port: int, out: dict) -> None:
     sl = slice(0, 4) if rank == 0 else slice(4, 6)
     ev.update(LOGITS[sl], LABELS[sl])
     s = ev.compute()
-    out[rank] = (s.ne, s.auc, s.count, s.calibration, s.ne_se, s.auc_se)
+    out[rank] = (s.ne, s.auc, s.count, s.calibration, s.se_ne, s.se_auc)
     dist.destroy_process_group()
 
 
@@ -97,11 +97,11 @@ def test_distributed_reduction_equals_single_process():
     alone.update(LOGITS, LABELS)
     whole = alone.compute()
     for rank in (0, 1):
-        r_ne, r_auc, count, cal, ne_se, auc_se = out[rank]
+        r_ne, r_auc, count, cal, se_ne, se_auc = out[rank]
         assert count == 6 and cal == pytest.approx(hand_calibration(), rel=1e-9)
         assert r_ne == pytest.approx(ne, rel=1e-6)
         assert r_auc == pytest.approx(auc)
-        assert (ne_se, auc_se) == pytest.approx((whole.ne_se, whole.auc_se), rel=1e-6)
+        assert (se_ne, se_auc) == pytest.approx((whole.se_ne, whole.se_auc), rel=1e-6)
 
 
 def test_standard_errors_match_the_spread_over_fresh_samples():
@@ -119,7 +119,7 @@ def test_standard_errors_match_the_spread_over_fresh_samples():
     # exponential score distributions): here by ~14%, on the safe side
     for name, low, high in (("ne", 0.9, 1.1), ("auc", 1.0, 1.25)):
         values = torch.tensor([getattr(s, name) for s in scores], dtype=torch.float64)
-        reported = torch.tensor([getattr(s, f"{name}_se") for s in scores], dtype=torch.float64)
+        reported = torch.tensor([getattr(s, f"se_{name}") for s in scores], dtype=torch.float64)
         spread, mean = float(values.std()), float(reported.mean())
         assert float(reported.std()) < 0.1 * mean  # each evaluation says about the same
         assert low * spread <= mean <= high * spread, name
@@ -129,5 +129,5 @@ def test_standard_errors_are_undefined_without_both_labels():
     ev = TaskEvaluator()
     ev.update(LOGITS, torch.zeros_like(LABELS))
     s = ev.compute()
-    assert math.isnan(s.ne_se) and math.isnan(s.auc_se)
+    assert math.isnan(s.se_ne) and math.isnan(s.se_auc)
     assert math.isnan(auc_standard_error(0.7, 0, 10)) and auc_standard_error(0.7, 5, 10) > 0

@@ -85,11 +85,11 @@ def test_default_schedule_records_the_learning_curve(tmp_path, monkeypatch):
     warnings = [line for line in lines if line.startswith("warning: ")]
     assert all(line in shown for line in warnings)  # printed as they come
     # each score with its interval; 64 samples are too few to tell small changes: said once
-    assert all(p["ne_se_ctr"] > 0 and p["auc_se_ctr"] > 0 for p in curve)
-    assert [s for s, _ in _history(client, run_id, "eval/auc_se_ctr")] == [2, 4, 6]
+    assert all(p["se_ne_ctr"] > 0 and p["se_auc_ctr"] > 0 for p in curve)
+    assert [s for s, _ in _history(client, run_id, "eval_se/auc_ctr")] == [2, 4, 6]
     notes = [line for line in lines if line.startswith("note: scheduled evaluations")]
     assert len(notes) == 1 and "same 64 held-out samples" in notes[0] and notes[0] in shown
-    assert f"auc_ctr {curve[0]['auc_ctr']:.4f}±{1.96 * curve[0]['auc_se_ctr']:.3f}" in shown
+    assert f"auc_ctr {curve[0]['auc_ctr']:.4f}±{1.96 * curve[0]['se_auc_ctr']:.3f}" in shown
 
     # the summary tables: the curve and, if any, the warnings
     text = io.StringIO()

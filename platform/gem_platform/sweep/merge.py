@@ -40,11 +40,9 @@ def _check_same_sweep(path: Path, header: dict[str, Any], into: dict[str, Any]) 
 
 
 def _same_result(a: TrialRun, b: TrialRun) -> bool:
-    """Every held-out score both record is equal (a file written before a score existed
-    lacks it, so a key only one holds is not a difference)."""
-    keys = {k for k in a.metrics if k.startswith("eval/")} & \
+    keys = {k for k in a.metrics if k.startswith("eval/")} | \
         {k for k in b.metrics if k.startswith("eval/")}
-    return all(a.metrics[k] == b.metrics[k] for k in keys)
+    return all(a.metrics.get(k) == b.metrics.get(k) for k in keys)
 
 
 def _union_header(into: dict[str, Any], header: dict[str, Any]) -> None:

@@ -24,13 +24,14 @@ TRAIN_NE_TASK = "ctr"
 @dataclass(frozen=True)
 class TaskQuality:
     """Held-out quality of one task at one evaluation, with the standard errors of NE and
-    AUC on the samples it scored (NaN where not recorded)."""
+    AUC on the samples it scored (NaN where not recorded; named se_* so that no reader of
+    ``ne_{task}`` keys takes them for a task)."""
 
     ne: float
     auc: float
     calibration: float  # predicted / observed positives
-    ne_se: float = math.nan
-    auc_se: float = math.nan
+    se_ne: float = math.nan
+    se_auc: float = math.nan
 
 
 TASK_QUALITY_KEYS = tuple(f.name for f in fields(TaskQuality))  # as a curve point's JSON names

@@ -3,7 +3,7 @@
 
 Names it writes (every evaluation, at its step):
 - ``eval/{ne,auc,logloss,base_rate,count,calibration}_{task}``: held-out scores, and
-  ``eval/{ne,auc}_se_{task}`` their standard errors on the samples scored (the progress line
+  ``eval_se/{ne,auc}_{task}`` their standard errors on the samples scored (the progress line
   shows each as a 95% interval; after the first scheduled evaluation a note says how wide
   they are when its sample is too small to tell AUC changes of 0.01);
 - ``eval/auc_lift_share_{task}``: (AUC - 0.5) / (planted ceiling - 0.5), synthetic data only;
@@ -27,7 +27,6 @@ from typing import Any
 
 from gem_platform.progress import EvalProgress, TaskScores
 from gem_platform.train.learning import (
-    TASK_QUALITY_KEYS,
     EvalPoint,
     LearningCurve,
     LearningWarning,
@@ -48,8 +47,11 @@ COARSE_AUC = 0.01
 def eval_point(scores: dict[str, float], tasks: Sequence[str], step: int, samples: float,
                train_s: float, train_ne: float) -> EvalPoint:
     """The curve point of the scores ``evaluate`` returned at ``step``."""
-    quality = {task: TaskQuality(*(scores.get(f"eval/{key}_{task}", math.nan)
-                                   for key in TASK_QUALITY_KEYS)) for task in tasks}
+    quality = {task: TaskQuality(scores[f"eval/ne_{task}"], scores[f"eval/auc_{task}"],
+                                 scores[f"eval/calibration_{task}"],
+                                 scores.get(f"eval_se/ne_{task}", math.nan),
+                                 scores.get(f"eval_se/auc_{task}", math.nan))
+               for task in tasks}
     count = int(scores.get(f"eval/count_{tasks[0]}", 0)) if tasks else 0
     return EvalPoint(step, samples, train_s, train_ne, quality, count)
 
@@ -75,7 +77,7 @@ def eval_progress(point: EvalPoint, total: int, ceilings: dict[str, float] | Non
     tasks = {task: TaskScores(q.ne, q.auc, q.calibration,
                               lift_share(q.auc, ceilings[task])
                               if ceilings and task in ceilings else None,
-                              Z95 * q.ne_se, Z95 * q.auc_se)
+                              Z95 * q.se_ne, Z95 * q.se_auc)
              for task, q in point.tasks.items()}
     return EvalProgress(point.step, total, point.train_ne, tasks)
 
@@ -84,10 +86,10 @@ def precision_line(point: EvalPoint, coarse: float = COARSE_AUC) -> str | None:
     """A note after a run's first scheduled evaluation when its sample is too small to tell
     AUC changes of ``coarse`` between evaluations: how far each task's scores may move by
     chance, and how to narrow it. None when every task's interval is narrower."""
-    wide = {task: q for task, q in point.tasks.items() if Z95 * q.auc_se > coarse}
+    wide = {task: q for task, q in point.tasks.items() if Z95 * q.se_auc > coarse}
     if not wide:
         return None
-    spans = ", ".join(f"{task} AUC ±{Z95 * q.auc_se:.3f} NE ±{Z95 * q.ne_se:.4f}"
+    spans = ", ".join(f"{task} AUC ±{Z95 * q.se_auc:.3f} NE ±{Z95 * q.se_ne:.4f}"
                       for task, q in wide.items())
     return NOTE_PREFIX + (
         f"scheduled evaluations score the same {point.eval_samples:,} held-out samples "

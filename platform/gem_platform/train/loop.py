@@ -260,8 +260,8 @@ def evaluate(model: nn.Module, table: SampleTable, recipe: Recipe, device: torch
         out[f"eval/base_rate_{task}"] = s.base_rate
         out[f"eval/count_{task}"] = float(s.count)
         out[f"eval/calibration_{task}"] = s.calibration
-        out[f"eval/ne_se_{task}"] = s.ne_se
-        out[f"eval/auc_se_{task}"] = s.auc_se
+        out[f"eval_se/ne_{task}"] = s.se_ne
+        out[f"eval_se/auc_{task}"] = s.se_auc
     return out
 
 

@@ -78,8 +78,8 @@ class TaskScores:
     base_rate: float
     count: int
     calibration: float = float("nan")  # predicted / actual positives; nan without positives
-    ne_se: float = float("nan")  # standard errors of NE and AUC on the samples scored
-    auc_se: float = float("nan")
+    se_ne: float = float("nan")  # standard errors of NE and AUC on the samples scored
+    se_auc: float = float("nan")
 
 
 class TaskEvaluator:
