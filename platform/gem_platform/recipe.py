@@ -89,20 +89,24 @@ class ModelConfig(_Strict):
         "read for the newest event (its attention output at that token, before the residual "
         "add and the norms), a direct path from what the newest event attended to. It follows "
         "model.attention, so block64 or a window cannot see past its block. On the GPU "
-        "recall control alone it changed nothing; with model.attention_qk=category it is "
-        "what let the whole model learn that control's term in the CPU probe (docs/quality)")
+        "recall control alone it changed nothing; category keys through one projection "
+        "(model.attention_qk=category, model.shared_qk) let the model learn that control's "
+        "term with or without it (docs/quality)")
     attention_qk: Literal["token", "category"] = Field(
         "token", description="what the sequence self-attention's queries and keys are computed "
         "from: token = each event's whole token (item, category, action, recency, age and "
         "affinity summed); category = the event's category row alone, values still from the "
         "whole token (side information in queries and keys only, as NOVA's non-invasive "
-        "fusion), so attention can find events of a kind directly (docs/quality: the recall "
-        "probe). Needs a dataset whose items carry categories and learned item tables")
+        "fusion), so attention can find events of a kind directly; with model.shared_qk it "
+        "does from the first step (docs/quality: the recall control). Needs a dataset whose "
+        "items carry categories and learned item tables")
     shared_qk: bool = Field(
         False, description="one projection for the sequence self-attention's queries and "
         "keys (shared-QK attention, as in the Reformer): each event's score against another "
         "starts as the similarity of their inputs (with model.attention_qk=category, of their "
-        "categories), so attention finds events like the querying one from the first step")
+        "categories), so attention finds events like the querying one from the first step. "
+        "With category keys it is what lets full attention learn the recall world's term "
+        "(docs/quality); with token keys it gains nothing there")
     item_vectors: Literal["learned", "planted"] = Field(
         "learned", description="what stands for an item (history event or candidate): "
         "learned = its rows in the item and category tables; planted = the synthetic world's "

@@ -108,3 +108,18 @@ def test_the_committed_recall_control_with_the_read_is_not_evidence_either():
     assert all(t.metrics["eval/auc_ctr"] < t.metrics[BLIND] for t in trials)
     verdicts = compare("", [str(path)], gates=Gates(max_ne_regression_pct=0.2)).verdicts
     assert verdicts and all(v.verdict == "inconclusive" for v in verdicts)
+
+
+def test_the_committed_cpu_recall_control_catches_block64():
+    """docs/quality/recall_controls_demo.json (recipes/ablations/recall_controls.yaml, three
+    seeds): with category keys through one projection full attention learned the recall term
+    at every seed, so the control answers as designed: block64 FAILs the CTR gate, which
+    carries the term, and PASSes CVR, which does not."""
+    path = REPO / "docs/quality/recall_controls_demo.json"
+    trials, _ = load_results(path)
+    full = [t for t in trials if t.arm == "full"]
+    assert len(full) == 3 and all(t.metrics["eval/auc_ctr"] > t.metrics[BLIND] + 0.05
+                                  for t in full)
+    verdicts = compare("", [str(path)], gates=Gates(max_ne_regression_pct=0.2)).verdicts
+    assert {v.metric: v.verdict for v in verdicts} == {"eval/ne_ctr": "fail",
+                                                       "eval/ne_cvr": "pass"}

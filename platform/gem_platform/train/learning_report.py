@@ -93,9 +93,10 @@ def precision_line(point: EvalPoint, coarse: float = COARSE_AUC) -> str | None:
                       for task, q in wide.items())
     return NOTE_PREFIX + (
         f"scheduled evaluations score the same {point.eval_samples:,} held-out samples "
-        f"(train.eval_sample): 95% intervals {spans}. Between two evaluations, or against "
-        "the final one (the whole eval split, train.eval_max_samples), smaller changes can "
-        "be the sample's noise; raise train.eval_sample for a finer curve.")
+        f"(train.eval_sample): 95% intervals {spans}. Against the final evaluation (the "
+        "whole eval split, train.eval_max_samples) or another run's curve, smaller "
+        "differences can be this sample's noise (between two evaluations of one run less, as "
+        "they share it); raise train.eval_sample for a finer curve.")
 
 
 def warning_line(warning: LearningWarning) -> str:
