@@ -41,7 +41,7 @@ def write(spec_dir: Path, text: str) -> Path:
     ("loader", ["no_balancing", "bbs"], "no_balancing", [0, 1]),
     ("precision_h200", ["bf16", "fp32", "fp8_b128", "fp8_b32"], "bf16", [0, 1, 2, 3, 4, 5]),
     ("attention_h200", ["full", "sliding", "block64"], "full", [0, 1, 2, 3, 4, 5]),
-    ("recall_controls", ["full", "block64"], "full", [0, 1, 2]),
+    ("recall_controls", ["full", "block64", "full_local", "block64_local"], "full", [0, 1, 2]),
     ("recall_h200", ["full", "sliding", "block64", "full_token_keys"], "full", [0, 1]),
 ])
 def test_shipped_ablations_resolve(name, arms, baseline, seeds, monkeypatch):
@@ -69,12 +69,15 @@ def test_shipped_ablations_resolve(name, arms, baseline, seeds, monkeypatch):
                 for n, r in recipes.items()}
         assert keys["full"] == ("full", "category", True)
         assert keys["block64"] == ("block64", "category", True)
-        assert {r.data.synthetic.world for r in recipes.values()} == {"recall"}
+        assert {r.data.synthetic.world for n, r in recipes.items()
+                if not n.endswith("_local")} == {"recall"}
     if name == "loader":
         assert recipes["no_balancing"].loader.batching == "sequential"
-    # Arms differ only where their overrides say; seeds vary the model, never the data.
+    # Arms differ only where their overrides say; seeds vary the model, never the data
+    # (a controls spec pairs two worlds: one dataset per world).
     data = {r.data.model_dump_json() for r in recipes.values()}
-    assert len(data) == 1 and Path(plan.arms[0].recipe.data.path).is_absolute()
+    assert len(data) == (2 if name == "recall_controls" else 1)
+    assert Path(plan.arms[0].recipe.data.path).is_absolute()
     assert plan.trial_recipe(arms[0], 1).train.seed == 1
 
 
