@@ -62,8 +62,7 @@ class EvalPoint:
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> EvalPoint:
         """The point ``to_json`` wrote."""
-        names = [key.removeprefix("ne_") for key in obj
-                 if key.startswith("ne_") and not key.startswith("ne_se_")]
+        names = [key.removeprefix("ne_") for key in obj if key.startswith("ne_")]
         tasks = {task: TaskQuality(*(float(obj.get(f"{key}_{task}", math.nan))
                                      for key in TASK_QUALITY_KEYS))
                  for task in names}

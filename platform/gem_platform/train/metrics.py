@@ -63,7 +63,7 @@ def ne_standard_error(loss_sum: float, loss_sq_sum: float, positive_loss_sum: fl
         return float("nan")
     p, loss = positives / count, loss_sum / count
     entropy = -(p * math.log(p) + (1 - p) * math.log(1 - p))
-    slope = loss * math.log((1 - p) / p) / entropy  # d(mean loss / H)/dp, times H
+    slope = loss * math.log((1 - p) / p) / entropy  # -H x dNE/dp at a fixed mean loss
     var_loss = loss_sq_sum / count - loss * loss
     cov = positive_loss_sum / count - loss * p
     var = (var_loss + slope * slope * p * (1 - p) - 2 * slope * cov) / (entropy * entropy)
