@@ -123,3 +123,17 @@ def test_the_committed_cpu_recall_control_catches_block64():
     verdicts = compare("", [str(path)], gates=Gates(max_ne_regression_pct=0.2)).verdicts
     assert {v.metric: v.verdict for v in verdicts} == {"eval/ne_ctr": "fail",
                                                        "eval/ne_cvr": "pass"}
+
+
+def test_the_committed_cpu_local_control_does_not_fail_block64():
+    """docs/quality/local_controls_demo.json (recall_controls.yaml's local arms, three seeds):
+    where the history's signal lies in the last events block64 loses nothing beyond the
+    gate's noise: CVR PASSes, CTR's interval straddles 0.2% around a mean well inside it, and
+    no gate FAILs."""
+    path = REPO / "docs/quality/local_controls_demo.json"
+    result = compare("", [str(path)], baseline="full_local",
+                     gates=Gates(max_ne_regression_pct=0.2))
+    verdicts = {v.metric: v for v in result.verdicts}
+    assert verdicts["eval/ne_cvr"].verdict == "pass"
+    assert verdicts["eval/ne_ctr"].verdict == "inconclusive"
+    assert abs(verdicts["eval/ne_ctr"].regression) < 0.2  # percent
