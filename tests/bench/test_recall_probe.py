@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 from typer.testing import CliRunner
 
@@ -95,6 +96,7 @@ def test_another_world_is_refused_with_the_fix(tmp_path, monkeypatch):
     assert bad.exit_code == 2 and "comma-separated seeds" in " ".join(bad.output.split())
 
 
+@pytest.mark.slow
 def test_the_positive_control_at_a_small_size(tmp_path, monkeypatch):
     """The demo's GemModel, queries and keys from the category rows through one shared
     projection (model.attention_qk=category, model.shared_qk), trained on the recall sign:
