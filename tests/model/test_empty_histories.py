@@ -11,12 +11,15 @@ from gem_platform.recipe import ModelConfig
 from gem_platform.train.loop import compute_loss
 
 
+@pytest.mark.parametrize("shared_qk", [False, True])
 @pytest.mark.parametrize("attention", ["full", "sliding", "block64", "padded"])
 @pytest.mark.parametrize("lengths", [[0, 0, 0], [0, 5, 0]])
-def test_batch_of_empty_histories_trains(tiny_meta, batch_factory, attention, lengths):
+def test_batch_of_empty_histories_trains(tiny_meta, batch_factory, attention, lengths,
+                                         shared_qk):
     torch.manual_seed(0)
     model = GemModel(ModelConfig(d_model=16, num_heads=2, seq_layers=2, attention=attention,
-                                 expert_hidden=32, head_hidden=32), tiny_meta)
+                                 expert_hidden=32, head_hidden=32, shared_qk=shared_qk),
+                     tiny_meta)
     batch = batch_factory(tiny_meta, lengths)
     logits = model(batch)
     assert logits.shape == (len(lengths), 2)

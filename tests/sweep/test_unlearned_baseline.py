@@ -137,3 +137,19 @@ def test_the_committed_cpu_local_control_does_not_fail_block64():
     assert verdicts["eval/ne_cvr"].verdict == "pass"
     assert verdicts["eval/ne_ctr"].verdict == "inconclusive"
     assert abs(verdicts["eval/ne_ctr"].regression) < 0.2  # percent
+
+
+def test_without_category_keys_full_attention_is_as_blind_as_block64():
+    """docs/quality/recall_controls_token_keys_demo.json: full attention with the demo's own
+    keys (full_token_keys) on the positive control's data stays below the ceiling without the
+    recall term and FAILs against full attention with category keys through one projection
+    by as much as block64 does: the keys are what the control needed."""
+    path = REPO / "docs/quality/recall_controls_token_keys_demo.json"
+    trials, _ = load_results(path)
+    blind = [t for t in trials if t.arm == "full_token_keys"]
+    assert len(blind) == 3 and all(t.metrics["eval/auc_ctr"] < t.metrics[BLIND] for t in blind)
+    verdicts = {(v.arm, v.metric): v for v in
+                compare("", [str(path)], gates=Gates(max_ne_regression_pct=0.2)).verdicts}
+    token, block = verdicts["full_token_keys", "eval/ne_ctr"], verdicts["block64", "eval/ne_ctr"]
+    assert token.verdict == block.verdict == "fail"
+    assert abs(token.regression - block.regression) < 0.5  # percent: alike

@@ -73,12 +73,12 @@ class SelfAttentionBlock(nn.Module):
         """(T, H, head_dim) queries, keys and values."""
         t, shape = x.shape[0], (x.shape[0], self.heads, self.head_dim)
         if not self.side_qk:
-            parts = self.qkv(self.norm1(x)).view(t, -1, *shape[1:]).unbind(1)
+            parts = self.qkv(self.norm1(x)).view(t, 3 - self.shared_qk, *shape[1:]).unbind(1)
             return (parts[0], parts[0], parts[1]) if self.shared_qk else parts
         if side is None:
             raise ValueError("this block takes queries and keys from a side input "
                              "(model.attention_qk=category): pass it")
-        qk = self.qk(self.side_norm(side)).view(t, -1, *shape[1:]).unbind(1)
+        qk = self.qk(self.side_norm(side)).view(t, 2 - self.shared_qk, *shape[1:]).unbind(1)
         return qk[0], qk[-1], self.v(self.norm1(x)).view(shape)
 
     def forward(self, x: torch.Tensor, offsets: torch.Tensor, max_len: int,
