@@ -5,7 +5,8 @@ Data flow per batch (B samples, T history tokens in total, nothing padded):
   (T, d), each with its affinity to the candidate (DIN-style)
   sparse features (TorchRec EmbeddingBagCollection) + dense + ad -> context tokens (B, C, d)
   sequence tower: self-attention over each history (full | sliding | block64 | padded),
-  queries and keys from each token or from its category row alone (model.attention_qk)
+  queries and keys from each token or from its category row alone (model.attention_qk), through
+  two projections or one shared one (model.shared_qk)
   cross attention: history tokens (long Q) x own context tokens (short KV), GDPA
   pooled attention: nq queries per sample (short Q) x history tokens (long KV), GDPA
   short-term tokens: the newest event's token, the mean of the newest N
