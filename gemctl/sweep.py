@@ -183,6 +183,16 @@ def _default_plot(ids: list[str]) -> Path:
     return Path("gem_runs/compare") / f"{label}-ne.png"
 
 
+def closing_baseline(plan, arms: set[str]) -> str:
+    """The arm a sweep's closing comparison is against: the spec's baseline where the compared
+    runs hold it, else the first of their arms in the spec's order (a sweep narrowed with
+    --arms to arms without the baseline still ends with a comparison, not an error after its
+    trials)."""
+    if plan.baseline in arms:
+        return plan.baseline
+    return next(a.name for a in plan.arms if a.name in arms)
+
+
 def _narrowed(plan, arms: list[str] | None, seeds: list[int] | None):
     from gem_platform.sweep.inprocess import narrowed
 
@@ -204,7 +214,8 @@ def _sweep_in_process(plan, out: Path, new: bool, as_json: bool, verbose: bool,
             TrainingProgress(con, plan.name, trials=len(plan.trials())) as progress:
         done = run_in_process(plan, out, echo=progress.echo, resume=not new,
                               allow_code_change=allow_code_change, parallel=parallel)
-    cmp = compare_runs("", [str(out)], plan.baseline, plan.gates) if done else None
+    baseline = closing_baseline(plan, {t.arm for t in done})
+    cmp = compare_runs("", [str(out)], baseline, plan.gates) if done else None
     if as_json:
         render.print_json({"results": str(out), "trials": len(done), "wall_s": progress.wall_s,
                            "log": str(lib.path) if lib.path else None,
@@ -280,7 +291,10 @@ def sweep(
               f"({render.esc(names)}) x seeds {plan.seeds}, "
               + (f"{'one' if parallel == 1 else parallel} at a time here" if in_process
                  else f"{plan.max_concurrent} at a time")
-              + f", baseline '{render.esc(plan.baseline)}'", highlight=False, soft_wrap=True)
+              + f", baseline '{render.esc(plan.baseline)}'"
+              + ("" if plan.baseline in {a.name for a in plan.arms} else
+                 f" (not among --arms: compared against it where the results hold it, else "
+                 f"against '{render.esc(plan.arms[0].name)}')"), highlight=False, soft_wrap=True)
     if in_process:
         _sweep_in_process(plan, out or Path("gem_runs/sweeps") / f"{plan.name}.json", new,
                           as_json, verbose, allow_code_change, parallel)
@@ -323,7 +337,8 @@ def _sweep_on_ray(plan, con, *, new: bool, address: str | None, allow_code_chang
                 raise run_failed(str(err).splitlines()[0], "The parent run is marked FAILED "
                                  "with the reason; run the same command again to resume once "
                                  f"it is fixed.{where}") from None
-            cmp = (compare_runs(outcome.tracking_uri, [outcome.sweep_id], plan.baseline,
+            baseline = closing_baseline(plan, {a.name for a in plan.arms})
+            cmp = (compare_runs(outcome.tracking_uri, [outcome.sweep_id], baseline,
                                 plan.gates) if outcome.child_run_ids else None)
     return outcome, cmp, progress.wall_s, lib.path
 

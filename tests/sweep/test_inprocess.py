@@ -167,6 +167,22 @@ def test_cli_sweep_narrowed_trains_its_trials_again_identically(swept):
     assert again.stdout.count("already in") == 2 and "quality per arm" in again.stdout
 
 
+def test_a_sweep_narrowed_to_arms_without_its_baseline_ends_with_a_comparison(swept):
+    """`--arms bf16` leaves out the spec's baseline (fp32): the sweep says so at its start,
+    compares against fp32 where the results file holds it, and against bf16 where it holds
+    only bf16, instead of failing after its trials."""
+    body = json.loads((swept / "results.json").read_text())
+    only = {**body, "trials": [t for t in body["trials"] if t["arm"] == "bf16"]}
+    (swept / "bf16_only.json").write_text(json.dumps(only))
+    for out, against in (("results.json", "fp32"), ("bf16_only.json", "bf16")):
+        proc = run_gemctl("sweep", "prec.yaml", "--in-process", "--arms", "bf16",
+                          "--allow-code-change", "--out", out, "--json", cwd=swept)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "baseline 'fp32' (not among --arms" in " ".join(proc.stderr.split())
+        assert proc.stderr.count("already in") == 2  # nothing trained again
+        assert json.loads(proc.stdout)["comparison"]["baseline"] == against
+
+
 def test_trials_trained_side_by_side_say_so_and_their_qps_is_not_gated(swept):
     """Seed 0's trials trained two at a time (``--parallel 2``), seed 1's alone: each records
     how many shared the machine, compare marks the arms whose QPS is a share of it and holds
