@@ -125,18 +125,30 @@ def test_the_committed_cpu_recall_control_catches_block64():
                                                        "eval/ne_cvr": "pass"}
 
 
-def test_the_committed_cpu_local_control_does_not_fail_block64():
-    """docs/quality/local_controls_demo.json (recall_controls.yaml's local arms, three seeds):
-    where the history's signal lies in the last events block64 loses nothing beyond the
-    gate's noise: CVR PASSes, CTR's interval straddles 0.2% around a mean well inside it, and
-    no gate FAILs."""
+def test_the_committed_cpu_local_control_passes_block64():
+    """docs/quality/local_controls_demo.json (recall_controls.yaml's local arms, 11 seeds):
+    where the history's signal lies in the last events block64 loses nothing: both tasks
+    PASS the 0.2% gate, their intervals around zero."""
     path = REPO / "docs/quality/local_controls_demo.json"
     result = compare("", [str(path)], baseline="full_local",
                      gates=Gates(max_ne_regression_pct=0.2))
     verdicts = {v.metric: v for v in result.verdicts}
-    assert verdicts["eval/ne_cvr"].verdict == "pass"
-    assert verdicts["eval/ne_ctr"].verdict == "inconclusive"
-    assert abs(verdicts["eval/ne_ctr"].regression) < 0.2  # percent
+    assert {m: v.verdict for m, v in verdicts.items()} == {"eval/ne_ctr": "pass",
+                                                          "eval/ne_cvr": "pass"}
+    assert all(v.seeds == 11 and abs(v.regression) < 0.1 for v in verdicts.values())
+
+
+def test_the_committed_gpu_recall_control_with_category_keys_is_not_evidence_yet():
+    """docs/quality/recall_h200_shared_qk.json: at h200's width, with the category keys
+    through one projection that taught the demo's model the term, full attention is still
+    below the ceiling without the recall term after 600 steps, like every blind arm, so no
+    CTR verdict on it can pass."""
+    path = REPO / "docs/quality/recall_h200_shared_qk.json"
+    trials, _ = load_results(path)
+    assert {t.arm for t in trials} == {"full", "sliding", "block64", "full_token_keys"}
+    assert all(t.metrics["eval/auc_ctr"] < t.metrics[BLIND] for t in trials)
+    verdicts = compare("", [str(path)], gates=Gates(max_ne_regression_pct=0.2)).verdicts
+    assert all(v.verdict == "inconclusive" for v in verdicts if v.metric == "eval/ne_ctr")
 
 
 def test_without_category_keys_full_attention_is_as_blind_as_block64():
