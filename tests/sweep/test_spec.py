@@ -43,7 +43,8 @@ def write(spec_dir: Path, text: str) -> Path:
     ("attention_h200", ["full", "sliding", "block64"], "full", [0, 1, 2, 3, 4, 5]),
     ("recall_controls", ["full", "block64", "full_token_keys", "full_local", "block64_local"],
      "full", [0, 1, 2]),
-    ("recall_h200", ["full", "sliding", "block64", "full_token_keys"], "full", [0, 1]),
+    ("recall_h200", ["full", "sliding", "block64", "full_token_keys", "full_no_rope",
+                     "block64_no_rope"], "full", [0, 1]),
 ])
 def test_shipped_ablations_resolve(name, arms, baseline, seeds, monkeypatch):
     monkeypatch.chdir(REPO)
@@ -72,6 +73,10 @@ def test_shipped_ablations_resolve(name, arms, baseline, seeds, monkeypatch):
         assert keys["block64"] == ("block64", "category", True)
         assert {r.data.synthetic.world for n, r in recipes.items()
                 if not n.endswith("_local")} == {"recall"}
+    if name == "recall_h200":  # RoPE as h200 ships it, but in the pair that leaves it out
+        assert {n for n, r in recipes.items() if not r.model.rope} == {"full_no_rope",
+                                                                      "block64_no_rope"}
+        assert keys["full_no_rope"] == ("full", "category", True)
     if name == "loader":
         assert recipes["no_balancing"].loader.batching == "sequential"
     # Arms differ only where their overrides say; seeds vary the model, never the data
