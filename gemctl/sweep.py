@@ -183,16 +183,6 @@ def _default_plot(ids: list[str]) -> Path:
     return Path("gem_runs/compare") / f"{label}-ne.png"
 
 
-def closing_baseline(plan, arms: set[str]) -> str:
-    """The arm a sweep's closing comparison is against: the spec's baseline where the compared
-    runs hold it, else the first of their arms in the spec's order (a sweep narrowed with
-    --arms to arms without the baseline still ends with a comparison, not an error after its
-    trials)."""
-    if plan.baseline in arms:
-        return plan.baseline
-    return next(a.name for a in plan.arms if a.name in arms)
-
-
 def _narrowed(plan, arms: list[str] | None, seeds: list[int] | None):
     from gem_platform.sweep.inprocess import narrowed
 
@@ -214,7 +204,7 @@ def _sweep_in_process(plan, out: Path, new: bool, as_json: bool, verbose: bool,
             TrainingProgress(con, plan.name, trials=len(plan.trials())) as progress:
         done = run_in_process(plan, out, echo=progress.echo, resume=not new,
                               allow_code_change=allow_code_change, parallel=parallel)
-    baseline = closing_baseline(plan, {t.arm for t in done})
+    baseline = plan.baseline_among({t.arm for t in done})
     cmp = compare_runs("", [str(out)], baseline, plan.gates) if done else None
     if as_json:
         render.print_json({"results": str(out), "trials": len(done), "wall_s": progress.wall_s,
@@ -337,7 +327,7 @@ def _sweep_on_ray(plan, con, *, new: bool, address: str | None, allow_code_chang
                 raise run_failed(str(err).splitlines()[0], "The parent run is marked FAILED "
                                  "with the reason; run the same command again to resume once "
                                  f"it is fixed.{where}") from None
-            baseline = closing_baseline(plan, {a.name for a in plan.arms})
+            baseline = plan.baseline_among({a.name for a in plan.arms})
             cmp = (compare_runs(outcome.tracking_uri, [outcome.sweep_id], baseline,
                                 plan.gates) if outcome.child_run_ids else None)
     return outcome, cmp, progress.wall_s, lib.path

@@ -209,3 +209,23 @@ def test_rerun_of_finished_sweep_is_a_no_op_and_runs_lists_it(swept):
     proc = gemctl_in_process("runs", "--sweeps", cwd=swept.dir, env=swept.env)
     row = next(ln for ln in proc.stdout.splitlines() if sweep_id in ln)
     assert f"{parents[0].data.metrics['eval/ne_ctr']:.4f}" in row  # the sweep shows its NE
+
+
+def test_a_sweep_narrowed_to_arms_without_its_baseline_compares_against_its_first(swept):
+    """On Ray, `--arms sliding` leaves out the spec's baseline (padded): the sweep says so at
+    its start, records sliding as its parent's baseline and ends with a comparison against
+    it, and `gemctl compare` of that sweep reads it so, instead of failing after the trials."""
+    (swept.dir / "narrow.yaml").write_text(SPEC.replace("name: ablate", "name: narrow"))
+    proc = run_gemctl("sweep", "narrow.yaml", "--arms", "sliding", "--seeds", "0", "--json",
+                      cwd=swept.dir, env=swept.env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "baseline 'padded' (not among --arms" in " ".join(proc.stderr.split())
+    client = MlflowClient(swept.uri)
+    exp = client.get_experiment_by_name("sweep-e2e")
+    parent = client.search_runs([exp.experiment_id], "tags.`gem.sweep` LIKE 'narrow-%' and "
+                                "tags.`gem.sweep_role` = 'parent'")[0]
+    assert parent.data.tags["gem.baseline"] == "sliding"
+    again = gemctl_in_process("compare", parent.data.tags["gem.sweep"], "--json",
+                              cwd=swept.dir, env=swept.env)
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["baseline"] == "sliding"

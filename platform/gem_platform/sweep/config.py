@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -167,6 +168,14 @@ class SweepPlan:
 
     def arm(self, name: str) -> Arm:
         return next(a for a in self.arms if a.name == name)
+
+    def baseline_among(self, arms: Collection[str]) -> str:
+        """The arm a comparison of runs of ``arms`` is against: the spec's baseline where they
+        hold it, else the first of this plan's arms among them, so a sweep narrowed with
+        --arms to arms without its baseline still ends with a comparison."""
+        if self.baseline in arms:
+            return self.baseline
+        return next((a.name for a in self.arms if a.name in arms), self.baseline)
 
     def trial_recipe(self, arm: str, seed: int) -> Recipe:
         tree = self.arm(arm).recipe.model_dump(mode="json")

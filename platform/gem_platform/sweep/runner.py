@@ -178,12 +178,13 @@ def _open_parent(plan: SweepPlan, uri: str, new: bool, echo: Echo,
                  f"{run.info.status})")
             return tracker, sweep_id, run.info.status, True
     sweep_id = f"{plan.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    baseline = _own_baseline(plan)
     params = {"sweep.name": plan.name, "sweep.base": plan.base_path,
               "sweep.seeds": ",".join(map(str, plan.seeds)),
-              "sweep.max_concurrent": plan.max_concurrent, "sweep.baseline": plan.baseline,
+              "sweep.max_concurrent": plan.max_concurrent, "sweep.baseline": baseline,
               **{arm_param(a.name): " ".join(a.overrides) or "(base)" for a in plan.arms}}
     tags = {store.TAG_SWEEP: sweep_id, store.TAG_ROLE: store.ROLE_PARENT,
-            store.TAG_BASELINE: plan.baseline, store.TAG_FINGERPRINT: fingerprint,
+            store.TAG_BASELINE: baseline, store.TAG_FINGERPRINT: fingerprint,
             "gem.recipe": plan.arms[0].recipe.name}
     tracker = RunTracker.start(uri, plan.experiment, sweep_id, params, tags)
     with tracker.closed_on_error():
@@ -192,6 +193,11 @@ def _open_parent(plan: SweepPlan, uri: str, new: bool, echo: Echo,
     echo(f"sweep {sweep_id}: {len(plan.arms)} arms x {len(plan.seeds)} seeds, parent run "
          f"{tracker.run_id}")
     return tracker, sweep_id, "", False
+
+
+def _own_baseline(plan: SweepPlan) -> str:
+    """The baseline of a sweep's own runs (the plan's arms: --arms may leave the spec's out)."""
+    return plan.baseline_among({a.name for a in plan.arms})
 
 
 def arm_param(arm: str) -> str:
@@ -306,7 +312,7 @@ def _summarize(outcome: SweepOutcome, plan: SweepPlan, echo: Echo) -> None:
     from gem_platform.sweep.compare import compare
     from gem_platform.sweep.summary import log_comparison
 
-    cmp = compare(outcome.tracking_uri, [outcome.sweep_id], plan.baseline, plan.gates)
+    cmp = compare(outcome.tracking_uri, [outcome.sweep_id], _own_baseline(plan), plan.gates)
     log_comparison(outcome.tracking_uri, outcome.parent_run_id, cmp)
     commits = trial_commits(outcome.tracking_uri, outcome.parent_run_id)
     if len(commits) > 1:
