@@ -41,8 +41,8 @@ def write(spec_dir: Path, text: str) -> Path:
     ("loader", ["no_balancing", "bbs"], "no_balancing", [0, 1]),
     ("precision_h200", ["bf16", "fp32", "fp8_b128", "fp8_b32"], "bf16", [0, 1, 2, 3, 4, 5]),
     ("attention_h200", ["full", "sliding", "block64"], "full", [0, 1, 2, 3, 4, 5]),
-    ("recall_controls", ["full", "block64", "full_token_keys", "full_local", "block64_local"],
-     "full", [0, 1, 2]),
+    ("recall_controls", ["full", "block64", "full_token_keys", "full_rope", "full_local",
+                         "block64_local"], "full", [0, 1, 2]),
     ("recall_h200", ["full", "sliding", "block64", "full_token_keys", "full_no_rope",
                      "block64_no_rope"], "full", [0, 1]),
 ])

@@ -165,3 +165,20 @@ def test_without_category_keys_full_attention_is_as_blind_as_block64():
     token, block = verdicts["full_token_keys", "eval/ne_ctr"], verdicts["block64", "eval/ne_ctr"]
     assert token.verdict == block.verdict == "fail"
     assert abs(token.regression - block.regression) < 0.5  # percent: alike
+
+
+def test_with_rope_full_attention_is_as_blind_as_block64():
+    """docs/quality/recall_controls_rope_demo.json: full attention with the category keys
+    through one projection but with RoPE (full_rope, as recipes/h200.yaml ships RoPE) stays
+    below the ceiling without the recall term and FAILs against full attention without it by
+    as much as block64 does: RoPE is what the GPU control's full arm carries and the CPU's
+    does not."""
+    path = REPO / "docs/quality/recall_controls_rope_demo.json"
+    trials, _ = load_results(path)
+    rope = [t for t in trials if t.arm == "full_rope"]
+    assert len(rope) == 2 and all(t.metrics["eval/auc_ctr"] < t.metrics[BLIND] for t in rope)
+    verdicts = {(v.arm, v.metric): v for v in
+                compare("", [str(path)], gates=Gates(max_ne_regression_pct=0.2)).verdicts}
+    rotated, block = verdicts["full_rope", "eval/ne_ctr"], verdicts["block64", "eval/ne_ctr"]
+    assert rotated.verdict == block.verdict == "fail"
+    assert abs(rotated.regression - block.regression) < 0.5  # percent: alike
