@@ -282,9 +282,9 @@ def sweep(
               + (f"{'one' if parallel == 1 else parallel} at a time here" if in_process
                  else f"{plan.max_concurrent} at a time")
               + f", baseline '{render.esc(plan.baseline)}'"
-              + ("" if plan.baseline in {a.name for a in plan.arms} else
+              + ("" if plan.own_baseline == plan.baseline else
                  f" (not among --arms: compared against it where the results hold it, else "
-                 f"against '{render.esc(plan.arms[0].name)}')"), highlight=False, soft_wrap=True)
+                 f"against '{render.esc(plan.own_baseline)}')"), highlight=False, soft_wrap=True)
     if in_process:
         _sweep_in_process(plan, out or Path("gem_runs/sweeps") / f"{plan.name}.json", new,
                           as_json, verbose, allow_code_change, parallel)
@@ -327,8 +327,7 @@ def _sweep_on_ray(plan, con, *, new: bool, address: str | None, allow_code_chang
                 raise run_failed(str(err).splitlines()[0], "The parent run is marked FAILED "
                                  "with the reason; run the same command again to resume once "
                                  f"it is fixed.{where}") from None
-            baseline = plan.baseline_among({a.name for a in plan.arms})
-            cmp = (compare_runs(outcome.tracking_uri, [outcome.sweep_id], baseline,
+            cmp = (compare_runs(outcome.tracking_uri, [outcome.sweep_id], plan.own_baseline,
                                 plan.gates) if outcome.child_run_ids else None)
     return outcome, cmp, progress.wall_s, lib.path
 

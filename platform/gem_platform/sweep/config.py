@@ -177,6 +177,11 @@ class SweepPlan:
             return self.baseline
         return next((a.name for a in self.arms if a.name in arms), self.baseline)
 
+    @property
+    def own_baseline(self) -> str:
+        """The baseline of this plan's own runs (``--arms`` may leave the spec's out)."""
+        return self.baseline_among({a.name for a in self.arms})
+
     def trial_recipe(self, arm: str, seed: int) -> Recipe:
         tree = self.arm(arm).recipe.model_dump(mode="json")
         tree["train"]["seed"] = seed

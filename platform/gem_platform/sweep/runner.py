@@ -178,7 +178,7 @@ def _open_parent(plan: SweepPlan, uri: str, new: bool, echo: Echo,
                  f"{run.info.status})")
             return tracker, sweep_id, run.info.status, True
     sweep_id = f"{plan.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    baseline = _own_baseline(plan)
+    baseline = plan.own_baseline
     params = {"sweep.name": plan.name, "sweep.base": plan.base_path,
               "sweep.seeds": ",".join(map(str, plan.seeds)),
               "sweep.max_concurrent": plan.max_concurrent, "sweep.baseline": baseline,
@@ -193,11 +193,6 @@ def _open_parent(plan: SweepPlan, uri: str, new: bool, echo: Echo,
     echo(f"sweep {sweep_id}: {len(plan.arms)} arms x {len(plan.seeds)} seeds, parent run "
          f"{tracker.run_id}")
     return tracker, sweep_id, "", False
-
-
-def _own_baseline(plan: SweepPlan) -> str:
-    """The baseline of a sweep's own runs (the plan's arms: --arms may leave the spec's out)."""
-    return plan.baseline_among({a.name for a in plan.arms})
 
 
 def arm_param(arm: str) -> str:
@@ -312,7 +307,7 @@ def _summarize(outcome: SweepOutcome, plan: SweepPlan, echo: Echo) -> None:
     from gem_platform.sweep.compare import compare
     from gem_platform.sweep.summary import log_comparison
 
-    cmp = compare(outcome.tracking_uri, [outcome.sweep_id], _own_baseline(plan), plan.gates)
+    cmp = compare(outcome.tracking_uri, [outcome.sweep_id], plan.own_baseline, plan.gates)
     log_comparison(outcome.tracking_uri, outcome.parent_run_id, cmp)
     commits = trial_commits(outcome.tracking_uri, outcome.parent_run_id)
     if len(commits) > 1:
