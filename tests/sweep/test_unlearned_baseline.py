@@ -151,34 +151,23 @@ def test_the_committed_gpu_recall_control_with_category_keys_is_not_evidence_yet
     assert all(v.verdict == "inconclusive" for v in verdicts if v.metric == "eval/ne_ctr")
 
 
-def test_without_category_keys_full_attention_is_as_blind_as_block64():
-    """docs/quality/recall_controls_token_keys_demo.json: full attention with the demo's own
-    keys (full_token_keys) on the positive control's data stays below the ceiling without the
-    recall term and FAILs against full attention with category keys through one projection
-    by as much as block64 does: the keys are what the control needed."""
-    path = REPO / "docs/quality/recall_controls_token_keys_demo.json"
+@pytest.mark.parametrize("name, arm, seeds", [
+    ("recall_controls_token_keys_demo.json", "full_token_keys", 3),
+    ("recall_controls_rope_demo.json", "full_rope", 2),
+])
+def test_full_attention_without_the_controls_setting_is_as_blind_as_block64(name, arm, seeds):
+    """Full attention on the positive control's data without one part of its setting: the
+    demo's own keys instead of category keys through one projection (full_token_keys), or
+    those keys with RoPE, as recipes/h200.yaml ships it (full_rope). Either stays below the
+    ceiling without the recall term and FAILs against the control's full attention by as much
+    as block64 does: each part is what the control needed."""
+    path = REPO / "docs/quality" / name
     trials, _ = load_results(path)
-    blind = [t for t in trials if t.arm == "full_token_keys"]
-    assert len(blind) == 3 and all(t.metrics["eval/auc_ctr"] < t.metrics[BLIND] for t in blind)
+    blind = [t for t in trials if t.arm == arm]
+    assert len(blind) == seeds
+    assert all(t.metrics["eval/auc_ctr"] < t.metrics[BLIND] for t in blind)
     verdicts = {(v.arm, v.metric): v for v in
                 compare("", [str(path)], gates=Gates(max_ne_regression_pct=0.2)).verdicts}
-    token, block = verdicts["full_token_keys", "eval/ne_ctr"], verdicts["block64", "eval/ne_ctr"]
-    assert token.verdict == block.verdict == "fail"
-    assert abs(token.regression - block.regression) < 0.5  # percent: alike
-
-
-def test_with_rope_full_attention_is_as_blind_as_block64():
-    """docs/quality/recall_controls_rope_demo.json: full attention with the category keys
-    through one projection but with RoPE (full_rope, as recipes/h200.yaml ships RoPE) stays
-    below the ceiling without the recall term and FAILs against full attention without it by
-    as much as block64 does: RoPE is what the GPU control's full arm carries and the CPU's
-    does not."""
-    path = REPO / "docs/quality/recall_controls_rope_demo.json"
-    trials, _ = load_results(path)
-    rope = [t for t in trials if t.arm == "full_rope"]
-    assert len(rope) == 2 and all(t.metrics["eval/auc_ctr"] < t.metrics[BLIND] for t in rope)
-    verdicts = {(v.arm, v.metric): v for v in
-                compare("", [str(path)], gates=Gates(max_ne_regression_pct=0.2)).verdicts}
-    rotated, block = verdicts["full_rope", "eval/ne_ctr"], verdicts["block64", "eval/ne_ctr"]
-    assert rotated.verdict == block.verdict == "fail"
-    assert abs(rotated.regression - block.regression) < 0.5  # percent: alike
+    other, block = verdicts[arm, "eval/ne_ctr"], verdicts["block64", "eval/ne_ctr"]
+    assert other.verdict == block.verdict == "fail"
+    assert abs(other.regression - block.regression) < 0.5  # percent: alike
