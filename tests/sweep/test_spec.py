@@ -40,7 +40,8 @@ def write(spec_dir: Path, text: str) -> Path:
     ("precision", ["bf16", "fp32", "fp8_block"], "bf16", [0, 1, 2, 3]),
     ("loader", ["no_balancing", "bbs"], "no_balancing", [0, 1]),
     ("precision_h200", ["bf16", "fp32", "fp8_b128", "fp8_b32"], "bf16", [0, 1, 2, 3, 4, 5]),
-    ("attention_h200", ["full", "sliding", "block64"], "full", [0, 1, 2, 3, 4, 5]),
+    ("attention_h200", ["full", "sliding", "block64", "full_no_rope", "block64_no_rope"], "full",
+     [0, 1, 2, 3, 4, 5]),
     ("recall_controls", ["full", "block64", "full_token_keys", "full_rope", "full_local",
                          "block64_local"], "full", [0, 1, 2]),
     ("recall_h200", ["full", "sliding", "block64", "full_token_keys", "full_no_rope",
@@ -65,7 +66,8 @@ def test_shipped_ablations_resolve(name, arms, baseline, seeds, monkeypatch):
         assert {r.train.device for r in recipes.values()} == {"cuda"}
     if name == "attention_h200":
         assert {n: (r.model.attention, r.model.rope) for n, r in recipes.items()} == {
-            "full": ("full", True), "sliding": ("sliding", True), "block64": ("block64", True)}
+            "full": ("full", True), "sliding": ("sliding", True), "block64": ("block64", True),
+            "full_no_rope": ("full", False), "block64_no_rope": ("block64", False)}
     if name.startswith("recall"):  # the positive control: category keys, one projection
         keys = {n: (r.model.attention, r.model.attention_qk, r.model.shared_qk)
                 for n, r in recipes.items()}
