@@ -165,9 +165,8 @@ def _render_comparison(cmp, uri: str, plot: Path | None, as_json: bool,
         console.print(verdict_table(cmp))
     commits = {c for arm in cmp.arms for c in arm.commits.values()}
     if len(commits) > 1:
-        console.print(f"[yellow]runs from {len(commits)} commits[/]: " + render.esc("; ".join(
-            f"{arm.arm} seed {s}: {c[:10]}" for arm in cmp.arms
-            for s, c in arm.commits.items())), highlight=False)
+        console.print(f"[yellow]runs from {len(commits)} commits[/]: "
+                      + render.esc(_runs_by_commit(cmp)), highlight=False)
     if cmp.skipped:
         console.print(f"[yellow]left out {len(cmp.skipped)} unfinished run(s)[/]: "
                       + render.esc(", ".join(cmp.skipped)), highlight=False)
@@ -175,6 +174,32 @@ def _render_comparison(cmp, uri: str, plot: Path | None, as_json: bool,
         where = " (logged to the parent run)" if cmp.parent_run_ids and uri else ""
         console.print(f"plots: {render.esc(', '.join(map(str, plot_paths)))}{where}",
                       highlight=False)
+
+
+def seed_spans(seeds: list[str]) -> str:
+    """'0-4, 6, 7-9' style: runs of consecutive numeric seeds joined, in the given order
+    (other seeds as they are)."""
+    spans: list[list[str]] = []
+    for seed in seeds:
+        last = spans[-1][-1] if spans else None
+        if (last is not None and last.isdigit() and seed.isdigit()
+                and int(seed) == int(last) + 1):
+            spans[-1].append(seed)
+        else:
+            spans.append([seed])
+    return ", ".join(s[0] if len(s) == 1 else f"{s[0]}-{s[-1]}" for s in spans)
+
+
+def _runs_by_commit(cmp) -> str:
+    """Which arm's seeds trained at which commit: one entry per commit, not per run."""
+    by_commit: dict[str, dict[str, list[str]]] = {}
+    for arm in cmp.arms:
+        for seed, commit in arm.commits.items():
+            by_commit.setdefault(commit, {}).setdefault(arm.arm, []).append(seed)
+    return "; ".join(
+        f"{commit[:10]}: " + ", ".join(f"{arm} seed{'s' * (len(seeds) > 1)} {seed_spans(seeds)}"
+                                      for arm, seeds in arms.items())
+        for commit, arms in by_commit.items())
 
 
 def _default_plot(ids: list[str]) -> Path:
@@ -369,6 +394,9 @@ def compare(
         "sweeps, or comparisons saved from `gemctl compare --json`.")],
     baseline: Annotated[str | None, typer.Option(
         help="Arm the others are compared with; default the sweep's baseline.")] = None,
+    arms: Annotated[list[str] | None, typer.Option(
+        "--arms", help="Compare and gate only these arms against the baseline (repeatable: "
+        "--arms block64 --arms sliding); default every arm.")] = None,
     max_ne_regression: Annotated[str | None, typer.Option(
         "--max-ne-regression", help="Gate on NE per task, in percent of the baseline: 0.1%. "
         "Passes when the whole 95% interval of the arm's NE increase lies at or below it, "
@@ -409,7 +437,7 @@ def compare(
     )
     files = [i for i in ids if is_results_file(i)]
     uri = _uri(tracking_uri) if len(files) < len(ids) else ""  # files need no MLflow store
-    cmp = compare_runs(uri, ids, baseline, gates)
+    cmp = compare_runs(uri, ids, baseline, gates, arms)
     _render_comparison(cmp, uri, None if no_plot else (plot or _default_plot(ids)), as_json,
                        ids, gates)
     if not gates.any():

@@ -1,13 +1,16 @@
 """What docs/quality/README.md says of the committed H200 ablation results, checked against the
-files: the attention ablation's verdicts, and that the recipe trains to the same bits in
-different calls and processes."""
+files: the attention ablation's verdicts, that the recipe trains to the same bits in
+different calls and processes, and `gemctl compare --arms` on them."""
 
 from __future__ import annotations
+
+import json
 
 from gem_platform.sweep.compare import compare
 from gem_platform.sweep.gates import Gates
 from gem_platform.sweep.results import load_results
-from tests.conftest import REPO
+from gemctl.sweep import seed_spans
+from tests.conftest import REPO, gemctl_in_process
 
 QUALITY = REPO / "docs/quality"
 
@@ -45,3 +48,30 @@ def test_the_recipe_trains_to_the_same_bits_in_another_call():
             k: v for k, v in first.metrics.items() if k.startswith("eval/")}
         odd = bf16[t.seed].history["train/loss"]
         assert odd[0][1] != t.history["train/loss"][0][1]
+
+
+def test_compare_answers_only_the_named_arms(tmp_path):
+    """`gemctl compare FILE --baseline block64 --arms sliding`: full (+0.52% CTR NE against
+    block64) FAILs the gate when every arm is compared; named arms alone decide the exit code,
+    and a name the file lacks is a clear error."""
+    file = str(QUALITY / "ablation_attention_h200.json")
+    every = gemctl_in_process("compare", file, "--baseline", "block64", "--no-plot", "--json",
+                              "--max-ne-regression", "0.2%", cwd=tmp_path)
+    assert every.returncode == 1
+    assert {a["arm"] for a in json.loads(every.stdout)["arms"]} == {"block64", "full",
+                                                                    "sliding"}
+    sliding = gemctl_in_process("compare", file, "--arms", "sliding", "--no-plot",
+                                "--max-ne-regression", "0.2%", cwd=tmp_path)
+    assert sliding.returncode == 0, sliding.stdout + sliding.stderr
+    assert "gates passed" in sliding.stdout
+    assert "block64" not in sliding.stdout.split("runs from")[0]
+    # one entry per commit, seeds as spans
+    assert "15f2470c65: full seeds 0-7, sliding seeds 0-7;" in sliding.stdout
+    unknown = gemctl_in_process("compare", file, "--arms", "fp8", "--no-plot", cwd=tmp_path)
+    assert unknown.returncode == 2
+    assert "--arms fp8: not among" in unknown.stderr and "block64, full, sliding" in unknown.stderr
+
+
+def test_seed_spans():
+    assert seed_spans(["0", "1", "2", "4", "6", "7", "x"]) == "0-2, 4, 6-7, x"
+    assert seed_spans([]) == ""

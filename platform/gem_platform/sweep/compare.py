@@ -273,15 +273,32 @@ def compare_trials(trials: list[TrialRun], baseline: str | None = None,
     return Comparison(base, tasks, results, sweeps, parents)
 
 
+def only_arms(trials: list[TrialRun], arms: list[str], baseline: str | None
+              ) -> list[TrialRun]:
+    """The trials of ``arms`` and of ``baseline`` (default the first of ``arms``), so the
+    table and the gates answer those arms alone; a name the trials don't hold is an error."""
+    present = {t.arm for t in trials}
+    missing = [a for a in arms if a not in present]
+    if missing:
+        raise SweepError(f"--arms {', '.join(missing)}: not among the compared runs' arms "
+                         f"({', '.join(sorted(present))}).",
+                         "Name arms the runs hold, or leave --arms out to compare them all.")
+    keep = {*arms, baseline or arms[0]}
+    return [t for t in trials if t.arm in keep]
+
+
 def compare(uri: str, ids: list[str], baseline: str | None = None,
-            gates: Gates | None = None) -> Comparison:
-    """Collect, compare and gate. The baseline defaults to the sweep's own."""
+            gates: Gates | None = None, arms: list[str] | None = None) -> Comparison:
+    """Collect, compare and gate. The baseline defaults to the sweep's own; ``arms`` narrows
+    the comparison to those arms against it."""
     trials, baselines, skipped, tasks = collect(uri, ids)
     if baseline is None and baselines:
         baseline = baselines[0]
         if baseline not in {t.arm for t in trials}:
             baseline = None
-    cmp = compare_trials(trials, baseline, tasks)
+    if arms:
+        trials = only_arms(trials, arms, baseline)
+    cmp = compare_trials(trials, baseline or (arms[0] if arms else None), tasks)
     cmp.skipped = skipped
     if gates is not None:
         cmp.verdicts = check_gates(cmp, gates)
