@@ -3,6 +3,7 @@ and compare its arms (with regression gates for scheduled pipelines)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import time
@@ -202,10 +203,15 @@ def _runs_by_commit(cmp) -> str:
         for commit, arms in by_commit.items())
 
 
-def _default_plot(ids: list[str]) -> Path:
+def _default_plot(ids: list[str], arms: list[str] | None = None) -> Path:
+    """gem_runs/compare/<sweep id or file name>[-<arms>]-ne.png: a comparison narrowed with
+    --arms keeps the whole comparison's plot."""
     label = ids[0] if len(ids) == 1 else f"compare-{time.strftime('%Y%m%d-%H%M%S')}"
     label = Path(label).stem if label.endswith(".json") else label  # a results file's name
-    return Path("gem_runs/compare") / f"{label}-ne.png"
+    narrowed = "".join(f"-{a}" for a in arms or [])
+    if len(narrowed) > 100:  # long arm names: keep the file name within the system's limit
+        narrowed = f"-{len(arms or [])}-arms-{hashlib.sha256(narrowed.encode()).hexdigest()[:8]}"
+    return Path("gem_runs/compare") / f"{label}{narrowed}-ne.png"
 
 
 def _narrowed(plan, arms: list[str] | None, seeds: list[int] | None):
@@ -438,7 +444,7 @@ def compare(
     files = [i for i in ids if is_results_file(i)]
     uri = _uri(tracking_uri) if len(files) < len(ids) else ""  # files need no MLflow store
     cmp = compare_runs(uri, ids, baseline, gates, arms)
-    _render_comparison(cmp, uri, None if no_plot else (plot or _default_plot(ids)), as_json,
+    _render_comparison(cmp, uri, None if no_plot else (plot or _default_plot(ids, arms)), as_json,
                        ids, gates)
     if not gates.any():
         return

@@ -60,10 +60,12 @@ def test_compare_answers_only_the_named_arms(tmp_path):
     assert every.returncode == 1
     assert {a["arm"] for a in json.loads(every.stdout)["arms"]} == {"block64", "full",
                                                                     "sliding"}
-    sliding = gemctl_in_process("compare", file, "--arms", "sliding", "--no-plot",
+    sliding = gemctl_in_process("compare", file, "--arms", "sliding",
                                 "--max-ne-regression", "0.2%", cwd=tmp_path)
     assert sliding.returncode == 0, sliding.stdout + sliding.stderr
     assert "gates passed" in sliding.stdout
+    # its plot is named for the narrowed arms, beside (not over) the whole comparison's
+    assert (tmp_path / "gem_runs/compare/ablation_attention_h200-sliding-ne.png").is_file()
     assert "block64" not in sliding.stdout.split("runs from")[0]
     # one entry per commit, seeds as spans
     assert "15f2470c65: full seeds 0-7, sliding seeds 0-7;" in sliding.stdout
