@@ -197,10 +197,12 @@ def _runs_by_commit(cmp) -> str:
     for arm in cmp.arms:
         for seed, commit in arm.commits.items():
             by_commit.setdefault(commit, {}).setdefault(arm.arm, []).append(seed)
-    return "; ".join(
-        f"{commit[:10]}: " + ", ".join(f"{arm} seed{'s' * (len(seeds) > 1)} {seed_spans(seeds)}"
-                                      for arm, seeds in arms.items())
-        for commit, arms in by_commit.items())
+
+    def entry(arm: str, seeds: list[str]) -> str:
+        return f"{arm} {'seeds' if len(seeds) > 1 else 'seed'} {seed_spans(seeds)}"
+
+    return "; ".join(f"{commit[:10]}: " + ", ".join(entry(*item) for item in arms.items())
+                     for commit, arms in by_commit.items())
 
 
 def _default_plot(ids: list[str], arms: list[str] | None = None) -> Path:
