@@ -139,21 +139,30 @@ def verdict_table(cmp) -> Table:
     return t
 
 
-def _render_comparison(cmp, uri: str, plot: Path | None, as_json: bool,
-                       ids: list[str] | None = None, gates=None) -> None:
+def _write_plots(cmp, uri: str, plot: Path | None, ids: list[str] | None, gates
+                 ) -> list[Path]:
+    """The comparison's charts at ``plot`` (none when None), logged to the parent runs of a
+    tracked sweep; a folder that can't be written costs the charts, never the verdicts."""
     from gem_platform.sweep.plot import log_plot, plot_comparison
 
+    if plot is None:
+        return []
     plot_paths: list[Path] = []
-    if plot is not None:
-        try:  # the charts are a by-product: an unwritable folder must not cost the verdicts
-            plot_paths = plot_comparison(uri, cmp, ids or [], plot, gates)
-        except OSError as err:
-            render.error(f"The plots were not written: {err.strerror or err} "
-                         f"({err.filename or plot}).", "Pass --plot PATH in a writable "
-                         "folder, or --no-plot.")
-        if uri:
-            for path in plot_paths:
-                log_plot(uri, cmp.parent_run_ids, path)
+    try:
+        plot_paths = plot_comparison(uri, cmp, ids or [], plot, gates)
+    except OSError as err:
+        render.error(f"The plots were not written: {err.strerror or err} "
+                     f"({err.filename or plot}).", "Pass --plot PATH in a writable "
+                     "folder, or --no-plot.")
+    if uri:
+        for path in plot_paths:
+            log_plot(uri, cmp.parent_run_ids, path)
+    return plot_paths
+
+
+def _render_comparison(cmp, uri: str, plot: Path | None, as_json: bool,
+                       ids: list[str] | None = None, gates=None) -> None:
+    plot_paths = _write_plots(cmp, uri, plot, ids, gates)
     if as_json:
         body = cmp.to_dict()
         body["plot"] = str(plot_paths[0]) if plot_paths else None
@@ -418,6 +427,10 @@ def compare(
     as_json: Annotated[bool, typer.Option(
         "--json", help="Print JSON (verdicts and every run's values included) instead of "
         "tables; `gemctl compare FILE.json` reads it back.")] = False,
+    as_markdown: Annotated[bool, typer.Option(
+        "--markdown", help="Print the quality report in Markdown instead of tables: per arm "
+        "and task NE and AUC, their deltas with 95% intervals, the NE gate's verdict; plots "
+        "only with --plot.")] = False,
     plot: Annotated[Path | None, typer.Option(
         help="Where to write the NE-vs-step PNG (mean and seed range per arm); the delta "
         "chart goes beside it as <name>-deltas.png. Default "
@@ -433,11 +446,16 @@ def compare(
     Exit codes: 0 every gate passed (or none set); 1 a gate failed; 2 bad input; 3 no gate
     failed but one is inconclusive.
     """
+    from gem_platform.errors import GemError
     from gem_platform.sweep.compare import Gates, parse_percent
     from gem_platform.sweep.compare import compare as compare_runs
     from gem_platform.sweep.gates import EXIT_PASS, exit_code
+    from gem_platform.sweep.report import quality_markdown
     from gem_platform.sweep.results import is_results_file
 
+    if as_json and as_markdown:
+        raise GemError("--json and --markdown each print the whole comparison.",
+                       "Pass one of them.")
     gates = Gates(
         max_ne_regression_pct=parse_percent(max_ne_regression) if max_ne_regression else None,
         max_auc_drop=max_auc_drop,
@@ -446,12 +464,16 @@ def compare(
     files = [i for i in ids if is_results_file(i)]
     uri = _uri(tracking_uri) if len(files) < len(ids) else ""  # files need no MLflow store
     cmp = compare_runs(uri, ids, baseline, gates, arms)
-    _render_comparison(cmp, uri, None if no_plot else (plot or _default_plot(ids, arms)), as_json,
-                       ids, gates)
+    if as_markdown:  # stdout holds the report alone
+        _write_plots(cmp, uri, None if no_plot else plot, ids, gates)
+        typer.echo(quality_markdown(cmp), nl=False)
+    else:
+        _render_comparison(cmp, uri, None if no_plot else (plot or _default_plot(ids, arms)),
+                           as_json, ids, gates)
     if not gates.any():
         return
     code = exit_code(cmp.verdicts)
-    if not as_json:
+    if not (as_json or as_markdown):
         for v in cmp.verdicts:
             if v.verdict != "pass":
                 if v.verdict == "fail":

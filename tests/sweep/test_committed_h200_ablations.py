@@ -1,10 +1,13 @@
 """What docs/quality/README.md says of the committed H200 ablation results, checked against the
 files: the attention ablation's verdicts, that the recipe trains to the same bits in
-different calls and processes, and `gemctl compare --arms` on them."""
+different calls and processes, that the written tables are `gemctl compare --markdown` of them,
+and `gemctl compare --arms` on them."""
 
 from __future__ import annotations
 
 import json
+
+import pytest
 
 from gem_platform.sweep.compare import compare
 from gem_platform.sweep.gates import Gates
@@ -77,3 +80,23 @@ def test_compare_answers_only_the_named_arms(tmp_path):
 def test_seed_spans():
     assert seed_spans(["0", "1", "2", "4", "6", "7", "x"]) == "0-2, 4, 6-7, x"
     assert seed_spans([]) == ""
+
+
+@pytest.mark.parametrize("name", ["ablation_attention_h200", "ablation_precision_h200"])
+def test_the_written_tables_are_the_files_own(name, tmp_path):
+    """docs/quality/README.md holds `gemctl compare FILE --max-ne-regression 0.2% --markdown`
+    of each committed ablation as printed: a seed added to a file without its table, or a
+    figure edited by hand, fails here."""
+    out = gemctl_in_process("compare", str(QUALITY / f"{name}.json"), "--markdown",
+                            "--max-ne-regression", "0.2%", cwd=tmp_path)
+    assert out.returncode in (0, 3), out.stdout + out.stderr
+    table = out.stdout
+    assert table.startswith("| arm | seeds | NE ctr | ΔNE ctr [95% CI] | verdict |")
+    assert table in (QUALITY / "README.md").read_text()
+    assert not (tmp_path / "gem_runs").exists()  # a report writes no plots unless asked
+
+
+def test_markdown_and_json_are_one_or_the_other(tmp_path):
+    out = gemctl_in_process("compare", str(QUALITY / "ablation_attention_h200.json"),
+                            "--markdown", "--json", cwd=tmp_path)
+    assert out.returncode == 2 and "Pass one of them" in out.stderr

@@ -16,6 +16,7 @@ from gem_platform.sweep.compare import (
     parse_percent,
 )
 from gem_platform.sweep.config import SweepError
+from gem_platform.sweep.report import quality_markdown
 from gem_platform.sweep.stats import (
     paired_delta,
     relative,
@@ -141,3 +142,20 @@ def test_pairs_by_seed_only_when_both_arms_ran_the_same_seeds():
     # a seed run twice in one arm (two sweeps of one spec) can't be paired either
     twice = shifted + [run("arm", 0, 0.81, 0.75, 1000)]
     assert compare_trials(base + twice, "base").arms[1].deltas["eval/ne_ctr"].method == "welch"
+
+
+def test_quality_markdown(cmp):
+    """The report: a verdict column per task only where an NE gate was judged, FAIL and PASS
+    in bold, the baseline's row without deltas, a pipe in an arm's name escaped."""
+    plain = quality_markdown(cmp).splitlines()
+    assert plain[0] == ("| arm | seeds | NE ctr | ΔNE ctr [95% CI] | AUC ctr | "
+                        "ΔAUC ctr [95% CI] | NE cvr | ΔNE cvr [95% CI] | AUC cvr | "
+                        "ΔAUC cvr [95% CI] |")
+    assert plain[2].startswith("| base | 2 | 0.8010±0.0014 |  | 0.7510±0.0014 |  |")
+    cmp.verdicts = check_gates(cmp, Gates(max_ne_regression_pct=0.1))
+    rows = {r.split(" | ")[0]: r.split(" | ") for r in quality_markdown(cmp).splitlines()}
+    assert rows["| arm"][4] == "verdict"
+    assert rows["| worse"][4] == "**FAIL**" and rows["| worse"][3].startswith("+1.248% [")
+    assert rows["| same"][4] == "INCONCLUSIVE, ~6 seeds"
+    piped = compare_trials([run("a|b", 0, 0.8, 0.75, 1), run("base", 0, 0.8, 0.75, 1)], "base")
+    assert "| a\\|b | 1 |" in quality_markdown(piped)
