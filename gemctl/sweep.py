@@ -129,12 +129,13 @@ def verdict_table(cmp) -> Table:
             reg += f" [{v.low:+.{digits}f},{v.high:+.{digits}f}]"
         settle = "" if v.verdict != "inconclusive" else (
             "trials trained alone" if v.shared else
+            "an arm besides the baseline" if v.unjudged else
             "a baseline that learned the term" if v.unlearned else
             "a finite value in every run" if v.unmeasured else
             f"~{v.seeds_needed} seeds" if v.seeds_needed else
             "needs 2+ seeds" if math.isnan(v.low) else "unknown")
         t.add_row(render.esc(v.arm), render.esc(v.metric.removeprefix("eval/")), reg,
-                  f"{v.limit:g}{v.unit}",
+                  f"{v.limit:g}{v.unit}" if math.isfinite(v.limit) else "-",
                   f"[{VERDICT_STYLE[v.verdict]}]{v.verdict.upper()}[/]", str(v.seeds), settle)
     return t
 

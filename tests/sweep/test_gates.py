@@ -135,3 +135,24 @@ def test_plot_for_a_results_file_writes_both_charts(tmp_path: Path):
     for name in ("r.png", "r-deltas.png"):
         png = tmp_path / "out" / name
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+
+
+def test_gates_with_nothing_but_the_baseline_to_judge_never_pass(tmp_path: Path):
+    """A results file whose other arm has no finished run (here a committed one-arm file), or a
+    comparison narrowed to the baseline: gates set, nothing judged, so INCONCLUSIVE (exit 3)
+    with the reason, not "gates passed"."""
+    alone = str(REPO / "docs/quality/determinism_bf16_seeds67_alone_h200.json")
+    proc = gemctl_in_process("compare", alone, "--max-ne-regression", "0.2%", "--no-plot",
+                             cwd=tmp_path)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    out = " ".join(proc.stdout.split())
+    assert "no arm besides the baseline 'bf16' has a finished run to judge" in out
+    assert "gates passed" not in out
+    results_file(tmp_path / "two.json", [0.0, 0.0])
+    body = json.loads(gemctl_in_process("compare", "two.json", "--arms", "base", "--json",
+                                        "--max-ne-regression", "0.1%", "--no-plot",
+                                        cwd=tmp_path).stdout)
+    (v,) = body["verdicts"]
+    assert v["verdict"] == "inconclusive" and v["unjudged"] and body["exit_code"] == 3
+    # without a gate there is nothing to fool: exit 0, no verdicts
+    assert gemctl_in_process("compare", alone, "--no-plot", cwd=tmp_path).returncode == 0

@@ -110,6 +110,8 @@ class Verdict:
     # for a quality gate: why the baseline can't yet show what blindness to the world's own
     # term costs, in words (None: it learned the term, or the data has none)
     unlearned: str | None = None
+    # why the gates judged no arm at all (None: they judged some), in words
+    unjudged: str | None = None
 
 
 def judge(arm: str, metric: str, delta: Delta, limit: float, worse_if: Literal[1, -1],
@@ -273,6 +275,8 @@ def check_gates(cmp: GatedComparison, gates: Gates) -> list[Verdict]:
     """A verdict per gated (arm, metric), arms in the comparison's order; a gate whose metric
     is not finite in some run gets a FAIL or INCONCLUSIVE verdict that says so."""
     base = next((res for res in cmp.arms if res.arm == cmp.baseline), None)
+    if gates.any() and all(res.arm == cmp.baseline for res in cmp.arms):
+        return [nothing_judged(cmp.baseline)]
     out: list[Verdict] = []
     for res in cmp.arms:
         if res.arm == cmp.baseline:
@@ -293,6 +297,15 @@ def check_gates(cmp: GatedComparison, gates: Gates) -> list[Verdict]:
                 out.append(judge_unlearned(judge(res.arm, metric, delta, limit, worse_if, unit,
                                                  label, option), base))
     return out
+
+
+def nothing_judged(baseline: str) -> Verdict:
+    """The verdict of gates that had no arm but the baseline to judge (its rivals' runs all
+    unfinished, or a comparison narrowed to it): inconclusive, never a pass."""
+    why = f"no arm besides the baseline '{baseline}' has a finished run to judge"
+    return Verdict("-", "-", INCONCLUSIVE, math.nan, math.nan, math.nan, math.nan, "", 0, None,
+                   f"{why}: the gates judged nothing (INCONCLUSIVE). Compare runs that hold "
+                   "another arm; unfinished runs are left out.", unjudged=why)
 
 
 def exit_code(verdicts: list[Verdict]) -> int:
