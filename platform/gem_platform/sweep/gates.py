@@ -25,6 +25,10 @@ on that task is not above what a model blind to the term reaches (the runs recor
 ceiling): an arm that cannot see the term, block-local attention there, would pass as well, so
 the pass says nothing about it. A fail stands: the arm is worse whatever the baseline learned.
 
+Gates that have no arm but the baseline to judge (every other arm's runs unfinished, or a
+comparison narrowed to the baseline) give one inconclusive verdict saying so: gates that judged
+nothing never pass.
+
 A pipeline reads the verdicts by exit code (``EXIT_CODES``) or from ``gemctl compare --json``.
 """
 
