@@ -129,7 +129,7 @@ def verdict_table(cmp) -> Table:
             reg += f" [{v.low:+.{digits}f},{v.high:+.{digits}f}]"
         settle = "" if v.verdict != "inconclusive" else (
             "trials trained alone" if v.shared else
-            "an arm besides the baseline" if v.unjudged else
+            "finished runs to judge" if v.unjudged else
             "a baseline that learned the term" if v.unlearned else
             "a finite value in every run" if v.unmeasured else
             f"~{v.seeds_needed} seeds" if v.seeds_needed else

@@ -156,3 +156,19 @@ def test_gates_with_nothing_but_the_baseline_to_judge_never_pass(tmp_path: Path)
     assert v["verdict"] == "inconclusive" and v["unjudged"] and body["exit_code"] == 3
     # without a gate there is nothing to fool: exit 0, no verdicts
     assert gemctl_in_process("compare", alone, "--no-plot", cwd=tmp_path).returncode == 0
+
+
+def test_an_arm_a_results_file_names_without_a_trial_is_inconclusive(tmp_path: Path):
+    """An in-process sweep cut short before any fp8 trial finished: its file's header names
+    the arm; the gates say it was not judged (exit 3) instead of passing on the others."""
+    results_file(tmp_path / "cut.json", [0.0, 0.01, -0.01])
+    trials, header = load_results(tmp_path / "cut.json")
+    write_results(tmp_path / "cut.json",
+                  {**header, "arms": {"base": [], "arm": ["x=1"], "fp8": ["y=2"]}}, trials)
+    proc = gemctl_in_process("compare", "cut.json", "--max-ne-regression", "0.1%", "--no-plot",
+                             cwd=tmp_path)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    out = " ".join(proc.stdout.split())
+    assert "arm 'fp8': no finished run to judge (an arm of cut.json)" in out
+    assert gemctl_in_process("compare", "cut.json", "--arms", "arm", "--max-ne-regression",
+                             "0.1%", "--no-plot", cwd=tmp_path).returncode == 0

@@ -182,3 +182,48 @@ def test_tracked_runs_without_a_computable_cvr_ne_keep_its_gate(tmp_path: Path):
     no_traceback(result, 3)
     verdicts = {v["metric"]: v["verdict"] for v in json.loads(result.stdout)["verdicts"]}
     assert verdicts == {"eval/ne_ctr": "pass", "eval/ne_cvr": "inconclusive"}, verdicts
+
+
+def _tracked_sweep(uri: str, finished: dict[str, list[float]], failed: list[str]) -> str:
+    """A sweep in a live MLflow store (sqlite): a parent whose baseline is 'base', finished
+    child runs with these NE per seed, and failed child runs (two seeds) of ``failed`` arms."""
+    from mlflow.tracking import MlflowClient
+
+    from gem_platform.sweep import store
+
+    c = MlflowClient(uri)
+    exp = c.create_experiment("gates-unjudged")
+    sweep = "unjudged-20261205-000000"
+    parent = c.create_run(exp, tags={store.TAG_SWEEP: sweep, store.TAG_ROLE: store.ROLE_PARENT,
+                                     store.TAG_BASELINE: "base"})
+    runs = [(arm, s, ne) for arm, nes in finished.items() for s, ne in enumerate(nes)]
+    runs += [(arm, s, None) for arm in failed for s in (0, 1)]
+    for arm, seed, ne in runs:
+        child = c.create_run(exp, tags={store.TAG_PARENT: parent.info.run_id,
+                                        store.TAG_SWEEP: sweep, store.TAG_ROLE: store.ROLE_CHILD,
+                                        store.TAG_ARM: arm, store.TAG_SEED: str(seed)})
+        if ne is not None:
+            for name, value in (("eval/ne_ctr", ne), ("eval/auc_ctr", 0.7), ("perf/qps", 1e3)):
+                c.log_metric(child.info.run_id, name, value)
+        c.set_terminated(child.info.run_id, "FINISHED" if ne is not None else "FAILED")
+    c.set_terminated(parent.info.run_id, "FINISHED")
+    return sweep
+
+
+def test_an_arm_whose_runs_all_failed_is_not_passed_by_omission(tmp_path: Path):
+    """A tracked sweep whose fp8 runs all failed: its finished arm passes, but the gates are
+    INCONCLUSIVE (exit 3) with fp8 named, not "passed"; and where the baseline's own runs
+    failed, the comparison says so instead of quietly judging against another arm."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    sweep = _tracked_sweep(uri, {"base": BASE_NE, "same": BASE_NE}, failed=["fp8"])
+    cmp = compare(uri, [sweep], gates=Gates(max_ne_regression_pct=0.1))
+    words = {(v.arm, v.verdict) for v in cmp.verdicts}
+    assert words == {("same", "pass"), ("fp8", "inconclusive")}
+    (fp8,) = [v for v in cmp.verdicts if v.arm == "fp8"]
+    assert "no finished run to judge (its runs failed)" in fp8.message
+    assert len(cmp.skipped) == 2
+
+    lone = _tracked_sweep(f"sqlite:///{tmp_path / 'lone.db'}", {"same": BASE_NE}, ["base"])
+    cmp = compare(f"sqlite:///{tmp_path / 'lone.db'}", [lone],
+                  gates=Gates(max_ne_regression_pct=0.1))
+    assert [(v.arm, v.verdict) for v in cmp.verdicts] == [("base", "inconclusive")]

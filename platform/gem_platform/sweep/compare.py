@@ -13,7 +13,14 @@ from gem_platform.data.ceilings import BLIND_AUC_METRIC
 from gem_platform.provenance import TAG_COMMIT
 from gem_platform.sweep import store
 from gem_platform.sweep.config import SweepError
-from gem_platform.sweep.gates import FAIL, Gates, Verdict, check_gates, exit_code
+from gem_platform.sweep.gates import (
+    FAIL,
+    Gates,
+    Verdict,
+    arm_without_runs,
+    check_gates,
+    exit_code,
+)
 from gem_platform.sweep.results import (
     COMPARISON_FORMAT,
     CONCURRENT_TRIALS,
@@ -121,24 +128,36 @@ def _as_trial(run: Run, sweep_id: str | None, parent: str | None) -> TrialRun:
     )
 
 
-def collect(uri: str, ids: list[str]
-            ) -> tuple[list[TrialRun], list[str], list[str], list[str]]:
-    """Resolve sweep ids, parent run ids, run ids and results files (``*.json``, written by
-    an in-process sweep) into finished trial runs.
+@dataclass
+class Collected:
+    """What ``collect`` found: the finished trial runs, the sweeps' own baseline arms in order,
+    the ids of unfinished runs left out, the tasks saved comparisons declare, and, per arm
+    the sources name, where it was named (an arm with no finished run is one a gate can't
+    judge)."""
 
-    Returns (trial runs, the sweeps' own baseline arms in order, ids of unfinished runs left
-    out, the tasks saved comparisons declare).
-    """
+    trials: list[TrialRun]
+    baselines: list[str]
+    skipped: list[str]
+    tasks: list[str]
+    named: dict[str, str] = field(default_factory=dict)
+
+
+def collect(uri: str, ids: list[str]) -> Collected:
+    """Resolve sweep ids, parent run ids, run ids and results files (``*.json``, written by
+    an in-process sweep) into finished trial runs."""
     trials: dict[str, TrialRun] = {}
     parents: dict[str, Run] = {}
     file_baselines: list[str] = []
     declared: list[str] = []  # a saved comparison's tasks, some perhaps with no value left
     skipped: list[str] = []
+    named: dict[str, str] = {}
     for ident in filter(is_results_file, ids):
         runs_in_file, header = load_results(ident)
         trials.update((t.run_id, t) for t in runs_in_file)
         file_baselines += [header["baseline"]] if header.get("baseline") else []
         declared += header.get("tasks") or []
+        for arm in header.get("arms") or {}:
+            named.setdefault(arm, f"an arm of {ident}")
     tracked = [i for i in ids if not is_results_file(i)]
     c = store.client(uri) if tracked else None
     for ident in tracked:
@@ -167,12 +186,15 @@ def collect(uri: str, ids: list[str]
         for run in runs:
             if run.info.status != "FINISHED":
                 skipped.append(run.info.run_id)
+                arm = run.data.tags.get(store.TAG_ARM)
+                if arm:
+                    named.setdefault(arm, f"its runs {run.info.status.lower()}")
                 continue
             sweep = parent.data.tags.get(store.TAG_SWEEP) if parent else None
             trials[run.info.run_id] = _as_trial(run, sweep, parent.info.run_id if parent
                                                 else None)
     baselines = [b for p in parents.values() if (b := p.data.tags.get(store.TAG_BASELINE))]
-    return list(trials.values()), baselines + file_baselines, skipped, declared
+    return Collected(list(trials.values()), baselines + file_baselines, skipped, declared, named)
 
 
 # Metrics whose name ends in a task that a run evaluated: its NE, or its sample count, which
@@ -291,15 +313,20 @@ def compare(uri: str, ids: list[str], baseline: str | None = None,
             gates: Gates | None = None, arms: list[str] | None = None) -> Comparison:
     """Collect, compare and gate. The baseline defaults to the sweep's own; ``arms`` narrows
     the comparison to those arms against it."""
-    trials, baselines, skipped, tasks = collect(uri, ids)
-    if baseline is None and baselines:
-        baseline = baselines[0]
+    got = collect(uri, ids)
+    trials = got.trials
+    if baseline is None and got.baselines:
+        baseline = got.baselines[0]
         if baseline not in {t.arm for t in trials}:
             baseline = None
     if arms:
         trials = only_arms(trials, arms, baseline)
-    cmp = compare_trials(trials, baseline or (arms[0] if arms else None), tasks)
-    cmp.skipped = skipped
-    if gates is not None:
-        cmp.verdicts = check_gates(cmp, gates)
+    cmp = compare_trials(trials, baseline or (arms[0] if arms else None), got.tasks)
+    cmp.skipped = got.skipped
+    if gates is not None and gates.any():
+        finished = {t.arm for t in got.trials}
+        unjudged = [arm_without_runs(arm, why) for arm, why in got.named.items()
+                    if arm not in finished and (not arms or arm in arms)]
+        cmp.verdicts = [v for v in check_gates(cmp, gates) if not (unjudged and v.unjudged)]
+        cmp.verdicts += unjudged
     return cmp

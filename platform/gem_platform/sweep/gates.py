@@ -26,8 +26,9 @@ ceiling): an arm that cannot see the term, block-local attention there, would pa
 the pass says nothing about it. A fail stands: the arm is worse whatever the baseline learned.
 
 Gates that have no arm but the baseline to judge (every other arm's runs unfinished, or a
-comparison narrowed to the baseline) give one inconclusive verdict saying so: gates that judged
-nothing never pass.
+comparison narrowed to the baseline) give one inconclusive verdict saying so, and so does an
+arm that a compared sweep or results file names but holds no finished run of (its runs failed,
+or the sweep was cut short before them; the baseline included): gates never pass by omission.
 
 A pipeline reads the verdicts by exit code (``EXIT_CODES``) or from ``gemctl compare --json``.
 """
@@ -310,6 +311,15 @@ def nothing_judged(baseline: str) -> Verdict:
     return Verdict("-", "-", INCONCLUSIVE, math.nan, math.nan, math.nan, math.nan, "", 0, None,
                    f"{why}: the gates judged nothing (INCONCLUSIVE). Compare runs that hold "
                    "another arm; unfinished runs are left out.", unjudged=why)
+
+
+def arm_without_runs(arm: str, why: str) -> Verdict:
+    """The verdict of gates on an arm the compared sweeps or files name but hold no finished
+    run of (``why``: e.g. its runs failed): inconclusive, never a pass by omission."""
+    return Verdict(arm, "-", INCONCLUSIVE, math.nan, math.nan, math.nan, math.nan, "", 0, None,
+                   f"arm '{arm}': no finished run to judge ({why}): INCONCLUSIVE. Finish its "
+                   "runs (the same sweep command resumes them) or leave it out with --arms.",
+                   unjudged=f"no finished run of arm '{arm}'")
 
 
 def exit_code(verdicts: list[Verdict]) -> int:
