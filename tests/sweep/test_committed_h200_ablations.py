@@ -1,7 +1,7 @@
 """What docs/quality/README.md says of the committed H200 ablation results, checked against the
 files: the attention ablation's verdicts, that the recipe trains to the same bits in
-different calls and processes, that the written tables are `gemctl compare --markdown` of them,
-and `gemctl compare --arms` on them."""
+different calls and processes, that the written tables (these and the CPU controls') are
+`gemctl compare --markdown` of their files, and `gemctl compare --arms` on them."""
 
 from __future__ import annotations
 
@@ -82,14 +82,20 @@ def test_seed_spans():
     assert seed_spans([]) == ""
 
 
-@pytest.mark.parametrize("name", ["ablation_attention_h200", "ablation_precision_h200"])
-def test_the_written_tables_are_the_files_own(name, tmp_path):
+@pytest.mark.parametrize("name, options, code", [
+    ("ablation_attention_h200", [], 0),
+    ("ablation_precision_h200", [], 3),
+    ("recall_controls_demo", [], 1),  # the positive control: block64 FAILs
+    ("recall_controls_rope_demo", [], 1),
+    ("local_controls_demo", ["--baseline", "full_local"], 0),
+])
+def test_the_written_tables_are_the_files_own(name, options, code, tmp_path):
     """docs/quality/README.md holds `gemctl compare FILE --max-ne-regression 0.2% --markdown`
-    of each committed ablation as printed: a seed added to a file without its table, or a
-    figure edited by hand, fails here."""
-    out = gemctl_in_process("compare", str(QUALITY / f"{name}.json"), "--markdown",
+    of each committed ablation and control as printed: a seed added to a file without its
+    table, or a figure edited by hand, fails here."""
+    out = gemctl_in_process("compare", str(QUALITY / f"{name}.json"), *options, "--markdown",
                             "--max-ne-regression", "0.2%", cwd=tmp_path)
-    assert out.returncode in (0, 3), out.stdout + out.stderr
+    assert out.returncode == code, out.stdout + out.stderr
     table = out.stdout
     assert table.startswith("| arm | seeds | NE ctr | ΔNE ctr [95% CI] | verdict |")
     assert table in (QUALITY / "README.md").read_text()

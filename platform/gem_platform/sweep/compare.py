@@ -156,8 +156,9 @@ def collect(uri: str, ids: list[str]) -> Collected:
         trials.update((t.run_id, t) for t in runs_in_file)
         file_baselines += [header["baseline"]] if header.get("baseline") else []
         declared += header.get("tasks") or []
-        for arm in header.get("arms") or {}:
-            named.setdefault(arm, f"an arm of {ident}")
+        listed = header.get("arms")
+        for arm in listed if isinstance(listed, dict) else {}:  # a sweep's results header
+            named.setdefault(str(arm), f"an arm of {ident}")
     tracked = [i for i in ids if not is_results_file(i)]
     c = store.client(uri) if tracked else None
     for ident in tracked:

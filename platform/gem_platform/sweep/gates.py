@@ -115,7 +115,8 @@ class Verdict:
     # for a quality gate: why the baseline can't yet show what blindness to the world's own
     # term costs, in words (None: it learned the term, or the data has none)
     unlearned: str | None = None
-    # why the gates judged no arm at all (None: they judged some), in words
+    # why the gate judged nothing, in words: no arm besides the baseline, or none of this
+    # arm's runs finished (None: it judged a difference)
     unjudged: str | None = None
 
 
