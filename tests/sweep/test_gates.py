@@ -172,3 +172,21 @@ def test_an_arm_a_results_file_names_without_a_trial_is_inconclusive(tmp_path: P
     assert "arm 'fp8': no finished run to judge (an arm of cut.json)" in out
     assert gemctl_in_process("compare", "cut.json", "--arms", "arm", "--max-ne-regression",
                              "0.1%", "--no-plot", cwd=tmp_path).returncode == 0
+
+
+def test_one_arm_name_for_two_recipes_is_refused(tmp_path: Path):
+    """Two results files that mean different recipes by the arm 'arm' (their headers'
+    fingerprints differ) are not pooled into one arm: exit 2 naming the arm and both files.
+    The same recipe in both (a file and its continuation) compares as one arm."""
+    for name, fingerprint in (("a", "f00d"), ("b", "beef"), ("c", "f00d")):
+        results_file(tmp_path / f"{name}.json", [0.0, 0.01])
+        trials, header = load_results(tmp_path / f"{name}.json")
+        trials = [t for t in trials if name == "a" or t.arm == "arm"]
+        write_results(tmp_path / f"{name}.json",
+                      {**header, "recipes": {"base": "0", "arm": fingerprint}}, trials)
+    proc = gemctl_in_process("compare", "a.json", "b.json", "--no-plot", cwd=tmp_path)
+    assert proc.returncode == 2
+    err = " ".join(proc.stderr.split())
+    assert "Arm 'arm' is one recipe in a.json and another in b.json" in err
+    assert gemctl_in_process("compare", "a.json", "c.json", "--no-plot",
+                             cwd=tmp_path).returncode == 0

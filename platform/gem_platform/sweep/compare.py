@@ -142,6 +142,18 @@ class Collected:
     named: dict[str, str] = field(default_factory=dict)
 
 
+def _check_same_recipes(seen: dict[str, tuple[Any, str]], recipes: Any, ident: str) -> None:
+    """Results files compared together must mean one recipe by one arm name: their runs are
+    pooled by arm and paired by seed, so two recipes under one name would be judged as one."""
+    for arm, fingerprint in (recipes.items() if isinstance(recipes, dict) else ()):
+        first, where = seen.setdefault(arm, (fingerprint, ident))
+        if first != fingerprint:
+            raise SweepError(
+                f"Arm {arm!r} is one recipe in {where} and another in {ident}: compared "
+                "together, their runs would be pooled and judged as one arm.",
+                "Compare the files apart, or give the arm another name in one sweep's spec.")
+
+
 def collect(uri: str, ids: list[str]) -> Collected:
     """Resolve sweep ids, parent run ids, run ids and results files (``*.json``, written by
     an in-process sweep) into finished trial runs."""
@@ -151,8 +163,10 @@ def collect(uri: str, ids: list[str]) -> Collected:
     declared: list[str] = []  # a saved comparison's tasks, some perhaps with no value left
     skipped: list[str] = []
     named: dict[str, str] = {}
+    recipes: dict[str, tuple[Any, str]] = {}  # arm -> (its recipe's fingerprint, which file)
     for ident in filter(is_results_file, ids):
         runs_in_file, header = load_results(ident)
+        _check_same_recipes(recipes, header.get("recipes"), ident)
         trials.update((t.run_id, t) for t in runs_in_file)
         file_baselines += [header["baseline"]] if header.get("baseline") else []
         declared += header.get("tasks") or []
