@@ -156,7 +156,8 @@ def _check_same_recipes(seen: dict[str, tuple[Any, str]], recipes: Any, ident: s
 
 def collect(uri: str, ids: list[str]) -> Collected:
     """Resolve sweep ids, parent run ids, run ids and results files (``*.json``, written by
-    an in-process sweep) into finished trial runs."""
+    an in-process sweep) into finished trial runs; results files that mean two recipes by
+    one arm name are refused."""
     trials: dict[str, TrialRun] = {}
     parents: dict[str, Run] = {}
     file_baselines: list[str] = []
