@@ -184,18 +184,24 @@ def test_tracked_runs_without_a_computable_cvr_ne_keep_its_gate(tmp_path: Path):
     assert verdicts == {"eval/ne_ctr": "pass", "eval/ne_cvr": "inconclusive"}, verdicts
 
 
-def _tracked_sweep(uri: str, finished: dict[str, list[float]], failed: list[str]) -> str:
-    """A sweep in a live MLflow store (sqlite): a parent whose baseline is 'base', finished
-    child runs with these NE per seed, and failed child runs (two seeds) of ``failed`` arms."""
+def _tracked_sweep(uri: str, finished: dict[str, list[float]], failed: list[str],
+                   sweep: str = "unjudged-20261205-000000",
+                   overrides: dict[str, str] | None = None) -> str:
+    """A sweep in a live MLflow store (sqlite): a parent whose baseline is 'base' (and whose
+    params say what each arm in ``overrides`` is), finished child runs with these NE per seed,
+    and failed child runs (two seeds) of ``failed`` arms."""
     from mlflow.tracking import MlflowClient
 
     from gem_platform.sweep import store
+    from gem_platform.sweep.runner import arm_param
 
     c = MlflowClient(uri)
-    exp = c.create_experiment("gates-unjudged")
-    sweep = "unjudged-20261205-000000"
+    exp = (c.get_experiment_by_name("gates-unjudged")
+           or c.get_experiment(c.create_experiment("gates-unjudged"))).experiment_id
     parent = c.create_run(exp, tags={store.TAG_SWEEP: sweep, store.TAG_ROLE: store.ROLE_PARENT,
-                                     store.TAG_BASELINE: "base"})
+                                     store.TAG_BASELINE: "base", "gem.recipe": "demo"})
+    for arm, value in (overrides or {}).items():
+        c.log_param(parent.info.run_id, arm_param(arm), value)
     runs = [(arm, s, ne) for arm, nes in finished.items() for s, ne in enumerate(nes)]
     runs += [(arm, s, None) for arm in failed for s in (0, 1)]
     for arm, seed, ne in runs:
@@ -227,3 +233,21 @@ def test_an_arm_whose_runs_all_failed_is_not_passed_by_omission(tmp_path: Path):
     cmp = compare(f"sqlite:///{tmp_path / 'lone.db'}", [lone],
                   gates=Gates(max_ne_regression_pct=0.1))
     assert [(v.arm, v.verdict) for v in cmp.verdicts] == [("base", "inconclusive")]
+
+
+def test_two_sweeps_that_mean_two_recipes_by_one_arm_are_refused(tmp_path: Path):
+    """Two tracked sweeps whose arm 'same' has other overrides: pooled, the gate would judge
+    two recipes as one arm, so compare refuses, naming both sweeps; two sweeps of one spec
+    (the same overrides) compare as one."""
+    from gem_platform.sweep.config import SweepError
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    one = _tracked_sweep(uri, {"base": BASE_NE, "same": BASE_NE}, [], "s-1",
+                         {"base": "(base)", "same": "model.attention=full"})
+    two = _tracked_sweep(uri, {"base": BASE_NE, "same": BASE_NE}, [], "s-2",
+                         {"base": "(base)", "same": "model.attention=block64"})
+    again = _tracked_sweep(uri, {"base": BASE_NE, "same": BASE_NE}, [], "s-3",
+                           {"base": "(base)", "same": "model.attention=full"})
+    with pytest.raises(SweepError, match="Arm 'same' is one recipe in s-1 and another in s-2"):
+        compare(uri, [one, two])
+    assert [a.arm for a in compare(uri, [one, again]).arms] == ["base", "same"]

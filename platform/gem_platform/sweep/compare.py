@@ -135,82 +135,110 @@ class Collected:
     the sources name, where it was named (an arm with no finished run is one a gate can't
     judge)."""
 
-    trials: list[TrialRun]
-    baselines: list[str]
-    skipped: list[str]
-    tasks: list[str]
+    trials: list[TrialRun] = field(default_factory=list)
+    baselines: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    tasks: list[str] = field(default_factory=list)
     named: dict[str, str] = field(default_factory=dict)
 
 
-def _check_same_recipes(seen: dict[str, tuple[Any, str]], recipes: Any, ident: str) -> None:
-    """Results files compared together must mean one recipe by one arm name: their runs are
-    pooled by arm and paired by seed, so two recipes under one name would be judged as one."""
-    for arm, fingerprint in (recipes.items() if isinstance(recipes, dict) else ()):
-        first, where = seen.setdefault(arm, (fingerprint, ident))
-        if first != fingerprint:
+def _check_same_recipes(seen: dict[str, tuple[Any, str]], recipes: Any, source: str) -> None:
+    """Sources compared together must mean one recipe by one arm name: their runs are pooled
+    by arm and paired by seed, so two recipes under one name would be judged as one.
+    ``recipes``: arm -> what identifies its recipe in ``source``."""
+    for arm, identity in (recipes.items() if isinstance(recipes, dict) else ()):
+        first, where = seen.setdefault(arm, (identity, source))
+        if first != identity:
             raise SweepError(
-                f"Arm {arm!r} is one recipe in {where} and another in {ident}: compared "
+                f"Arm {arm!r} is one recipe in {where} and another in {source}: compared "
                 "together, their runs would be pooled and judged as one arm.",
-                "Compare the files apart, or give the arm another name in one sweep's spec.")
+                "Compare them apart, or give the arm another name in one sweep's spec.")
 
 
-def collect(uri: str, ids: list[str]) -> Collected:
-    """Resolve sweep ids, parent run ids, run ids and results files (``*.json``, written by
-    an in-process sweep) into finished trial runs; results files that mean two recipes by
-    one arm name are refused."""
-    trials: dict[str, TrialRun] = {}
-    parents: dict[str, Run] = {}
-    file_baselines: list[str] = []
-    declared: list[str] = []  # a saved comparison's tasks, some perhaps with no value left
-    skipped: list[str] = []
-    named: dict[str, str] = {}
+def _collect_files(files: list[str], trials: dict[str, TrialRun], got: Collected) -> None:
+    """The trials of results files (and saved comparisons), their baselines, tasks and arms."""
     recipes: dict[str, tuple[Any, str]] = {}  # arm -> (its recipe's fingerprint, which file)
-    for ident in filter(is_results_file, ids):
+    for ident in files:
         runs_in_file, header = load_results(ident)
         _check_same_recipes(recipes, header.get("recipes"), ident)
         trials.update((t.run_id, t) for t in runs_in_file)
-        file_baselines += [header["baseline"]] if header.get("baseline") else []
-        declared += header.get("tasks") or []
+        got.baselines += [header["baseline"]] if header.get("baseline") else []
+        got.tasks += header.get("tasks") or []
         listed = header.get("arms")
         for arm in listed if isinstance(listed, dict) else {}:  # a sweep's results header
-            named.setdefault(str(arm), f"an arm of {ident}")
-    tracked = [i for i in ids if not is_results_file(i)]
-    c = store.client(uri) if tracked else None
-    for ident in tracked:
-        ref = store.find_sweep(c, ident)
-        parent = ref.parent if ref else None
-        runs: list[Run]
-        if parent is None:
-            from mlflow.exceptions import MlflowException
+            got.named.setdefault(str(arm), f"an arm of {ident}")
 
-            try:
-                run = c.get_run(ident)
-            except MlflowException:
-                raise SweepError(
-                    f"No sweep or run {ident!r} in the MLflow store {uri}.",
-                    "List sweeps and runs with `gemctl runs`; pass a sweep id (e.g. "
-                    "attention-20260101-120000) or run ids.") from None
-            if run.data.tags.get(store.TAG_ROLE) == store.ROLE_PARENT:
-                parent = run
-            runs = [run] if parent is None else []
+
+def _runs_of(c: Any, uri: str, ident: str) -> tuple[Run | None, list[Run]]:
+    """A sweep id's or parent run id's parent and child runs, or a lone run id's run."""
+    ref = store.find_sweep(c, ident)
+    parent = ref.parent if ref else None
+    if parent is None:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            run = c.get_run(ident)
+        except MlflowException:
+            raise SweepError(
+                f"No sweep or run {ident!r} in the MLflow store {uri}.",
+                "List sweeps and runs with `gemctl runs`; pass a sweep id (e.g. "
+                "attention-20260101-120000) or run ids.") from None
+        if run.data.tags.get(store.TAG_ROLE) != store.ROLE_PARENT:
+            return None, [run]
+        parent = run
+    runs = store.children(c, parent)
+    if not runs:
+        raise SweepError(f"Sweep {ident!r} has no child runs yet.",
+                         "Run (or resume) it with `gemctl sweep SPEC`.")
+    return parent, runs
+
+
+def _arm_recipes(parent: Run) -> dict[str, tuple[str | None, str]]:
+    """Each arm a sweep's parent run names in its params (``sweep.arm.<arm>``, the name as
+    MLflow keys allow) -> (the base recipe's name, the arm's overrides): what the arm name
+    means in that sweep, on any machine."""
+    recipe = parent.data.tags.get("gem.recipe")
+    return {k.removeprefix("sweep.arm."): (recipe, v) for k, v in parent.data.params.items()
+            if k.startswith("sweep.arm.")}
+
+
+def _collect_tracked(uri: str, ids: list[str], trials: dict[str, TrialRun],
+                     got: Collected) -> None:
+    """The finished child runs of tracked sweeps (and lone runs); unfinished ones are left out
+    and their arms named."""
+    c = store.client(uri)
+    parents: dict[str, Run] = {}
+    recipes: dict[str, tuple[Any, str]] = {}
+    for ident in ids:
+        parent, runs = _runs_of(c, uri, ident)
         if parent is not None:
             parents[parent.info.run_id] = parent
-            runs = store.children(c, parent)
-            if not runs:
-                raise SweepError(f"Sweep {ident!r} has no child runs yet.",
-                                 "Run (or resume) it with `gemctl sweep SPEC`.")
+            _check_same_recipes(recipes, _arm_recipes(parent),
+                                parent.data.tags.get(store.TAG_SWEEP) or ident)
         for run in runs:
             if run.info.status != "FINISHED":
-                skipped.append(run.info.run_id)
+                got.skipped.append(run.info.run_id)
                 arm = run.data.tags.get(store.TAG_ARM)
                 if arm:
-                    named.setdefault(arm, f"its runs {run.info.status.lower()}")
+                    got.named.setdefault(arm, f"its runs {run.info.status.lower()}")
                 continue
             sweep = parent.data.tags.get(store.TAG_SWEEP) if parent else None
             trials[run.info.run_id] = _as_trial(run, sweep, parent.info.run_id if parent
                                                 else None)
-    baselines = [b for p in parents.values() if (b := p.data.tags.get(store.TAG_BASELINE))]
-    return Collected(list(trials.values()), baselines + file_baselines, skipped, declared, named)
+    got.baselines[:0] = [b for p in parents.values() if (b := p.data.tags.get(store.TAG_BASELINE))]
+
+
+def collect(uri: str, ids: list[str]) -> Collected:
+    """Resolve sweep ids, parent run ids, run ids and results files (``*.json``, written by
+    an in-process sweep) into finished trial runs; sources that mean two recipes by one arm
+    name are refused."""
+    got, trials = Collected(), {}
+    _collect_files([i for i in ids if is_results_file(i)], trials, got)
+    tracked = [i for i in ids if not is_results_file(i)]
+    if tracked:
+        _collect_tracked(uri, tracked, trials, got)
+    got.trials = list(trials.values())
+    return got
 
 
 # Metrics whose name ends in a task that a run evaluated: its NE, or its sample count, which
