@@ -3,18 +3,13 @@ and compare its arms (with regression gates for scheduled pipelines)."""
 
 from __future__ import annotations
 
-import hashlib
-import json
-import math
-import time
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from gemctl import render
+from gemctl.comparison_view import console, default_plot, render_comparison, write_plots
 from gemctl.errors import run_failed, user_errors
 from gemctl.jobs import submit_remote
 from gemctl.options import JsonOpt, TrackingOpt, VerboseOpt, epilog
@@ -22,208 +17,8 @@ from gemctl.progress import TrainingProgress
 from gemctl.quiet import LibraryOutput
 from gemctl.runs import store_uri as _uri
 
-# Tables of many numeric columns: full width in a terminal, 160 columns in logs (CI, files),
-# where rich would otherwise fold every cell to 80.
-console = render.console if render.console.is_terminal else Console(width=160)
-
 SetOpt = Annotated[list[str] | None, typer.Option(
     "--set", "-s", help="Override a field of the base recipe for every arm (repeatable).")]
-
-
-def _pm(mean: float, std: float, digits: int = 4) -> str:
-    if math.isnan(mean):
-        return "-"
-    return f"{mean:.{digits}f}" + ("" if math.isnan(std) else f"±{std:.{digits}f}")
-
-
-def _delta(d, unit: str = "", digits: int = 4) -> str:
-    if d is None or math.isnan(d.value):
-        return ""
-    text = f"{d.value:+.{digits}f}{unit}"
-    if not math.isnan(d.low):
-        text += f" [{d.low:+.{digits}f},{d.high:+.{digits}f}]"
-    return text
-
-
-def _styled_delta(d, worse_if_positive: bool, unit: str, digits: int) -> str:
-    text = _delta(d, unit, digits)
-    if not text or math.isnan(d.low):
-        return text
-    significant = d.low > 0 or d.high < 0
-    worse = (d.value > 0) == worse_if_positive
-    if not significant:
-        return text
-    return f"[{'red' if worse else 'green'}]{text}[/]"
-
-
-def comparison_tables(cmp) -> list[Table]:
-    """Quality per arm and task (delta to the baseline with its 95% interval), then efficiency."""
-    methods = {d.method for arm in cmp.arms for d in arm.deltas.values()}
-    labels = {"paired": "paired over seeds", "welch": "Welch"}
-    how = " / ".join(labels[m] for m in sorted(methods))
-    q = Table(title=f"quality per arm: mean±std over seeds; Δ vs baseline "
-                    f"'{render.esc(cmp.baseline)}' "
-                    f"(*) [95% CI{', ' + how if how else ''}]", title_justify="left")
-    for col in ("arm", "task", "seeds"):
-        q.add_column(col)
-    for col in ("NE", "NE per seed", "ΔNE %", "AUC", "ΔAUC", "calibration"):
-        q.add_column(col, justify="right")
-    for arm in cmp.arms:
-        for task in cmp.tasks:
-            ne, auc = arm.metrics[f"eval/ne_{task}"], arm.metrics[f"eval/auc_{task}"]
-            cal = arm.metrics.get(f"eval/calibration_{task}")
-            per_seed = zip(arm.seeds, arm.per_seed.get(f"eval/ne_{task}", []), strict=False)
-            q.add_row(render.esc(arm.arm) + ("*" if arm.arm == cmp.baseline else ""),
-                      render.esc(task),
-                      str(ne.n), _pm(ne.mean, ne.std),
-                      " ".join(f"{s}:{v:.4f}" for s, v in per_seed if v is not None),
-                      _styled_delta(arm.deltas.get(f"eval/ne_{task}"), True, "%", 3),
-                      _pm(auc.mean, auc.std),
-                      _styled_delta(arm.deltas.get(f"eval/auc_{task}"), False, "", 4),
-                      _pm(cal.mean, cal.std, 3) if cal else "-")
-    return [q, efficiency_table(cmp)]
-
-
-def efficiency_table(cmp) -> Table:
-    """QPS, MFU, padding and straggler overhead per arm; arms whose trials shared a machine
-    (an in-process sweep's --parallel) are marked, their speed being a share of it."""
-    from gem_platform.sweep.gates import sharing
-
-    e = Table(title="efficiency per arm: mean±std over seeds", title_justify="left")
-    e.add_column("arm")
-    for col in ("QPS", "ΔQPS %", "MFU E2E", "padding", "straggler"):
-        e.add_column(col, justify="right")
-    shared = {arm.arm: n for arm in cmp.arms if (n := sharing(arm)) > 1}
-    if shared:
-        e.caption = ("‡ trained up to " + str(max(shared.values())) + " trials at a time on "
-                     "one machine (--parallel): QPS and MFU are shares of it, not speed figures")
-    for arm in cmp.arms:
-        m = arm.metrics
-        qps = m["perf/qps"]
-        e.add_row(render.esc(arm.arm) + ("‡" if arm.arm in shared else ""),
-                  _pm(qps.mean, qps.std, 0),
-                  _styled_delta(arm.deltas.get("perf/qps"), False, "%", 1),
-                  _pm(m["perf/mfu_e2e"].mean, m["perf/mfu_e2e"].std),
-                  _pm(m["balance/padding_waste_mean"].mean,
-                      m["balance/padding_waste_mean"].std, 3),
-                  _pm(m["balance/straggler_overhead_mean"].mean,
-                      m["balance/straggler_overhead_mean"].std, 3))
-    return e
-
-
-VERDICT_STYLE = {"pass": "green", "fail": "red", "inconclusive": "yellow"}
-
-
-def verdict_table(cmp) -> Table:
-    """One row per gate: the regression with its interval, the limit, the verdict in words
-    and, when inconclusive, the seeds per arm that would settle it."""
-    t = Table(title="gates: regression vs baseline (positive = worse) [95% CI]",
-              title_justify="left")
-    for col in ("arm", "metric", "regression", "limit", "verdict", "seeds", "to settle"):
-        t.add_column(col, justify="right" if col in ("regression", "limit", "seeds") else
-                     "left")
-    for v in cmp.verdicts:
-        digits = 4 if v.unit == "" else 3
-        reg = f"{v.regression:+.{digits}f}{v.unit}" if math.isfinite(v.regression) else "-"
-        if not math.isnan(v.low):
-            reg += f" [{v.low:+.{digits}f},{v.high:+.{digits}f}]"
-        settle = "" if v.verdict != "inconclusive" else (
-            "trials trained alone" if v.shared else
-            "finished runs to judge" if v.unjudged else
-            "a baseline that learned the term" if v.unlearned else
-            "a finite value in every run" if v.unmeasured else
-            f"~{v.seeds_needed} seeds" if v.seeds_needed else
-            "needs 2+ seeds" if math.isnan(v.low) else "unknown")
-        t.add_row(render.esc(v.arm), render.esc(v.metric.removeprefix("eval/")), reg,
-                  f"{v.limit:g}{v.unit}" if math.isfinite(v.limit) else "-",
-                  f"[{VERDICT_STYLE[v.verdict]}]{v.verdict.upper()}[/]", str(v.seeds), settle)
-    return t
-
-
-def _write_plots(cmp, uri: str, plot: Path | None, ids: list[str] | None, gates
-                 ) -> list[Path]:
-    """The comparison's charts at ``plot`` (none when None), logged to the parent runs of a
-    tracked sweep; a folder that can't be written costs the charts, never the verdicts."""
-    from gem_platform.sweep.plot import log_plot, plot_comparison
-
-    if plot is None:
-        return []
-    plot_paths: list[Path] = []
-    try:
-        plot_paths = plot_comparison(uri, cmp, ids or [], plot, gates)
-    except OSError as err:
-        render.error(f"The plots were not written: {err.strerror or err} "
-                     f"({err.filename or plot}).", "Pass --plot PATH in a writable "
-                     "folder, or --no-plot.")
-    if uri:
-        for path in plot_paths:
-            log_plot(uri, cmp.parent_run_ids, path)
-    return plot_paths
-
-
-def _render_comparison(cmp, uri: str, plot: Path | None, as_json: bool,
-                       ids: list[str] | None = None, gates=None) -> None:
-    plot_paths = _write_plots(cmp, uri, plot, ids, gates)
-    if as_json:
-        body = cmp.to_dict()
-        body["plot"] = str(plot_paths[0]) if plot_paths else None
-        body["plots"] = [str(p) for p in plot_paths]
-        typer.echo(json.dumps(body, indent=2))
-        return
-    for table in comparison_tables(cmp):
-        console.print(table)
-    if cmp.verdicts:
-        console.print(verdict_table(cmp))
-    commits = {c for arm in cmp.arms for c in arm.commits.values()}
-    if len(commits) > 1:
-        console.print(f"[yellow]runs from {len(commits)} commits[/]: "
-                      + render.esc(_runs_by_commit(cmp)), highlight=False)
-    if cmp.skipped:
-        console.print(f"[yellow]left out {len(cmp.skipped)} unfinished run(s)[/]: "
-                      + render.esc(", ".join(cmp.skipped)), highlight=False)
-    if plot_paths:
-        where = " (logged to the parent run)" if cmp.parent_run_ids and uri else ""
-        console.print(f"plots: {render.esc(', '.join(map(str, plot_paths)))}{where}",
-                      highlight=False)
-
-
-def seed_spans(seeds: list[str]) -> str:
-    """'0-4, 6, 7-9' style: runs of consecutive numeric seeds joined, in the given order
-    (other seeds as they are)."""
-    spans: list[list[str]] = []
-    for seed in seeds:
-        last = spans[-1][-1] if spans else None
-        if (last is not None and last.isdigit() and seed.isdigit()
-                and int(seed) == int(last) + 1):
-            spans[-1].append(seed)
-        else:
-            spans.append([seed])
-    return ", ".join(s[0] if len(s) == 1 else f"{s[0]}-{s[-1]}" for s in spans)
-
-
-def _runs_by_commit(cmp) -> str:
-    """Which arm's seeds trained at which commit: one entry per commit, not per run."""
-    by_commit: dict[str, dict[str, list[str]]] = {}
-    for arm in cmp.arms:
-        for seed, commit in arm.commits.items():
-            by_commit.setdefault(commit, {}).setdefault(arm.arm, []).append(seed)
-
-    def entry(arm: str, seeds: list[str]) -> str:
-        return f"{arm} {'seeds' if len(seeds) > 1 else 'seed'} {seed_spans(seeds)}"
-
-    return "; ".join(f"{commit[:10]}: " + ", ".join(entry(*item) for item in arms.items())
-                     for commit, arms in by_commit.items())
-
-
-def _default_plot(ids: list[str], arms: list[str] | None = None) -> Path:
-    """gem_runs/compare/<sweep id or file name>[-<arms>]-ne.png: a comparison narrowed with
-    --arms keeps the whole comparison's plot."""
-    label = ids[0] if len(ids) == 1 else f"compare-{time.strftime('%Y%m%d-%H%M%S')}"
-    label = Path(label).stem if label.endswith(".json") else label  # a results file's name
-    narrowed = "".join(f"-{a}" for a in arms or [])
-    if len(narrowed) > 100:  # long arm names: keep the file name within the system's limit
-        narrowed = f"-{len(arms or [])}-arms-{hashlib.sha256(narrowed.encode()).hexdigest()[:8]}"
-    return Path("gem_runs/compare") / f"{label}{narrowed}-ne.png"
 
 
 def _narrowed(plan, arms: list[str] | None, seeds: list[int] | None):
@@ -255,7 +50,7 @@ def _sweep_in_process(plan, out: Path, new: bool, as_json: bool, verbose: bool,
                            "comparison": cmp.to_dict() if cmp else None})
         return
     if cmp is not None:
-        _render_comparison(cmp, "", None, False, [str(out)])
+        render_comparison(cmp, "", None, False, [str(out)])
     con.print(f"sweep {render.esc(plan.name)}: {len(done)}/{len(plan.trials())} trials in "
               f"{render.esc(out)} (compare: gemctl compare {render.esc(out)}); wall time "
               f"{render.duration(progress.wall_s)}", highlight=False, soft_wrap=True)
@@ -388,7 +183,7 @@ def _report_sweep(plan, outcome, cmp, wall_s: float, log_path, con, as_json: boo
             "comparison": cmp.to_dict() if cmp else None})
     else:
         if cmp is not None:
-            _render_comparison(cmp, outcome.tracking_uri, _default_plot([outcome.sweep_id]),
+            render_comparison(cmp, outcome.tracking_uri, default_plot([outcome.sweep_id]),
                                False)
         con.print(f"sweep [bold]{render.esc(outcome.sweep_id)}[/] {outcome.status}: "
                   f"{len(outcome.child_run_ids)}/{len(plan.trials())} trials recorded; parent "
@@ -466,10 +261,10 @@ def compare(
     uri = _uri(tracking_uri) if len(files) < len(ids) else ""  # files need no MLflow store
     cmp = compare_runs(uri, ids, baseline, gates, arms)
     if as_markdown:  # stdout holds the report alone
-        _write_plots(cmp, uri, None if no_plot else plot, ids, gates)
+        write_plots(cmp, uri, None if no_plot else plot, ids, gates)
         typer.echo(quality_markdown(cmp), nl=False)
     else:
-        _render_comparison(cmp, uri, None if no_plot else (plot or _default_plot(ids, arms)),
+        render_comparison(cmp, uri, None if no_plot else (plot or default_plot(ids, arms)),
                            as_json, ids, gates)
     if not gates.any():
         return

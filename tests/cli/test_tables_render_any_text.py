@@ -20,11 +20,11 @@ from gem_platform.sweep.results import TrialRun
 from gem_platform.sweep.runs import RunRow
 from gem_profile.profile import KernelRow, StepProfile, render_profile
 from gemctl import render
+from gemctl.comparison_view import comparison_tables, verdict_table
 from gemctl.inspect import profile_table
 from gemctl.jobs import jobs_table
 from gemctl.progress import TrainingProgress
 from gemctl.runs import runs_table
-from gemctl.sweep import comparison_tables, verdict_table
 
 TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=40)
 # Text whose literal appearance in the output can be checked: printable ASCII, one line.

@@ -12,7 +12,7 @@ import pytest
 from gem_platform.sweep.compare import compare
 from gem_platform.sweep.gates import Gates
 from gem_platform.sweep.results import load_results
-from gemctl.sweep import seed_spans
+from gemctl.comparison_view import seed_spans
 from tests.conftest import REPO, gemctl_in_process
 
 QUALITY = REPO / "docs/quality"
