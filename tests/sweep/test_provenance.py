@@ -156,6 +156,10 @@ def test_parent_run_carries_the_comparison(sweep_dir):
                                                  str(sweep_dir))).read_text())
     rows = dict(zip(table["columns"], zip(*table["data"], strict=True), strict=True))
     assert "fail" in rows["verdict"] and "eval/calibration_ctr" in rows["metric"]
+    report = Path(c.download_artifacts(tracker.run_id, "quality.md", str(sweep_dir)))
+    assert report.read_text().startswith("| arm | seeds | NE ctr | ΔNE ctr [95% CI] | verdict")
+    assert "| bf16 | 3 | 0.9110±0.0010 | +1.110%" in report.read_text()
+    assert "**FAIL**" in report.read_text()
     proc = gemctl_in_process("runs", "--sweeps", cwd=sweep_dir)
     assert proc.returncode == 0, proc.stderr
     row = next(ln for ln in proc.stdout.splitlines() if sweep_id in ln)

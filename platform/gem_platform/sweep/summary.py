@@ -8,8 +8,8 @@ in ``gemctl runs --sweeps``:
 - tags: ``gem.gates`` (pass / fail / inconclusive overall) and ``gem.git_commits`` (the commits
   its trials trained with);
 - artifacts: ``comparison.json`` (``gemctl compare --json``'s form, which ``gemctl compare``
-  reads back) and ``comparison_table.json`` (one row per arm, task and metric, an MLflow
-  table the UI shows).
+  reads back), ``comparison_table.json`` (one row per arm, task and metric, an MLflow
+  table the UI shows) and ``quality.md`` (the quality report, ``gemctl compare --markdown``).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import Any
 
 from gem_platform.sweep.compare import Comparison
 from gem_platform.sweep.gates import EXIT_FAIL, EXIT_INCONCLUSIVE, EXIT_PASS, exit_code
+from gem_platform.sweep.report import quality_markdown
 
 VERDICT_CODE = {"pass": EXIT_PASS, "fail": EXIT_FAIL, "inconclusive": EXIT_INCONCLUSIVE}
 OVERALL = {EXIT_PASS: "pass", EXIT_FAIL: "fail", EXIT_INCONCLUSIVE: "inconclusive"}
@@ -98,3 +99,4 @@ def log_comparison(uri: str, parent_run_id: str, cmp: Comparison) -> None:
     c.log_dict(parent_run_id, json.loads(json.dumps(cmp.to_dict(), default=str)),
                "comparison.json")
     c.log_table(parent_run_id, comparison_table(cmp), "comparison_table.json")
+    c.log_text(parent_run_id, quality_markdown(cmp), "quality.md")
