@@ -215,3 +215,17 @@ def default_plot(ids: list[str], arms: list[str] | None = None) -> Path:
     if len(narrowed) > 100:  # long arm names: keep the file name within the system's limit
         narrowed = f"-{len(arms or [])}-arms-{hashlib.sha256(narrowed.encode()).hexdigest()[:8]}"
     return Path("gem_runs/compare") / f"{label}{narrowed}-ne.png"
+
+
+def print_gate_outcome(verdicts, code: int) -> None:
+    """Each gate that did not pass, in words (a FAIL as an error), then the overall outcome
+    of exit ``code``."""
+    for v in verdicts:
+        if v.verdict == "fail":
+            render.error(f"gate FAIL: {v.message}")
+        elif v.verdict != "pass":
+            console.print(f"gate {v.verdict.upper()}: {render.esc(v.message)}",
+                          highlight=False, soft_wrap=True)
+    summary = {0: "[green]gates passed[/]", 1: "[red]gates FAILED[/]",
+               3: "[yellow]gates INCONCLUSIVE[/] (no gate failed)"}[code]
+    console.print(summary, highlight=False)

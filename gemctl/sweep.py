@@ -9,7 +9,12 @@ from typing import Annotated
 import typer
 
 from gemctl import render
-from gemctl.comparison_view import console, default_plot, render_comparison, write_plots
+from gemctl.comparison_view import (
+    default_plot,
+    print_gate_outcome,
+    render_comparison,
+    write_plots,
+)
 from gemctl.errors import run_failed, user_errors
 from gemctl.jobs import submit_remote
 from gemctl.options import JsonOpt, TrackingOpt, VerboseOpt, epilog
@@ -252,11 +257,9 @@ def compare(
     if as_json and as_markdown:
         raise GemError("--json and --markdown each print the whole comparison.",
                        "Pass one of them.")
-    gates = Gates(
-        max_ne_regression_pct=parse_percent(max_ne_regression) if max_ne_regression else None,
-        max_auc_drop=max_auc_drop,
-        max_qps_drop_pct=parse_percent(max_qps_drop) if max_qps_drop else None,
-    )
+    gates = Gates(max_ne_regression_pct=parse_percent(max_ne_regression) if max_ne_regression
+                  else None, max_auc_drop=max_auc_drop,
+                  max_qps_drop_pct=parse_percent(max_qps_drop) if max_qps_drop else None)
     files = [i for i in ids if is_results_file(i)]
     uri = _uri(tracking_uri) if len(files) < len(ids) else ""  # files need no MLflow store
     cmp = compare_runs(uri, ids, baseline, gates, arms)
@@ -270,16 +273,7 @@ def compare(
         return
     code = exit_code(cmp.verdicts)
     if not (as_json or as_markdown):
-        for v in cmp.verdicts:
-            if v.verdict != "pass":
-                if v.verdict == "fail":
-                    render.error(f"gate FAIL: {v.message}")
-                else:
-                    console.print(f"gate {v.verdict.upper()}: {render.esc(v.message)}",
-                                  highlight=False, soft_wrap=True)
-        summary = {0: "[green]gates passed[/]", 1: "[red]gates FAILED[/]",
-                   3: "[yellow]gates INCONCLUSIVE[/] (no gate failed)"}[code]
-        console.print(summary, highlight=False)
+        print_gate_outcome(cmp.verdicts, code)
     if code != EXIT_PASS:
         raise typer.Exit(code)
 

@@ -199,7 +199,7 @@ def _tracked_sweep(uri: str, finished: dict[str, list[float]], failed: list[str]
     exp = (c.get_experiment_by_name("gates-unjudged")
            or c.get_experiment(c.create_experiment("gates-unjudged"))).experiment_id
     parent = c.create_run(exp, tags={store.TAG_SWEEP: sweep, store.TAG_ROLE: store.ROLE_PARENT,
-                                     store.TAG_BASELINE: "base", "gem.recipe": "demo"})
+                                     store.TAG_BASELINE: "base", store.TAG_RECIPE: "demo"})
     for arm, value in (overrides or {}).items():
         c.log_param(parent.info.run_id, arm_param(arm), value)
     runs = [(arm, s, ne) for arm, nes in finished.items() for s, ne in enumerate(nes)]

@@ -13,14 +13,7 @@ from gem_platform.data.ceilings import BLIND_AUC_METRIC
 from gem_platform.provenance import TAG_COMMIT
 from gem_platform.sweep import store
 from gem_platform.sweep.config import SweepError
-from gem_platform.sweep.gates import (
-    FAIL,
-    Gates,
-    Verdict,
-    arm_without_runs,
-    check_gates,
-    exit_code,
-)
+from gem_platform.sweep.gates import FAIL, Gates, Verdict, check_gates, exit_code
 from gem_platform.sweep.results import (
     COMPARISON_FORMAT,
     CONCURRENT_TRIALS,
@@ -74,6 +67,8 @@ class Comparison:
     parent_run_ids: list[str]
     skipped: list[str] = field(default_factory=list)  # unfinished runs left out
     verdicts: list[Verdict] = field(default_factory=list)
+    # arms the compared sources name but hold no finished run of -> why
+    unfinished: dict[str, str] = field(default_factory=dict)
 
     @property
     def failures(self) -> list[Verdict]:
@@ -197,7 +192,7 @@ def _arm_recipes(parent: Run) -> dict[str, tuple[str | None, str]]:
     """Each arm a sweep's parent run names in its params (``sweep.arm.<arm>``, the name as
     MLflow keys allow) -> (the base recipe's name, the arm's overrides): what the arm name
     means in that sweep, on any machine."""
-    recipe = parent.data.tags.get("gem.recipe")
+    recipe = parent.data.tags.get(store.TAG_RECIPE)
     return {k.removeprefix("sweep.arm."): (recipe, v) for k, v in parent.data.params.items()
             if k.startswith("sweep.arm.")}
 
@@ -225,7 +220,8 @@ def _collect_tracked(uri: str, ids: list[str], trials: dict[str, TrialRun],
             sweep = parent.data.tags.get(store.TAG_SWEEP) if parent else None
             trials[run.info.run_id] = _as_trial(run, sweep, parent.info.run_id if parent
                                                 else None)
-    got.baselines[:0] = [b for p in parents.values() if (b := p.data.tags.get(store.TAG_BASELINE))]
+    tracked = [b for p in parents.values() if (b := p.data.tags.get(store.TAG_BASELINE))]
+    got.baselines = tracked + got.baselines  # a sweep's own baseline before a file's
 
 
 def collect(uri: str, ids: list[str]) -> Collected:
@@ -339,18 +335,16 @@ def compare_trials(trials: list[TrialRun], baseline: str | None = None,
     return Comparison(base, tasks, results, sweeps, parents)
 
 
-def only_arms(trials: list[TrialRun], arms: list[str], baseline: str | None
-              ) -> list[TrialRun]:
-    """The trials of ``arms`` and of ``baseline`` (default the first of ``arms``), so the
-    table and the gates answer those arms alone; a name the trials don't hold is an error."""
+def only_arms(trials: list[TrialRun], arms: list[str], baseline: str) -> list[TrialRun]:
+    """The trials of ``arms`` and of ``baseline``, so the table and the gates answer those
+    arms alone; a name the trials don't hold is an error."""
     present = {t.arm for t in trials}
     missing = [a for a in arms if a not in present]
     if missing:
         raise SweepError(f"--arms {', '.join(missing)}: not among the compared runs' arms "
                          f"({', '.join(sorted(present))}).",
                          "Name arms the runs hold, or leave --arms out to compare them all.")
-    keep = {*arms, baseline or arms[0]}
-    return [t for t in trials if t.arm in keep]
+    return [t for t in trials if t.arm in {*arms, baseline}]
 
 
 def compare(uri: str, ids: list[str], baseline: str | None = None,
@@ -359,18 +353,16 @@ def compare(uri: str, ids: list[str], baseline: str | None = None,
     the comparison to those arms against it."""
     got = collect(uri, ids)
     trials = got.trials
-    if baseline is None and got.baselines:
+    finished = {t.arm for t in trials}
+    if baseline is None and got.baselines and got.baselines[0] in finished:
         baseline = got.baselines[0]
-        if baseline not in {t.arm for t in trials}:
-            baseline = None
     if arms:
+        baseline = baseline or arms[0]
         trials = only_arms(trials, arms, baseline)
-    cmp = compare_trials(trials, baseline or (arms[0] if arms else None), got.tasks)
+    cmp = compare_trials(trials, baseline, got.tasks)
     cmp.skipped = got.skipped
-    if gates is not None and gates.any():
-        finished = {t.arm for t in got.trials}
-        unjudged = [arm_without_runs(arm, why) for arm, why in got.named.items()
-                    if arm not in finished and (not arms or arm in arms)]
-        cmp.verdicts = [v for v in check_gates(cmp, gates) if not (unjudged and v.unjudged)]
-        cmp.verdicts += unjudged
+    cmp.unfinished = {arm: why for arm, why in got.named.items()
+                      if arm not in finished and (not arms or arm in arms)}
+    if gates is not None:
+        cmp.verdicts = check_gates(cmp, gates)
     return cmp

@@ -60,6 +60,8 @@ class GatedComparison(Protocol):
 
     baseline: str
     tasks: Sequence[str]
+    # arms the compared sources name but hold no finished run of -> why (e.g. its runs failed)
+    unfinished: Mapping[str, str]
 
     @property
     def arms(self) -> Sequence[GatedArm]: ...
@@ -279,10 +281,14 @@ def judge_unlearned(verdict: Verdict, base: GatedArm | None) -> Verdict:
 
 def check_gates(cmp: GatedComparison, gates: Gates) -> list[Verdict]:
     """A verdict per gated (arm, metric), arms in the comparison's order; a gate whose metric
-    is not finite in some run gets a FAIL or INCONCLUSIVE verdict that says so."""
+    is not finite in some run gets a FAIL or INCONCLUSIVE verdict that says so, and so does
+    an arm without a finished run, or a comparison with no arm but the baseline."""
+    if not gates.any():
+        return []
+    unfinished = [arm_without_runs(arm, why) for arm, why in cmp.unfinished.items()]
+    if all(res.arm == cmp.baseline for res in cmp.arms):
+        return unfinished or [nothing_judged(cmp.baseline)]
     base = next((res for res in cmp.arms if res.arm == cmp.baseline), None)
-    if gates.any() and all(res.arm == cmp.baseline for res in cmp.arms):
-        return [nothing_judged(cmp.baseline)]
     out: list[Verdict] = []
     for res in cmp.arms:
         if res.arm == cmp.baseline:
@@ -302,7 +308,7 @@ def check_gates(cmp: GatedComparison, gates: Gates) -> list[Verdict]:
             else:
                 out.append(judge_unlearned(judge(res.arm, metric, delta, limit, worse_if, unit,
                                                  label, option), base))
-    return out
+    return out + unfinished
 
 
 def nothing_judged(baseline: str) -> Verdict:

@@ -185,7 +185,7 @@ def _open_parent(plan: SweepPlan, uri: str, new: bool, echo: Echo,
               **{arm_param(a.name): " ".join(a.overrides) or "(base)" for a in plan.arms}}
     tags = {store.TAG_SWEEP: sweep_id, store.TAG_ROLE: store.ROLE_PARENT,
             store.TAG_BASELINE: baseline, store.TAG_FINGERPRINT: fingerprint,
-            "gem.recipe": plan.arms[0].recipe.name}
+            store.TAG_RECIPE: plan.arms[0].recipe.name}
     tracker = RunTracker.start(uri, plan.experiment, sweep_id, params, tags)
     with tracker.closed_on_error():
         tracker.log_json(plan.to_dict(), "sweep.json")

@@ -17,6 +17,7 @@ TAG_ROLE = "gem.sweep_role"
 TAG_ARM = "gem.arm"
 TAG_SEED = "gem.seed"
 TAG_BASELINE = "gem.baseline"
+TAG_RECIPE = "gem.recipe"  # the recipe a run trained (a sweep's parent: its base recipe)
 TAG_FINGERPRINT = "gem.sweep_fingerprint"
 ROLE_PARENT = "parent"
 ROLE_CHILD = "child"
