@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 from gem_platform.sweep.compare import compare
 from gem_platform.sweep.gates import Gates
 from gemctl.main import app
+from tests.conftest import REPO
 
 BASE_NE = [0.900, 0.910, 0.920]
 
@@ -184,12 +185,35 @@ def test_tracked_runs_without_a_computable_cvr_ne_keep_its_gate(tmp_path: Path):
     assert verdicts == {"eval/ne_ctr": "pass", "eval/ne_cvr": "inconclusive"}, verdicts
 
 
+def _add_children(uri: str, parent_id: str, sweep: str, finished: dict[str, list[float]],
+                  failed: list[str] = ()) -> None:
+    """Child runs of a sweep's parent: finished ones with these NE per seed, and failed ones
+    (two seeds) of ``failed`` arms; then the parent is closed FINISHED."""
+    from mlflow.tracking import MlflowClient
+
+    from gem_platform.sweep import store
+
+    c = MlflowClient(uri)
+    exp = c.get_run(parent_id).info.experiment_id
+    runs = [(arm, s, ne) for arm, nes in finished.items() for s, ne in enumerate(nes)]
+    runs += [(arm, s, None) for arm in failed for s in (0, 1)]
+    for arm, seed, ne in runs:
+        child = c.create_run(exp, tags={store.TAG_PARENT: parent_id,
+                                        store.TAG_SWEEP: sweep, store.TAG_ROLE: store.ROLE_CHILD,
+                                        store.TAG_ARM: arm, store.TAG_SEED: str(seed)})
+        if ne is not None:
+            for name, value in (("eval/ne_ctr", ne), ("eval/auc_ctr", 0.7), ("perf/qps", 1e3)):
+                c.log_metric(child.info.run_id, name, value)
+        c.set_terminated(child.info.run_id, "FINISHED" if ne is not None else "FAILED")
+    c.set_terminated(parent_id, "FINISHED")
+
+
 def _tracked_sweep(uri: str, finished: dict[str, list[float]], failed: list[str],
                    sweep: str = "unjudged-20261205-000000",
                    overrides: dict[str, str] | None = None) -> str:
     """A sweep in a live MLflow store (sqlite): a parent whose baseline is 'base' (and whose
-    params say what each arm in ``overrides`` is), finished child runs with these NE per seed,
-    and failed child runs (two seeds) of ``failed`` arms."""
+    params say what each arm in ``overrides`` is, as a parent recorded before arms' recipe
+    fingerprints did), and its child runs (``_add_children``)."""
     from mlflow.tracking import MlflowClient
 
     from gem_platform.sweep import store
@@ -202,17 +226,7 @@ def _tracked_sweep(uri: str, finished: dict[str, list[float]], failed: list[str]
                                      store.TAG_BASELINE: "base", store.TAG_RECIPE: "demo"})
     for arm, value in (overrides or {}).items():
         c.log_param(parent.info.run_id, arm_param(arm), value)
-    runs = [(arm, s, ne) for arm, nes in finished.items() for s, ne in enumerate(nes)]
-    runs += [(arm, s, None) for arm in failed for s in (0, 1)]
-    for arm, seed, ne in runs:
-        child = c.create_run(exp, tags={store.TAG_PARENT: parent.info.run_id,
-                                        store.TAG_SWEEP: sweep, store.TAG_ROLE: store.ROLE_CHILD,
-                                        store.TAG_ARM: arm, store.TAG_SEED: str(seed)})
-        if ne is not None:
-            for name, value in (("eval/ne_ctr", ne), ("eval/auc_ctr", 0.7), ("perf/qps", 1e3)):
-                c.log_metric(child.info.run_id, name, value)
-        c.set_terminated(child.info.run_id, "FINISHED" if ne is not None else "FAILED")
-    c.set_terminated(parent.info.run_id, "FINISHED")
+    _add_children(uri, parent.info.run_id, sweep, finished, failed)
     return sweep
 
 
@@ -251,3 +265,44 @@ def test_two_sweeps_that_mean_two_recipes_by_one_arm_are_refused(tmp_path: Path)
     with pytest.raises(SweepError, match="Arm 'same' is one recipe in s-1 and another in s-2"):
         compare(uri, [one, two])
     assert [a.arm for a in compare(uri, [one, again]).arms] == ["base", "same"]
+
+
+def test_two_base_recipes_of_one_name_under_one_arm_are_refused(tmp_path: Path):
+    """Two sweeps whose bases are both named 'demo' and whose arms have the same overrides,
+    but one base trains a wider model: their parents (written by the sweep runner itself)
+    carry each arm's recipe fingerprint, so compare refuses to pool them; a results file of
+    one of those recipes compares with its own sweep and is refused beside the other."""
+    from gem_platform.sweep.config import SweepError, load_sweep
+    from gem_platform.sweep.results import TrialRun, write_results
+    from gem_platform.sweep.runner import _open_parent
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    demo = (REPO / "recipes" / "demo.yaml").read_text()
+    plans = {}
+    for name, width in (("narrow", "32"), ("wide", "64")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "demo.yaml").write_text(
+            demo.replace("  d_model: 32\n", f"  d_model: {width}\n"))
+        (tmp_path / name / "spec.yaml").write_text(
+            f"name: {name}\nbase: demo.yaml\nbaseline: base\n"
+            "arms: {base: [model.attention=full], same: [model.attention=block64]}\n")
+        plans[name] = load_sweep(tmp_path / name / "spec.yaml", tracking_uri=uri)
+    sweeps = {}
+    for name, plan in plans.items():
+        tracker, sweeps[name], _, _ = _open_parent(plan, uri, new=True, echo=lambda line: None)
+        _add_children(uri, tracker.run_id, sweeps[name], {"base": BASE_NE, "same": BASE_NE})
+    assert plans["narrow"].arms[1].recipe.name == plans["wide"].arms[1].recipe.name == "demo"
+    with pytest.raises(SweepError, match=f"Arm 'base' is one recipe in {sweeps['narrow']} "
+                                         f"and another in {sweeps['wide']}"):
+        compare(uri, [sweeps["narrow"], sweeps["wide"]])
+
+    trials = [TrialRun(f"f/{arm}/{seed}", arm, str(seed), {"eval/ne_ctr": ne}, commit="c0")
+              for arm in ("base", "same") for seed, ne in enumerate(BASE_NE)]
+    narrow = write_results(tmp_path / "narrow.json", {
+        "sweep": "narrow", "baseline": "base",
+        "recipes": plans["narrow"].arm_fingerprints()}, trials)
+    assert [a.arm for a in compare(uri, [str(narrow), sweeps["narrow"]]).arms] == [
+        "base", "same"]
+    with pytest.raises(SweepError, match="Arm 'base' is one recipe in .*narrow.json and "
+                                         f"another in {sweeps['wide']}"):
+        compare(uri, [str(narrow), sweeps["wide"]])

@@ -126,15 +126,16 @@ def _as_trial(run: Run, sweep_id: str | None, parent: str | None) -> TrialRun:
 @dataclass
 class Collected:
     """What ``collect`` found: the finished trial runs, the sweeps' own baseline arms in order,
-    the ids of unfinished runs left out, the tasks saved comparisons declare, and, per arm
-    the sources name, where it was named (an arm with no finished run is one a gate can't
-    judge)."""
+    the ids of unfinished runs left out, the tasks saved comparisons declare, per arm the
+    sources name, where it was named (an arm with no finished run is one a gate can't
+    judge), and per arm its recipe's fingerprint with the first source that gave it."""
 
     trials: list[TrialRun] = field(default_factory=list)
     baselines: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     tasks: list[str] = field(default_factory=list)
     named: dict[str, str] = field(default_factory=dict)
+    recipes: dict[str, tuple[Any, str]] = field(default_factory=dict)
 
 
 def _check_same_recipes(seen: dict[str, tuple[Any, str]], recipes: Any, source: str) -> None:
@@ -142,7 +143,7 @@ def _check_same_recipes(seen: dict[str, tuple[Any, str]], recipes: Any, source: 
     by arm and paired by seed, so two recipes under one name would be judged as one.
     ``recipes``: arm -> what identifies its recipe in ``source``."""
     for arm, identity in (recipes.items() if isinstance(recipes, dict) else ()):
-        first, where = seen.setdefault(arm, (identity, source))
+        first, where = seen.setdefault(store.arm_key(str(arm)), (identity, source))
         if first != identity:
             raise SweepError(
                 f"Arm {arm!r} is one recipe in {where} and another in {source}: compared "
@@ -152,10 +153,9 @@ def _check_same_recipes(seen: dict[str, tuple[Any, str]], recipes: Any, source: 
 
 def _collect_files(files: list[str], trials: dict[str, TrialRun], got: Collected) -> None:
     """The trials of results files (and saved comparisons), their baselines, tasks and arms."""
-    recipes: dict[str, tuple[Any, str]] = {}  # arm -> (its recipe's fingerprint, which file)
     for ident in files:
         runs_in_file, header = load_results(ident)
-        _check_same_recipes(recipes, header.get("recipes"), ident)
+        _check_same_recipes(got.recipes, header.get("recipes"), ident)
         trials.update((t.run_id, t) for t in runs_in_file)
         got.baselines += [header["baseline"]] if header.get("baseline") else []
         got.tasks += header.get("tasks") or []
@@ -188,13 +188,19 @@ def _runs_of(c: Any, uri: str, ident: str) -> tuple[Run | None, list[Run]]:
     return parent, runs
 
 
-def _arm_recipes(parent: Run) -> dict[str, tuple[str | None, str]]:
-    """Each arm a sweep's parent run names in its params (``sweep.arm.<arm>``, the name as
-    MLflow keys allow) -> (the base recipe's name, the arm's overrides): what the arm name
-    means in that sweep, on any machine."""
+def _arm_recipes(parent: Run) -> tuple[dict[str, str], dict[str, tuple[str | None, str]]]:
+    """What each arm name means in a sweep, from its parent run's params: the arms' recipe
+    fingerprints (``sweep.recipe.<arm>``, as results files hold them), and for a parent
+    recorded before those, the base recipe's name with the arm's overrides
+    (``sweep.arm.<arm>``)."""
+    params = parent.data.params
+    fingerprints = {k.removeprefix(store.PARAM_ARM_RECIPE): v for k, v in params.items()
+                    if k.startswith(store.PARAM_ARM_RECIPE)}
+    if fingerprints:
+        return fingerprints, {}
     recipe = parent.data.tags.get(store.TAG_RECIPE)
-    return {k.removeprefix("sweep.arm."): (recipe, v) for k, v in parent.data.params.items()
-            if k.startswith("sweep.arm.")}
+    return {}, {k.removeprefix(store.PARAM_ARM): (recipe, v) for k, v in params.items()
+                if k.startswith(store.PARAM_ARM)}
 
 
 def _collect_tracked(uri: str, ids: list[str], trials: dict[str, TrialRun],
@@ -203,13 +209,15 @@ def _collect_tracked(uri: str, ids: list[str], trials: dict[str, TrialRun],
     and their arms named."""
     c = store.client(uri)
     parents: dict[str, Run] = {}
-    recipes: dict[str, tuple[Any, str]] = {}
+    named_only: dict[str, tuple[Any, str]] = {}  # parents without fingerprints, among them
     for ident in ids:
         parent, runs = _runs_of(c, uri, ident)
         if parent is not None:
             parents[parent.info.run_id] = parent
-            _check_same_recipes(recipes, _arm_recipes(parent),
-                                parent.data.tags.get(store.TAG_SWEEP) or ident)
+            fingerprints, names = _arm_recipes(parent)
+            source = parent.data.tags.get(store.TAG_SWEEP) or ident
+            _check_same_recipes(got.recipes, fingerprints, source)
+            _check_same_recipes(named_only, names, source)
         for run in runs:
             if run.info.status != "FINISHED":
                 got.skipped.append(run.info.run_id)

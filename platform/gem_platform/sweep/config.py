@@ -23,7 +23,8 @@ from gem_platform.sweep.gates import Gates
 from gem_platform.tracking import resolve_tracking_uri
 from gem_platform.validation import describe_invalid
 
-MAX_ARM_NAME = 200  # the parent run's param sweep.arm.<name> must fit MLflow's 250-char keys
+# The parent run's params sweep.arm.<name> and sweep.recipe.<name> must fit MLflow's 250-char keys.
+MAX_ARM_NAME = 200
 
 
 class SweepError(GemError):
@@ -198,6 +199,22 @@ class SweepPlan:
             arm.get("tracking", {}).pop("tags", None)
         raw = json.dumps(body, sort_keys=True, default=str).encode()
         return hashlib.sha256(raw).hexdigest()[:16]
+
+    def arm_fingerprints(self) -> dict[str, str]:
+        """What decides a trial's result apart from its seed, per arm: a hash of its recipe
+        without where the data lives (results move between machines with the sweep) or
+        tracking. Only settings that differ from their defaults enter, so a new recipe setting
+        (whose default keeps the old behaviour) leaves existing results resumable. Results
+        files and tracked sweeps record it, so a comparison can refuse two recipes under one
+        arm name."""
+        out = {}
+        for arm in self.arms:
+            tree = arm.recipe.model_dump(mode="json", exclude_defaults=True)
+            tree.pop("tracking", None)
+            tree.get("data", {}).pop("path", None)
+            raw = json.dumps(tree, sort_keys=True, default=str).encode()
+            out[arm.name] = hashlib.sha256(raw).hexdigest()[:16]
+        return out
 
     def datasets(self) -> dict[str, str]:
         """Each distinct data path of the arms -> its recipe's dataset source."""

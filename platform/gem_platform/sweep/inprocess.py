@@ -37,8 +37,6 @@ all.json`` (gem_platform.sweep.merge).
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
 import math
 import sys
 import threading
@@ -129,7 +127,7 @@ def run_in_process(plan: SweepPlan, out: str | Path, echo: Echo = print,
     out = Path(out)
     code = code_version()
     commit = code["commit"]
-    recipes = _arm_fingerprints(plan)
+    recipes = plan.arm_fingerprints()
     arms: dict[str, Any] = {a.name: a.overrides for a in plan.arms}
     done: list[TrialRun] = []
     if resume and out.exists():
@@ -239,21 +237,6 @@ def _trained(plan: SweepPlan, todo: list[tuple[str, int]], isolate: bool, parall
                        "trains only the missing ones. Out of GPU memory with --parallel N: "
                        "lower N (each trial holds its own model, batches and compiled "
                        "graphs on the one device).") from err
-
-
-def _arm_fingerprints(plan: SweepPlan) -> dict[str, str]:
-    """What decides a trial's result apart from its seed, per arm: its recipe, without where
-    the data lives (a results file moves between machines with the sweep) or tracking. Only
-    the settings that differ from their defaults enter, so a new recipe setting (added with
-    a default that keeps the old behaviour) leaves existing results files resumable."""
-    out = {}
-    for arm in plan.arms:
-        tree = arm.recipe.model_dump(mode="json", exclude_defaults=True)
-        tree.pop("tracking", None)
-        tree.get("data", {}).pop("path", None)
-        raw = json.dumps(tree, sort_keys=True, default=str).encode()
-        out[arm.name] = hashlib.sha256(raw).hexdigest()[:16]
-    return out
 
 
 def main(argv: list[str] | None = None) -> int:

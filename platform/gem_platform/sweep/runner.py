@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import shutil
 import signal
 import time
@@ -182,7 +181,9 @@ def _open_parent(plan: SweepPlan, uri: str, new: bool, echo: Echo,
     params = {"sweep.name": plan.name, "sweep.base": plan.base_path,
               "sweep.seeds": ",".join(map(str, plan.seeds)),
               "sweep.max_concurrent": plan.max_concurrent, "sweep.baseline": baseline,
-              **{arm_param(a.name): " ".join(a.overrides) or "(base)" for a in plan.arms}}
+              **{arm_param(a.name): " ".join(a.overrides) or "(base)" for a in plan.arms},
+              **{store.PARAM_ARM_RECIPE + store.arm_key(arm): fingerprint
+                 for arm, fingerprint in plan.arm_fingerprints().items()}}
     tags = {store.TAG_SWEEP: sweep_id, store.TAG_ROLE: store.ROLE_PARENT,
             store.TAG_BASELINE: baseline, store.TAG_FINGERPRINT: fingerprint,
             store.TAG_RECIPE: plan.arms[0].recipe.name}
@@ -196,9 +197,9 @@ def _open_parent(plan: SweepPlan, uri: str, new: bool, echo: Echo,
 
 
 def arm_param(arm: str) -> str:
-    """The parent run's param naming an arm's overrides: ``sweep.arm.<arm>``, with what
-    MLflow refuses in a key (',' and '=' of grid arm names, brackets) as '_'."""
-    return "sweep.arm." + re.sub(r"[^\w.\- :]", "_", arm)
+    """The parent run's param naming an arm's overrides: ``sweep.arm.<arm>``
+    (``store.arm_key``)."""
+    return store.PARAM_ARM + store.arm_key(arm)
 
 
 def _finished_children(uri: str, parent_run_id: str) -> dict[tuple[str, int], str]:

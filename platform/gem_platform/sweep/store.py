@@ -3,6 +3,7 @@ queries the runner (resume, no duplicates), ``compare`` and ``runs`` share."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -20,7 +21,17 @@ TAG_BASELINE = "gem.baseline"
 TAG_RECIPE = "gem.recipe"  # the recipe a run trained (a sweep's parent: its base recipe)
 TAG_FINGERPRINT = "gem.sweep_fingerprint"
 ROLE_PARENT = "parent"
+# A sweep's parent run params, one per arm: the arm's overrides, and its recipe's fingerprint
+# (SweepPlan.arm_fingerprints).
+PARAM_ARM = "sweep.arm."
+PARAM_ARM_RECIPE = "sweep.recipe."
 ROLE_CHILD = "child"
+
+
+def arm_key(arm: str) -> str:
+    """An arm's name as a parent run's param keys hold it: what MLflow refuses in a key (','
+    and '=' of grid arm names, brackets) as '_'."""
+    return re.sub(r"[^\w.\- :]", "_", arm)
 
 
 @dataclass(frozen=True)
