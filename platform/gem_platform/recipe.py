@@ -48,6 +48,15 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+class WideScale(_Strict):
+    """Per task, the scale model.wide's weights are read at. CVR learns from the clicked
+    samples only, so each id's CVR weight sees a fraction of the samples its CTR weight sees
+    and is read at a smaller scale (a lower effective learning rate, less noise)."""
+
+    ctr: float = Field(0.45, gt=0, le=10, description="scale of the CTR weights")
+    cvr: float = Field(0.2, gt=0, le=10, description="scale of the CVR weights")
+
+
 class ModelConfig(_Strict):
     """GEM-style network: sequence tower, cross and pooled attention, DHEN experts, heads."""
 
@@ -114,6 +123,18 @@ class ModelConfig(_Strict):
         "whether quality is held back by learning the tables or by the rest of the network")
     sparse_dim: int = Field(16, ge=2, le=65536,
                             description="TorchRec embedding dim of sparse features")
+    wide: bool = Field(
+        False, description="first-order (wide) terms added to the logits, as in Wide & Deep: "
+        "per task, a learned weight for each sparse feature's id and for the candidate's item "
+        "and category (TorchRec tables trained like the others, starting at zero), and a "
+        "linear term of the dense features; per-id effects are learned directly, as a "
+        "logistic regression on one-hot ids learns them, instead of only through the deep "
+        "network (docs/quality: the CPU demo)")
+    wide_scale: WideScale = Field(
+        default_factory=WideScale, description="per task, the scale the wide "
+        "weights are read at: under Adagrad a step moves a wide weight's logit about scale^2 "
+        "times as far as at scale 1, as if its learning rate were that fraction of "
+        "train.sparse_lr")
     dhen_layers: int = Field(2, ge=1, le=256, description="DHEN interaction layers")
     num_experts: int = Field(2, ge=1, le=1024, description="MLP experts per DHEN layer")
     expert_hidden: int = Field(128, ge=8, le=1 << 20, description="hidden width of an expert")

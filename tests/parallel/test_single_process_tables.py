@@ -127,3 +127,19 @@ def test_dense_optimizer_fused_on_cuda():
     p.grad = torch.ones_like(p)
     opt.step()
     assert (p < 1).all()
+
+
+def test_wide_tables_train_on_the_fused_path(one_rank_recipe):
+    """model.wide through TorchRec's one-rank DistributedModelParallel: the wide tables are
+    sharded beside the others (their zero start carried over) and trained in the backward."""
+    _, tree = one_rank_recipe
+    tree["model"]["wide"] = True
+    recipe = recipe_from_dict(tree)
+    held = {}
+    train(recipe, echo=lambda _: None, on_step=lambda _, m: held.__setitem__("model", m))
+    state = held["model"].wide_embeddings.state_dict()
+    local = {name: w.local_shards()[0].tensor for name, w in state.items()}
+    meta = prepare_dataset(recipe.data)
+    assert len(local) == len(meta.sparse_features) + 1 + (meta.num_categories > 0)
+    moved = [name for name, w in local.items() if w.abs().sum() > 0]
+    assert sorted(moved) == sorted(local), "wide tables the fused optimizer never stepped"

@@ -13,6 +13,8 @@ Data flow per batch (B samples, T history tokens in total, nothing padded):
   (model.newest_token, recent_mean), the last layer's attention read for the newest event
   (model.newest_attention)
   DHEN: expert ensemble over [pooled, short-term, context] tokens -> CTR and CVR logits
+  wide terms (model.wide): a learned weight per task for each sparse id and the candidate's item
+  and category, and a linear term of the dense features, added to those logits
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from gem_platform.model.attention import SelfAttentionSpec
 from gem_platform.model.interaction import CrossAttention, DhenLayer, PooledAttention
 from gem_platform.model.sequence import SequenceTower
 from gem_platform.model.small_table import OneHotEmbedding
+from gem_platform.model.wide import WideDense, wide_features, wide_logits, wide_tables
 from gem_platform.recipe import ModelConfig
 
 ITEM_FEATURES = ("hist_item", "ad_item")
@@ -164,6 +167,14 @@ class GemModel(nn.Module):
             nn.LayerNorm(num_tokens * d), nn.Linear(num_tokens * d, cfg.head_hidden), nn.SiLU(),
             nn.Linear(cfg.head_hidden, len(TASKS)),
         )
+        self.wide_embeddings: EmbeddingBagCollection | None = None
+        self.wide_dense: WideDense | None = None
+        if cfg.wide:
+            self.wide_embeddings = EmbeddingBagCollection(tables=wide_tables(meta),
+                                                          device=torch.get_default_device())
+            self.wide_dense = WideDense(meta.dense_dim)
+            scale = torch.tensor([getattr(cfg.wide_scale, task) for task in TASKS])
+            self.register_buffer("wide_scale", scale, persistent=False)
 
     @property
     def newest_windows(self) -> tuple[int, ...]:
@@ -181,13 +192,17 @@ class GemModel(nn.Module):
 
     def embedding_parameters(self) -> list[nn.Parameter]:
         """Sparse (embedding-table) parameters: trained by the sparse optimizer."""
-        return [*self.item_embeddings.parameters(), *self.sparse_embeddings.parameters()]
+        wide = self.wide_embeddings.parameters() if self.wide_embeddings is not None else ()
+        return [*self.item_embeddings.parameters(), *self.sparse_embeddings.parameters(), *wide]
 
     def sparse_inputs(self, batch: JaggedBatch) -> dict[str, KeyedJaggedTensor]:
         """What each embedding collection receives for ``batch``, by attribute name (a
         pipeline starts their input distribution a step ahead from it)."""
-        return {"item_embeddings": self._item_features(batch),
-                "sparse_embeddings": batch.sparse}
+        inputs = {"item_embeddings": self._item_features(batch),
+                  "sparse_embeddings": batch.sparse}
+        if self.wide_embeddings is not None:
+            inputs["wide_embeddings"] = wide_features(batch, self.use_categories)
+        return inputs
 
     def _item_features(self, batch: JaggedBatch) -> KeyedJaggedTensor:
         """History and candidate items (and their categories) as one KeyedJaggedTensor."""
@@ -253,4 +268,8 @@ class GemModel(nn.Module):
         tokens = torch.cat([*parts, context], dim=1)
         for layer in self.dhen:
             tokens = layer(tokens)
-        return self.head(tokens.flatten(1))
+        logits = self.head(tokens.flatten(1))
+        if self.wide_embeddings is None or self.wide_dense is None:
+            return logits
+        pooled = self.wide_embeddings(wide_features(batch, self.use_categories))
+        return logits + wide_logits(pooled, self.wide_dense(dense), self.wide_scale)

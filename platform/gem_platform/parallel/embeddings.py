@@ -137,8 +137,10 @@ def shard_embeddings_replicated(model: nn.Module, spec: EmbeddingShardingSpec, w
 
 
 def _table_weights(model: nn.Module) -> dict[str, torch.Tensor]:
-    return {k: v for k, v in model.state_dict().items()
-            if k.startswith(("item_embeddings.", "sparse_embeddings."))}
+    """The state of every embedding collection in ``model`` (what sharding must carry over)."""
+    prefixes = tuple(f"{name}." for name, m in model.named_modules()
+                     if isinstance(m, (EmbeddingCollection, EmbeddingBagCollection)))
+    return {k: v for k, v in model.state_dict().items() if k.startswith(prefixes)}
 
 
 @torch.no_grad()
