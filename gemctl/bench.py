@@ -159,11 +159,15 @@ def _terms(
     max_samples: Annotated[int | None, typer.Option(
         min=1, help="Fit on the held-out split's first shards holding this many samples "
         "(default: the whole split; a large one takes minutes to score).")] = None,
+    reference: Annotated[bool, typer.Option(
+        "--reference", help="Also train the dataset's linear reference and fit its held-out "
+        "CTR logit on the same terms: which signals it reads better than the model.")] = False,
 ) -> None:
     from gem_bench.terms import main
 
     argv = [recipe, "--out", out, *_overrides(set_)]
     argv += ["--max-samples", str(max_samples)] if max_samples is not None else []
+    argv += ["--reference"] if reference else []
     raise typer.Exit(main(argv))
 
 
@@ -239,7 +243,8 @@ RECIPE_COMMANDS = {
     "terms": (_terms, "Which planted signals a model learned: trains a synthetic-data recipe "
               "in this process, then fits its held-out CTR logit on the planted terms "
               "(coefficient ~1: learned at the planted scale; ~0: missed).",
-              ("gemctl bench terms recipes/demo.yaml --set loader.local_batch_size=512",
+              ("gemctl bench terms recipes/demo.yaml --set loader.local_batch_size=512 "
+               "--reference",
                "gemctl bench terms recipes/demo.yaml --set model.item_vectors=planted")),
     "recall-probe": (_recall_probe, "Can an attention reader learn the recall world's term "
                      "at all: a bare attention, the model's sequence tower or the whole model "

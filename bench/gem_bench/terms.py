@@ -13,9 +13,11 @@ model's CTR logit by least squares on those terms:
   learned, or structure at another scale).
 
 Two runs of it tell which signal a change helps: e.g. the learned item tables against
-``model.item_vectors=planted`` (docs/quality/README.md).
+``model.item_vectors=planted`` (docs/quality/README.md). ``--reference`` also trains the
+dataset's linear reference (``gemctl data reference``) and fits its held-out CTR logit the
+same way, so the table shows which terms the reference reads better than the model.
 
-    gemctl bench terms recipes/demo.yaml --set loader.local_batch_size=512
+    gemctl bench terms recipes/demo.yaml --set loader.local_batch_size=512 --reference
 """
 
 from __future__ import annotations
@@ -106,11 +108,32 @@ def held_out_logits(model: torch.nn.Module, recipe: Recipe, rows: int | None = N
     return torch.cat(logits).numpy(), torch.cat(labels).numpy().astype(np.float64)
 
 
+def reference_capture(recipe: Recipe, terms: dict[str, np.ndarray],
+                      planted_labels: np.ndarray) -> dict:
+    """Train the dataset's linear reference (its default settings, as ``gemctl data
+    reference``) and fit its held-out CTR logits on ``terms`` (the first rows of the split,
+    as many as ``planted_labels``)."""
+    from gem_platform.data.shards import load_meta
+    from gem_platform.reference.config import LinearReferenceConfig
+    from gem_platform.reference.fit import fit
+
+    cfg, path = LinearReferenceConfig(), recipe.data.path
+    meta = load_meta(path)
+    logits, labels = fit(path, meta, cfg).eval_logits(path, meta, cfg)
+    ctr, rows = logits[:len(planted_labels), 0], labels[:len(planted_labels), 0]
+    if len(rows) != len(planted_labels) or not np.array_equal(rows, planted_labels):
+        raise DataError(f"The reference's held-out split at {path} is not this recipe's "
+                        "synthetic draw (its labels differ).",
+                        "Regenerate it for this recipe: gemctl data generate RECIPE --force.")
+    return {"auc_ctr": auc(ctr, planted_labels), "epochs": cfg.epochs,
+            "capture": asdict(capture(ctr, terms))}
+
+
 def measure(recipe: Recipe, echo: Callable[[object], None] = print,
-            max_samples: int | None = None) -> dict:
+            max_samples: int | None = None, reference: bool = False) -> dict:
     """Train ``recipe`` here, then fit its held-out CTR logits on the planted terms (of the
     held-out split's first shards holding ``max_samples``, when given: a large split takes
-    minutes to score and to draw again)."""
+    minutes to score and to draw again); with ``reference``, the linear reference's too."""
     if recipe.data.source != "synthetic":
         raise RecipeError(f"data.source is {recipe.data.source!r}: only a generated "
                           "(synthetic) world has planted terms.",
@@ -124,23 +147,37 @@ def measure(recipe: Recipe, echo: Callable[[object], None] = print,
                         "draw (its held-out labels differ).",
                         "Regenerate it for this recipe: gemctl data generate RECIPE --force.")
     total = sum(terms.values())
-    return {"held_out_samples": len(labels),
-            "auc_ctr": auc(logits, labels), "planted_auc_ctr": auc(total, labels),
-            "term_auc_ctr": {n: auc(t, labels) for n, t in terms.items()},
-            "eval/ne_ctr": summary.get("eval/ne_ctr"),
-            "capture": asdict(capture(logits, terms))}
+    result = {"held_out_samples": len(labels),
+              "auc_ctr": auc(logits, labels), "planted_auc_ctr": auc(total, labels),
+              "term_auc_ctr": {n: auc(t, labels) for n, t in terms.items()},
+              "eval/ne_ctr": summary.get("eval/ne_ctr"),
+              "capture": asdict(capture(logits, terms))}
+    if reference:
+        echo("training the linear reference on the same data")
+        result["reference"] = reference_capture(recipe, terms, planted_labels)
+    return result
 
 
 def render(result: dict, console: Console) -> None:
-    cap = result["capture"]
-    table = Table(title=f"held-out CTR: model AUC {result['auc_ctr']:.4f}, planted "
-                        f"{result['planted_auc_ctr']:.4f}; terms explain "
-                        f"{cap['r2']:.0%} of the model's logit")
-    for col in ("planted term", "AUC alone", "coefficient", "partial corr"):
-        table.add_column(col, justify="left" if col == "planted term" else "right")
+    cap, ref = result["capture"], result.get("reference")
+    title = (f"held-out CTR: model AUC {result['auc_ctr']:.4f}, planted "
+             f"{result['planted_auc_ctr']:.4f}; terms explain {cap['r2']:.0%} of the model's "
+             "logit")
+    columns = ["planted term", "AUC alone", "coef", "partial corr"]
+    if ref:
+        title += f"; linear reference AUC {ref['auc_ctr']:.4f}"
+        columns += ["ref. coef", "ref. partial"]
+    table = Table(title=title)
+    table.add_column(columns[0], no_wrap=True)  # the term names stay whole
+    for col in columns[1:]:
+        table.add_column(col, justify="right")
     for name, coef in cap["coef"].items():
-        table.add_row(name, f"{result['term_auc_ctr'][name]:.3f}", f"{coef:.3f}",
-                      f"{cap['partial_corr'][name]:.3f}")
+        row = [name, f"{result['term_auc_ctr'][name]:.3f}", f"{coef:.3f}",
+               f"{cap['partial_corr'][name]:.3f}"]
+        if ref:
+            row += [f"{ref['capture']['coef'][name]:.3f}",
+                    f"{ref['capture']['partial_corr'][name]:.3f}"]
+        table.add_row(*row)
     console.print(table)
 
 
@@ -152,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="bench_results", help="folder for terms_bench.json")
     p.add_argument("--max-samples", type=int, default=None,
                    help="fit on the held-out split's first shards holding this many samples")
+    p.add_argument("--reference", action="store_true",
+                   help="also train the dataset's linear reference and fit its logits")
     args = p.parse_args(argv)
     if args.max_samples is not None and args.max_samples < 1:
         raise RecipeError(f"--max-samples is {args.max_samples}: it counts held-out samples.",
@@ -160,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     console = Console(stderr=True)
     result = measure(recipe, echo=lambda event: console.print(str(event), markup=False,
                                                               highlight=False),
-                     max_samples=args.max_samples)
+                     max_samples=args.max_samples, reference=args.reference)
     result |= {"recipe": args.recipe, "overrides": args.overrides}
     render(result, Console())
     out = Path(args.out)

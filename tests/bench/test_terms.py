@@ -36,7 +36,8 @@ def test_command_writes_the_fit_of_a_trained_model(tmp_path, monkeypatch):
     # 240 held-out samples in shards of 100: --max-samples 150 fits on the first two shards
     proc = CliRunner().invoke(app, ["bench", "terms", "tiny.yaml", "--out", "res",
                                     "--set", "train.steps=4", "--set",
-                                    "data.synthetic.rows_per_shard=100", "--max-samples", "150"])
+                                    "data.synthetic.rows_per_shard=100", "--max-samples", "150",
+                                    "--reference"])
     assert proc.exit_code == 0, (proc.exception, proc.stdout)
     result = json.loads((tmp_path / "res" / "terms_bench.json").read_text())
     assert result["held_out_samples"] == 200
@@ -45,7 +46,12 @@ def test_command_writes_the_fit_of_a_trained_model(tmp_path, monkeypatch):
     assert set(cap["coef"]) == set(cap["partial_corr"]) == set(result["term_auc_ctr"])
     assert all(np.isfinite(v) for v in cap["coef"].values())
     assert 0.0 <= cap["r2"] <= 1.0 and 0.5 < result["planted_auc_ctr"] <= 1.0
-    assert "planted term" in proc.stdout and "coefficient" in proc.stdout
+    assert "planted term" in proc.stdout and "partial" in proc.stdout
+    # --reference: the linear reference's logit fitted on the same terms and rows
+    ref = result["reference"]
+    assert set(ref["capture"]["coef"]) == set(cap["coef"]) and ref["epochs"] >= 1
+    assert 0.5 < ref["auc_ctr"] <= 1.0 and 0.0 <= ref["capture"]["r2"] <= 1.0
+    assert "ref. coef" in proc.stdout
 
 
 def test_held_out_terms_of_the_first_shards_are_the_whole_splits_first_rows():

@@ -58,3 +58,19 @@ def test_learns_beyond_the_base_rate_from_streamed_chunks(small_dataset, keep_mb
     assert 0.8 < ctr.calibration < 1.2
     again = fit_and_score(path, meta, cfg)
     assert again.scores["ctr"].ne == ctr.ne and again.scores["cvr"].auc == cvr.auc
+
+
+def test_the_fitted_references_eval_logits_are_what_it_is_scored_on(small_dataset):
+    """FittedReference.eval_logits (what `gemctl bench terms --reference` fits on the planted
+    terms) are the logits the scores come from: their CTR AUC is the reference's own, and the
+    labels beside them are the eval split's."""
+    from gem_platform.data.ceilings import auc
+    from gem_platform.reference.fit import fit
+
+    path, meta = small_dataset
+    cfg = replace(LinearReferenceConfig(), chunk_rows=500)
+    logits, labels = fit(path, meta, cfg).eval_logits(path, meta, cfg)
+    assert logits.shape == labels.shape == (meta.num_eval, 2)
+    assert labels[:, 0].mean() == pytest.approx(meta.extra["eval_ctr_rate"])
+    scored = fit_and_score(path, meta, cfg).scores["ctr"]
+    assert auc(logits[:, 0], labels[:, 0]) == pytest.approx(scored.auc, abs=1e-6)

@@ -193,10 +193,32 @@ def _one_thread() -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def fit_and_score(path: str, meta: DatasetMeta, cfg: LinearReferenceConfig) -> FitOutcome:
-    """Train the reference on ``path``'s train split and score it on its eval split.
+@dataclass
+class FittedReference:
+    """The trained reference with what scoring it needs: its features' layout and the dense
+    scale of its training split."""
 
-    Deterministic for a given dataset and config (seeded shuffles, one thread)."""
+    model: LinearModel
+    layout: FeatureLayout
+    scale: DenseScale
+    train_samples: int
+
+    @torch.no_grad()
+    def eval_logits(self, path: str, meta: DatasetMeta, cfg: LinearReferenceConfig
+                    ) -> tuple[np.ndarray, np.ndarray]:
+        """(logits, labels) of the eval split, each (n, tasks), in its stored order."""
+        logits, labels = [], []
+        with _one_thread():
+            for arrays in iter_chunks(path, meta, "eval", cfg.chunk_rows, truncate=True):
+                bags = encode(arrays, self.layout, self.scale)
+                logits.append(self.model(TorchBags.of(bags, 0, len(arrays))).numpy())
+                labels.append(_labels(arrays).numpy())
+        return np.concatenate(logits), np.concatenate(labels)
+
+
+def fit(path: str, meta: DatasetMeta, cfg: LinearReferenceConfig) -> FittedReference:
+    """Train the reference on ``path``'s train split (deterministic for a given dataset and
+    config: seeded shuffles, one thread)."""
     with _one_thread():
         torch.manual_seed(cfg.seed)
         rng = np.random.default_rng(cfg.seed)
@@ -211,5 +233,12 @@ def fit_and_score(path: str, meta: DatasetMeta, cfg: LinearReferenceConfig) -> F
         seen = 0
         for _ in range(cfg.epochs):
             seen += _train_epoch(model, opt, chunks.epoch(), cfg.batch_size, rng)
-        scores = evaluate(model, path, meta, layout, scale, cfg)
-    return FitOutcome(scores, seen, layout.size)
+    return FittedReference(model, layout, scale, seen)
+
+
+def fit_and_score(path: str, meta: DatasetMeta, cfg: LinearReferenceConfig) -> FitOutcome:
+    """Train the reference on ``path``'s train split and score it on its eval split."""
+    fitted = fit(path, meta, cfg)
+    with _one_thread():
+        scores = evaluate(fitted.model, path, meta, fitted.layout, fitted.scale, cfg)
+    return FitOutcome(scores, fitted.train_samples, fitted.layout.size)
