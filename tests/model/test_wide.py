@@ -58,3 +58,23 @@ def test_wide_weights_learn_a_per_user_effect(tiny_meta, batch_factory):
         ctr = model(batch)[:, 0]
     planted = effect[batch.sparse["user_id"].values()]
     assert torch.corrcoef(torch.stack([ctr, planted]))[0, 1] > 0.9
+
+
+def test_the_wide_dense_term_weighs_products_of_dense_features():
+    """A label logit that is the product of two dense features is one weight away for the wide
+    dense term (a linear fit cannot reach it); past MAX_PAIRED_DENSE features it is linear."""
+    from gem_platform.model.wide import MAX_PAIRED_DENSE, WideDense
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4096, 3, generator=g)
+    target = (x[:, 0] * x[:, 2])[:, None].expand(-1, 2)
+    term = WideDense(3)
+    assert torch.equal(term(x), torch.zeros(4096, 2))
+    opt = torch.optim.Adam(term.parameters(), lr=0.05)
+    for _ in range(300):
+        loss = F.mse_loss(term(x), target)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < 1e-3
+    assert WideDense(MAX_PAIRED_DENSE + 1).linear.in_features == MAX_PAIRED_DENSE + 1

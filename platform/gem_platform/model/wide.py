@@ -6,7 +6,8 @@ Why: an effect that belongs to one id (a user's or an ad's own click rate) reach
 network's logit only through that id's row, its projection, the expert layers and the head,
 and within one pass over the data it is learned there slowly and noisily. A weight per id and
 task learns it the way a logistic regression on one-hot ids does. The weights start at zero,
-so the model starts as the deep network alone.
+so the model starts as the deep network alone. The dense term also weighs each product of two
+dense features, as the cross-product features of Wide & Deep.
 
 The tables are TorchRec tables like the others (sharded, fused and trained by the table
 optimizer at ``train.sparse_lr``); each task's weights are read at a scale of their own
@@ -32,6 +33,9 @@ from gem_platform.data.meta import DatasetMeta
 # Columns of a wide table: one per task, rounded up to FBGEMM's multiple of 4 (the extra
 # columns are never read, so they get no gradient and stay zero).
 WIDE_DIM = -(-len(TASKS) // 4) * 4
+# Dense features whose pairwise products get a wide weight each; beyond, the dense term stays
+# linear (the pairs grow as the square).
+MAX_PAIRED_DENSE = 32
 # The candidate's own features in the wide tables (their names in its input, kept apart from
 # the item collection's feature names).
 WIDE_AD_ITEM, WIDE_AD_CATEGORY = "wide_ad_item", "wide_ad_category"
@@ -74,16 +78,23 @@ def wide_features(batch: JaggedBatch, use_categories: bool) -> KeyedJaggedTensor
 
 
 class WideDense(nn.Module):
-    """The dense features' first-order term per task (zero at the start)."""
+    """The dense features' terms per task: one per feature, and one per pair of features (their
+    product: Wide & Deep's cross-product transformation, an interaction the deep network
+    otherwise has to build from one linear projection) for up to ``MAX_PAIRED_DENSE``
+    features. Zero at the start."""
 
     def __init__(self, dense_dim: int) -> None:
         super().__init__()
-        self.linear = nn.Linear(max(dense_dim, 1), len(TASKS))
+        n = max(dense_dim, 1)
+        pairs = torch.triu_indices(n, n, 1) if n <= MAX_PAIRED_DENSE else torch.zeros(2, 0)
+        self.register_buffer("pairs", pairs.long(), persistent=False)
+        self.linear = nn.Linear(n + pairs.shape[1], len(TASKS))
         nn.init.zeros_(self.linear.weight)
         nn.init.zeros_(self.linear.bias)
 
     def forward(self, dense: torch.Tensor) -> torch.Tensor:
-        return self.linear(dense)
+        i, j = self.pairs
+        return self.linear(torch.cat([dense, dense[:, i] * dense[:, j]], dim=1))
 
 
 def wide_logits(pooled: KeyedTensor, dense_term: torch.Tensor, scale: torch.Tensor
