@@ -126,10 +126,10 @@ class ModelConfig(_Strict):
     wide: bool = Field(
         False, description="first-order (wide) terms added to the logits, as in Wide & Deep: "
         "per task, a learned weight for each sparse feature's id and for the candidate's item "
-        "and category (TorchRec tables trained like the others, starting at zero), and a "
-        "linear term of the dense features; per-id effects are learned directly, as a "
-        "logistic regression on one-hot ids learns them, instead of only through the deep "
-        "network (docs/quality: the CPU demo)")
+        "and category (TorchRec tables trained like the others, starting at zero), and one "
+        "for each dense feature and each product of two (up to 32 dense features); per-id "
+        "effects are learned directly, as a logistic regression on one-hot ids learns them, "
+        "instead of only through the deep network (docs/quality: the CPU demo)")
     wide_scale: WideScale = Field(
         default_factory=WideScale, description="per task, the scale the wide "
         "weights are read at: under Adagrad a step moves a wide weight's logit about scale^2 "

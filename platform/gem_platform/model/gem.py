@@ -13,8 +13,8 @@ Data flow per batch (B samples, T history tokens in total, nothing padded):
   (model.newest_token, recent_mean), the last layer's attention read for the newest event
   (model.newest_attention)
   DHEN: expert ensemble over [pooled, short-term, context] tokens -> CTR and CVR logits
-  wide terms (model.wide): a learned weight per task for each sparse id and the candidate's item
-  and category, and a linear term of the dense features, added to those logits
+  wide terms (model.wide): a learned weight per task for each sparse id, the candidate's item
+  and category, each dense feature and each product of two, added to those logits
 """
 
 from __future__ import annotations

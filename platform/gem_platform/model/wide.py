@@ -1,13 +1,14 @@
-"""First-order ("wide") terms of the logits, as in Wide & Deep: per task, a learned weight for
-each sparse feature's id and for the candidate's item and category, plus a linear term of the
-dense features, added to what the deep network predicts.
+"""The wide terms of the logits, as in Wide & Deep: per task, a learned weight for each sparse
+feature's id, for the candidate's item and category, for each dense feature and each product
+of two, added to what the deep network predicts.
 
 Why: an effect that belongs to one id (a user's or an ad's own click rate) reaches the deep
 network's logit only through that id's row, its projection, the expert layers and the head,
 and within one pass over the data it is learned there slowly and noisily. A weight per id and
 task learns it the way a logistic regression on one-hot ids does. The weights start at zero,
-so the model starts as the deep network alone. The dense term also weighs each product of two
-dense features, as the cross-product features of Wide & Deep.
+so the model starts as the deep network alone. The products of dense features are Wide &
+Deep's cross-product features: an interaction the deep network would otherwise build from one
+linear projection of the dense features.
 
 The tables are TorchRec tables like the others (sharded, fused and trained by the table
 optimizer at ``train.sparse_lr``); each task's weights are read at a scale of their own
@@ -78,10 +79,8 @@ def wide_features(batch: JaggedBatch, use_categories: bool) -> KeyedJaggedTensor
 
 
 class WideDense(nn.Module):
-    """The dense features' terms per task: one per feature, and one per pair of features (their
-    product: Wide & Deep's cross-product transformation, an interaction the deep network
-    otherwise has to build from one linear projection) for up to ``MAX_PAIRED_DENSE``
-    features. Zero at the start."""
+    """The dense features' terms per task: one per feature and one per product of two (for up
+    to ``MAX_PAIRED_DENSE`` features). Zero at the start."""
 
     def __init__(self, dense_dim: int) -> None:
         super().__init__()
