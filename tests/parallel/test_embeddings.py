@@ -66,3 +66,20 @@ def test_planner_sees_the_gpus_real_memory(monkeypatch):
     assert [d.storage.hbm for d in topology.devices] == [150_000_000_000]
     cpu = _topology(EmbeddingShardingSpec("table_wise", 2, 0.1, "cpu"))
     assert len(cpu.devices) == 2 and cpu.compute_device == "cpu"
+
+
+def _wide(layout: str):
+    recipe = tiny_recipe(workers=WORLD, embedding_sharding=layout)
+    recipe.model.wide = True
+    return recipe
+
+
+@pytest.mark.slow
+def test_sharded_wide_tables_match_single_process():
+    """model.wide's tables (4 columns, FBGEMM's least) sharded table-, row- or column-wise over
+    two ranks train as the unsharded model does in one process on the global batch."""
+    recipes = {layout: _wide(layout) for layout in ("table_wise", "row_wise", "column_wise")}
+    results = spawn(functools.partial(run_recipes, recipes), WORLD)
+    for r in results:
+        assert all(r[name, "adamw"].strategy == "torchrec_sharding" for name in recipes)
+    assert_match_reference(results, recipes, WORLD)
