@@ -14,6 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from gem_platform.sweep.stats import delta_text, mean_sd
 from gemctl import render
 
 # Tables of many numeric columns: full width in a terminal, 160 columns in logs (CI, files),
@@ -21,24 +22,9 @@ from gemctl import render
 console = render.console if render.console.is_terminal else Console(width=160)
 
 
-def _pm(mean: float, std: float, digits: int = 4) -> str:
-    if math.isnan(mean):
-        return "-"
-    return f"{mean:.{digits}f}" + ("" if math.isnan(std) else f"±{std:.{digits}f}")
-
-
-def _delta(d, unit: str = "", digits: int = 4) -> str:
-    if d is None or math.isnan(d.value):
-        return ""
-    text = f"{d.value:+.{digits}f}{unit}"
-    if not math.isnan(d.low):
-        text += f" [{d.low:+.{digits}f},{d.high:+.{digits}f}]"
-    return text
-
-
 def _styled_delta(d, worse_if_positive: bool, unit: str, digits: int) -> str:
-    text = _delta(d, unit, digits)
-    if not text or math.isnan(d.low):
+    text = delta_text(d, unit, digits, sep=",")
+    if not text or not math.isfinite(d.low):
         return text
     significant = d.low > 0 or d.high < 0
     worse = (d.value > 0) == worse_if_positive
@@ -66,12 +52,12 @@ def comparison_tables(cmp) -> list[Table]:
             per_seed = zip(arm.seeds, arm.per_seed.get(f"eval/ne_{task}", []), strict=False)
             q.add_row(render.esc(arm.arm) + ("*" if arm.arm == cmp.baseline else ""),
                       render.esc(task),
-                      str(ne.n), _pm(ne.mean, ne.std),
+                      str(ne.n), mean_sd(ne.mean, ne.std),
                       " ".join(f"{s}:{v:.4f}" for s, v in per_seed if v is not None),
                       _styled_delta(arm.deltas.get(f"eval/ne_{task}"), True, "%", 3),
-                      _pm(auc.mean, auc.std),
+                      mean_sd(auc.mean, auc.std),
                       _styled_delta(arm.deltas.get(f"eval/auc_{task}"), False, "", 4),
-                      _pm(cal.mean, cal.std, 3) if cal else "-")
+                      mean_sd(cal.mean, cal.std, 3) if cal else "-")
     return [q, efficiency_table(cmp)]
 
 
@@ -92,12 +78,12 @@ def efficiency_table(cmp) -> Table:
         m = arm.metrics
         qps = m["perf/qps"]
         e.add_row(render.esc(arm.arm) + ("‡" if arm.arm in shared else ""),
-                  _pm(qps.mean, qps.std, 0),
+                  mean_sd(qps.mean, qps.std, 0),
                   _styled_delta(arm.deltas.get("perf/qps"), False, "%", 1),
-                  _pm(m["perf/mfu_e2e"].mean, m["perf/mfu_e2e"].std),
-                  _pm(m["balance/padding_waste_mean"].mean,
+                  mean_sd(m["perf/mfu_e2e"].mean, m["perf/mfu_e2e"].std),
+                  mean_sd(m["balance/padding_waste_mean"].mean,
                       m["balance/padding_waste_mean"].std, 3),
-                  _pm(m["balance/straggler_overhead_mean"].mean,
+                  mean_sd(m["balance/straggler_overhead_mean"].mean,
                       m["balance/straggler_overhead_mean"].std, 3))
     return e
 

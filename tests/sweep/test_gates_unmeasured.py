@@ -186,7 +186,7 @@ def test_tracked_runs_without_a_computable_cvr_ne_keep_its_gate(tmp_path: Path):
 
 
 def _add_children(uri: str, parent_id: str, sweep: str, finished: dict[str, list[float]],
-                  failed: list[str] = ()) -> None:
+                  failed: tuple[str, ...] | list[str] = ()) -> None:
     """Child runs of a sweep's parent: finished ones with these NE per seed, and failed ones
     (two seeds) of ``failed`` arms; then the parent is closed FINISHED."""
     from mlflow.tracking import MlflowClient

@@ -167,20 +167,6 @@ def _first_dense(path: str, meta: DatasetMeta, cfg: LinearReferenceConfig) -> De
     return DenseScale.fit(first.dense)
 
 
-@torch.no_grad()
-def evaluate(model: LinearModel, path: str, meta: DatasetMeta, layout: FeatureLayout,
-             scale: DenseScale, cfg: LinearReferenceConfig) -> dict[str, TaskScores]:
-    """Held-out NE, AUC and calibration per task on the eval split (CVR on clicked samples)."""
-    evaluators = {task: TaskEvaluator() for task in TASKS}
-    for arrays in iter_chunks(path, meta, "eval", cfg.chunk_rows, truncate=True):
-        bags, labels = encode(arrays, layout, scale), _labels(arrays)
-        logits = model(TorchBags.of(bags, 0, len(arrays)))
-        clicked = labels[:, 0] > 0.5
-        evaluators["ctr"].update(logits[:, 0], labels[:, 0])
-        evaluators["cvr"].update(logits[:, 1], labels[:, 1], clicked)
-    return {task: ev.compute() for task, ev in evaluators.items()}
-
-
 @contextmanager
 def _one_thread() -> Iterator[None]:
     """Torch on one thread for the block: the steps are small, and extra threads on a busy
@@ -204,16 +190,33 @@ class FittedReference:
     train_samples: int
 
     @torch.no_grad()
+    def eval_chunks(self, path: str, meta: DatasetMeta, cfg: LinearReferenceConfig
+                    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """(logits, labels) of each chunk of the eval split, each (rows, tasks), in its
+        stored order."""
+        for arrays in iter_chunks(path, meta, "eval", cfg.chunk_rows, truncate=True):
+            bags = encode(arrays, self.layout, self.scale)
+            yield self.model(TorchBags.of(bags, 0, len(arrays))), _labels(arrays)
+
     def eval_logits(self, path: str, meta: DatasetMeta, cfg: LinearReferenceConfig
                     ) -> tuple[np.ndarray, np.ndarray]:
-        """(logits, labels) of the eval split, each (n, tasks), in its stored order."""
-        logits, labels = [], []
+        """(logits, labels) of the whole eval split, each (n, tasks), in its stored order."""
         with _one_thread():
-            for arrays in iter_chunks(path, meta, "eval", cfg.chunk_rows, truncate=True):
-                bags = encode(arrays, self.layout, self.scale)
-                logits.append(self.model(TorchBags.of(bags, 0, len(arrays))).numpy())
-                labels.append(_labels(arrays).numpy())
-        return np.concatenate(logits), np.concatenate(labels)
+            chunks = list(self.eval_chunks(path, meta, cfg))
+        return (np.concatenate([c[0].numpy() for c in chunks]),
+                np.concatenate([c[1].numpy() for c in chunks]))
+
+    def evaluate(self, path: str, meta: DatasetMeta, cfg: LinearReferenceConfig
+                 ) -> dict[str, TaskScores]:
+        """Held-out NE, AUC and calibration per task on the eval split (CVR on clicked
+        samples)."""
+        evaluators = {task: TaskEvaluator() for task in TASKS}
+        with _one_thread():
+            for logits, labels in self.eval_chunks(path, meta, cfg):
+                clicked = labels[:, 0] > 0.5
+                evaluators["ctr"].update(logits[:, 0], labels[:, 0])
+                evaluators["cvr"].update(logits[:, 1], labels[:, 1], clicked)
+        return {task: ev.compute() for task, ev in evaluators.items()}
 
 
 def fit(path: str, meta: DatasetMeta, cfg: LinearReferenceConfig) -> FittedReference:
@@ -239,6 +242,4 @@ def fit(path: str, meta: DatasetMeta, cfg: LinearReferenceConfig) -> FittedRefer
 def fit_and_score(path: str, meta: DatasetMeta, cfg: LinearReferenceConfig) -> FitOutcome:
     """Train the reference on ``path``'s train split and score it on its eval split."""
     fitted = fit(path, meta, cfg)
-    with _one_thread():
-        scores = evaluate(fitted.model, path, meta, fitted.layout, fitted.scale, cfg)
-    return FitOutcome(scores, fitted.train_samples, fitted.layout.size)
+    return FitOutcome(fitted.evaluate(path, meta, cfg), fitted.train_samples, fitted.layout.size)

@@ -5,12 +5,11 @@ table is the results file's own numbers and a test can hold the two together."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 from gem_platform.sweep.compare import ArmResult, Comparison
 from gem_platform.sweep.gates import FAIL, INCONCLUSIVE, PASS, Verdict
-from gem_platform.sweep.stats import Delta, Summary
+from gem_platform.sweep.stats import Delta, Summary, delta_text, mean_sd
 
 
 def _cell(text: str) -> str:
@@ -19,18 +18,7 @@ def _cell(text: str) -> str:
 
 
 def _mean_sd(s: Summary | None) -> str:
-    if s is None or math.isnan(s.mean):
-        return "-"
-    return f"{s.mean:.4f}" + ("" if math.isnan(s.std) else f"±{s.std:.4f}")
-
-
-def _delta(d: Delta | None, unit: str, digits: int) -> str:
-    if d is None or math.isnan(d.value):
-        return ""
-    text = f"{d.value:+.{digits}f}{unit}"
-    if math.isfinite(d.low) and math.isfinite(d.high):
-        text += f" [{d.low:+.{digits}f}, {d.high:+.{digits}f}]"
-    return text
+    return "-" if s is None else mean_sd(s.mean, s.std)
 
 
 def _verdict(v: Verdict | None, delta: Delta | None) -> str:
@@ -52,10 +40,10 @@ def _row(arm: ArmResult, tasks: Sequence[str], ne_gate: dict[tuple[str, str], Ve
     cells = [_cell(arm.arm), str(seeds)]
     for task in tasks:
         ne, auc = f"eval/ne_{task}", f"eval/auc_{task}"
-        cells += [_mean_sd(arm.metrics.get(ne)), _delta(arm.deltas.get(ne), "%", 3)]
+        cells += [_mean_sd(arm.metrics.get(ne)), delta_text(arm.deltas.get(ne), "%", 3)]
         if gated:
             cells.append(_verdict(ne_gate.get((arm.arm, ne)), arm.deltas.get(ne)))
-        cells += [_mean_sd(arm.metrics.get(auc)), _delta(arm.deltas.get(auc), "", 4)]
+        cells += [_mean_sd(arm.metrics.get(auc)), delta_text(arm.deltas.get(auc), "", 4)]
     return cells
 
 

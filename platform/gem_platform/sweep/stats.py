@@ -112,3 +112,20 @@ def seeds_to_settle(mean: float, sd: float, limit: float, confidence: float = 0.
         if t_quantile(0.5 + confidence / 2, n - 1) * sd / math.sqrt(n) < margin:
             return n
     return None
+
+
+def mean_sd(mean: float, std: float, digits: int = 4) -> str:
+    """'mean±std' ('-' for no mean, the mean alone for no spread): one number of a table."""
+    if math.isnan(mean):
+        return "-"
+    return f"{mean:.{digits}f}" + ("" if math.isnan(std) else f"±{std:.{digits}f}")
+
+
+def delta_text(d: Delta | None, unit: str, digits: int, sep: str = ", ") -> str:
+    """'+value[unit] [low, high]' (the interval where it is finite); '' for no delta."""
+    if d is None or math.isnan(d.value):
+        return ""
+    text = f"{d.value:+.{digits}f}{unit}"
+    if math.isfinite(d.low) and math.isfinite(d.high):
+        text += f" [{d.low:+.{digits}f}{sep}{d.high:+.{digits}f}]"
+    return text
