@@ -12,6 +12,9 @@ model's CTR logit by least squares on those terms:
 - ``r2``: how much of the model's logit the planted terms explain (the rest is noise the model
   learned, or structure at another scale).
 
+terms_bench.json also keeps the run's final held-out scores of every task (``eval``) and its
+learning curve (``curve``: each evaluation along the way, as the run summary holds it).
+
 Two runs of it tell which signal a change helps: e.g. the learned item tables against
 ``model.item_vectors=planted`` (docs/quality/README.md). ``--reference`` also trains the
 dataset's linear reference (``gemctl data reference``) and fits its held-out CTR logit the
@@ -151,7 +154,11 @@ def measure(recipe: Recipe, echo: Callable[[object], None] = print,
               "auc_ctr": auc(logits, labels), "planted_auc_ctr": auc(total, labels),
               "term_auc_ctr": {n: auc(t, labels) for n, t in terms.items()},
               "eval/ne_ctr": summary.get("eval/ne_ctr"),
-              "capture": asdict(capture(logits, terms))}
+              "capture": asdict(capture(logits, terms)),
+              # what the run printed, kept: its final held-out scores per task and its curve
+              "eval": {k: v for k, v in summary.items()
+                       if k.startswith("eval/") and isinstance(v, int | float)},
+              "curve": list(summary.get("quality/eval_curve", []))}
     if reference:
         echo("training the linear reference on the same data")
         result["reference"] = reference_capture(recipe, terms, planted_labels)

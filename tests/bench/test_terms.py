@@ -47,6 +47,11 @@ def test_command_writes_the_fit_of_a_trained_model(tmp_path, monkeypatch):
     assert all(np.isfinite(v) for v in cap["coef"].values())
     assert 0.0 <= cap["r2"] <= 1.0 and 0.5 < result["planted_auc_ctr"] <= 1.0
     assert "planted term" in proc.stdout and "partial" in proc.stdout
+    # the run's own held-out scores of both tasks and its curve are kept beside the fit
+    assert result["eval"]["eval/ne_ctr"] == result["eval/ne_ctr"]
+    assert {"eval/ne_cvr", "eval/auc_ctr", "eval/auc_cvr"} <= set(result["eval"])
+    assert result["curve"] and result["curve"][-1]["step"] == 4
+    assert result["curve"][-1]["ne_ctr"] == pytest.approx(result["eval/ne_ctr"])
     # --reference: the linear reference's logit fitted on the same terms and rows
     ref = result["reference"]
     assert set(ref["capture"]["coef"]) == set(cap["coef"]) and ref["epochs"] >= 1
