@@ -69,8 +69,9 @@ def test_the_fitted_references_eval_logits_are_what_it_is_scored_on(small_datase
 
     path, meta = small_dataset
     cfg = replace(LinearReferenceConfig(), chunk_rows=500)
-    logits, labels = fit(path, meta, cfg).eval_logits(path, meta, cfg)
+    fitted = fit(path, meta, cfg)  # what fit_and_score trains and then scores
+    logits, labels = fitted.eval_logits(path, meta, cfg)
     assert logits.shape == labels.shape == (meta.num_eval, 2)
     assert labels[:, 0].mean() == pytest.approx(meta.extra["eval_ctr_rate"])
-    scored = fit_and_score(path, meta, cfg).scores["ctr"]
+    scored = fitted.evaluate(path, meta, cfg)["ctr"]
     assert auc(logits[:, 0], labels[:, 0]) == pytest.approx(scored.auc, abs=1e-6)
