@@ -141,11 +141,15 @@ def _quality(
         help="Train every arm in this process (default: each in a fresh one).")] = False,
     out: Annotated[str, typer.Option(
         help="Folder for the JSON result.", callback=out_folder)] = "bench_results",
+    add_to: Annotated[str | None, typer.Option(
+        help="An earlier result (quality_*.json) of the same recipe and overrides on this "
+             "device: its arms are kept beside these, against one target.")] = None,
 ) -> None:
     from gem_bench.quality import main
 
     argv = [recipe, "--arms", arms, "--evals", str(evals), "--out", out, *_overrides(set_)]
     argv += ["--target-ne", str(target_ne)] if target_ne is not None else []
+    argv += ["--add-to", add_to] if add_to else []
     argv += ["--same-process"] if same_process else []
     raise typer.Exit(main(argv))
 

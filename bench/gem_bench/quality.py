@@ -15,7 +15,13 @@ The target is ``--target-ne``, or by default the worst of the arms' best NEs: th
 quality every arm reached, so each arm has a time to it. The JSON is rewritten after each arm,
 so a run stopped during a later arm keeps the finished ones.
 
+Arms too long for one job go in several: ``--add-to FILE`` keeps the arms of an earlier result
+of the same resolved recipe on the same device (an arm named again is trained anew) and places
+them all against one target.
+
     gemctl bench quality recipes/h200_gem.yaml --out docs/quality
+    gemctl bench quality recipes/h200_gem.yaml --arms off_the_shelf_compiled \
+        --add-to docs/quality/quality_h200_gem_full.json --out docs/quality
 """
 
 from __future__ import annotations
@@ -81,6 +87,41 @@ class QualityResult:
     resolved_recipe: dict
     environment: dict = field(default_factory=dict)
     code: dict = field(default_factory=dict)
+    code_of_added_arms: dict | None = None  # the earlier run's, where arms were added to it
+
+
+_DERIVED = ("startup_s", "steady_s_to_target")  # written beside each arm, computed on load
+
+
+def load_result(path: str | Path) -> QualityResult:
+    """A result written by ``write``, to add arms to."""
+    import json
+
+    try:
+        data = json.loads(Path(path).read_text())
+        arms = [QualityArm(**{k: v for k, v in row.items() if k not in _DERIVED})
+                for row in data.pop("arms")]
+        return QualityResult(arms=arms, **data)
+    except FileNotFoundError as err:
+        raise GemError(f"--add-to {path}: no such file.",
+                       "Name a quality_*.json that gemctl bench quality wrote.") from err
+    except (ValueError, TypeError, KeyError) as err:
+        raise GemError(f"--add-to {path} is no gemctl bench quality result ({err}).",
+                       "Name a quality_*.json that gemctl bench quality wrote.") from err
+
+
+def check_addable(earlier: QualityResult, recipe: dict, environment: dict) -> None:
+    """Arms compare only on the same resolved recipe (data, schedule, evaluation) and device."""
+    if earlier.resolved_recipe != recipe:
+        changed = sorted(k for k in recipe.keys() | earlier.resolved_recipe.keys()
+                         if recipe.get(k) != earlier.resolved_recipe.get(k))
+        raise GemError(f"--add-to: the earlier result trained another recipe (sections that "
+                       f"differ: {', '.join(changed)}).",
+                       "Pass the same recipe and --set overrides as the earlier run.")
+    then, now = earlier.environment.get("device"), environment.get("device")
+    if then != now:
+        raise GemError(f"--add-to: the earlier result ran on {then}, this run on {now}.",
+                       "Time to quality compares arms on the same device: run them all there.")
 
 
 def arm_recipe(recipe: Recipe, overrides: list[str], evals: int) -> Recipe:
@@ -152,10 +193,12 @@ def place_target(arms: list[QualityArm], target: float | None) -> None:
 
 def bench(recipe: Recipe, arms: list[str] | None = None, target_ne: float | None = None,
           evals: int = 10, echo: Callable[[str], None] = print, isolate: bool = True,
-          on_arm: Callable[[QualityResult], None] | None = None) -> QualityResult:
-    """Every arm trained on ``recipe`` one after the other, then placed against the target.
-    ``on_arm`` receives the result so far after each arm (the finished arms placed against
-    their own target), so a run stopped during a later arm keeps the earlier ones."""
+          on_arm: Callable[[QualityResult], None] | None = None,
+          earlier: QualityResult | None = None) -> QualityResult:
+    """Every arm trained on ``recipe`` one after the other, then placed against the target,
+    beside the arms of ``earlier`` not named again. ``on_arm`` receives the result so far after
+    each arm (the finished arms placed against their own target), so a run stopped during a
+    later arm keeps the earlier ones."""
     from gem_bench.e2e import ARMS
     from gem_platform.data.parquet import load_meta
     from gem_platform.provenance import code_version, environment
@@ -167,9 +210,13 @@ def bench(recipe: Recipe, arms: list[str] | None = None, target_ne: float | None
                        "Pass --arms as a comma-separated list of distinct arm names.")
     if evals < 2:
         raise GemError(f"--evals {evals} gives no curve.", "Pass --evals of at least 2.")
-    results: list[QualityArm] = []
     context = {"resolved_recipe": recipe.model_dump(mode="json"), "environment": environment(),
                "code": code_version()}
+    results: list[QualityArm] = []
+    if earlier is not None:
+        check_addable(earlier, context["resolved_recipe"], context["environment"])
+        results = [a for a in earlier.arms if a.name not in names]
+        context["code_of_added_arms"] = earlier.code
     for name in names:
         results.append(_one_arm(recipe, name, evals, echo, isolate))
         target, source = pick_target(results, target_ne)
@@ -253,15 +300,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--same-process", action="store_true",
                    help="train every arm in this process (default: each in a fresh one)")
     p.add_argument("--out", default="bench_results", help="folder for the JSON result")
+    p.add_argument("--add-to", default=None,
+                   help="an earlier result of the same recipe on this device to add arms to")
     args = p.parse_args(argv)
     try:
         if args.target_ne is not None and not 0 < args.target_ne < 10:
             raise GemError(f"--target-ne {args.target_ne} is no NE a run can reach.",
                            "Pass a held-out NE between 0 and 10, e.g. 0.9.")
         recipe = load_recipe(args.recipe, args.overrides)
+        earlier = load_result(args.add_to) if args.add_to else None
         result = bench(recipe, args.arms.split(","), args.target_ne, args.evals,
                        isolate=not args.same_process,
-                       on_arm=lambda partial: write(partial, args.out))
+                       on_arm=lambda partial: write(partial, args.out), earlier=earlier)
     except GemError as err:
         print(err.as_text(), file=sys.stderr)
         return 2

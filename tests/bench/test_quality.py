@@ -84,3 +84,31 @@ def test_quality_bench_refuses_a_target_no_run_can_reach(tmp_path):
                                       "--target-ne", "-1"])
     assert result.exit_code == 2
     assert "--target-ne" in result.output
+
+
+@pytest.mark.slow
+def test_arms_added_to_an_earlier_result_share_its_target(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    tree = tiny_tree(tmp_path / "data", seq_layers=1, steps=4, log_every=2, eval_sample=64)
+    (tmp_path / "tiny.yaml").write_text(json.dumps(tree))
+    first, second = tmp_path / "first", tmp_path / "second"
+    run = CliRunner().invoke
+    args = ["bench", "quality", "tiny.yaml", "--evals", "2", "--same-process"]
+    assert run(app, [*args, "--arms", "ours", "--out", str(first)]).exit_code == 0
+    (earlier,) = first.glob("quality_tiny_*.json")
+    result = run(app, [*args, "--arms", "off_the_shelf", "--add-to", str(earlier),
+                       "--out", str(second)])
+    assert result.exit_code == 0, result.output
+    record = json.loads((second / earlier.name).read_text())
+    assert [a["name"] for a in record["arms"]] == ["ours", "off_the_shelf"]
+    kept = json.loads(earlier.read_text())["arms"][0]
+    assert record["arms"][0]["curve"] == kept["curve"]  # not trained again
+    assert record["target_source"] == "worst of the arms' best"
+    assert record["target_ne"] == pytest.approx(max(
+        min(p["ne_ctr"] for p in a["curve"]) for a in record["arms"]))
+    # another recipe (here another schedule) cannot join: its curve answers another question
+    refused = run(app, [*args, "--arms", "off_the_shelf", "--add-to", str(earlier),
+                        "--set", "train.steps=6", "--out", str(second)])
+    assert refused.exit_code == 2 and "train" in refused.output
+    missing = run(app, [*args, "--add-to", "nowhere.json"])
+    assert missing.exit_code == 2 and "no such file" in missing.output
