@@ -107,7 +107,9 @@ def verdict_table(cmp) -> Table:
         settle = "" if v.verdict != "inconclusive" else (
             "trials trained alone" if v.shared else
             "finished runs to judge" if v.unjudged else
-            "a baseline that learned the term" if v.unlearned else
+            "a baseline that learned the term" + (
+                f" (~{v.seeds_needed} seeds for a FAIL)" if v.seeds_needed else "")
+            if v.unlearned else
             "a finite value in every run" if v.unmeasured else
             f"~{v.seeds_needed} seeds" if v.seeds_needed else
             "needs 2+ seeds" if math.isnan(v.low) else "unknown")

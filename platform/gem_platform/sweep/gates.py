@@ -266,13 +266,18 @@ def blind_baseline(base: GatedArm | None, task: str) -> str | None:
 
 
 def judge_unlearned(verdict: Verdict, base: GatedArm | None) -> Verdict:
-    """``verdict``, or INCONCLUSIVE in its place where it passes a quality gate of a task whose
-    baseline has not learned the data's world term (blind_baseline)."""
-    if verdict.verdict != PASS or not verdict.metric.startswith("eval/"):
+    """``verdict`` where the task's baseline learned the data's world term (or the data has
+    none); where it has not (blind_baseline), a PASS becomes INCONCLUSIVE, and an INCONCLUSIVE
+    verdict says that more seeds can settle only a FAIL (a pass would be held as well)."""
+    if verdict.verdict == FAIL or not verdict.metric.startswith("eval/"):
         return verdict
     why = blind_baseline(base, verdict.metric.removeprefix("eval/").partition("_")[2])
     if why is None:
         return verdict
+    if verdict.verdict == INCONCLUSIVE:
+        return replace(verdict, unlearned=why, message=verdict.message +
+                       f"; but {why}, so more seeds can settle a FAIL, never a pass, until "
+                       "the baseline learns the term")
     return replace(verdict, verdict=INCONCLUSIVE, seeds_needed=None, unlearned=why,
                    message=verdict.message.replace(": PASS,", ": INCONCLUSIVE,", 1) +
                    f", but {why}, so an arm blind to the term would pass too; train the "
