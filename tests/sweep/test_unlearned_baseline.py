@@ -58,6 +58,17 @@ def test_a_baseline_that_learned_the_term_lets_the_pass_stand(tmp_path: Path):
     assert verdicts["eval/ne_ctr"].verdict == "pass" and verdicts["eval/ne_ctr"].unlearned is None
 
 
+def test_seeds_asked_for_against_a_baseline_below_the_blind_ceiling_can_only_fail(
+        tmp_path: Path):
+    """An interval that straddles the limit would be settled by more seeds, but only a FAIL
+    would count: the gate keeps the seeds it needs and says a pass can't come of them."""
+    verdicts = _verdicts(controls_file(tmp_path / "r.json", base_auc=0.68, arm_ne_pct=0.2))
+    v = verdicts["eval/ne_ctr"]
+    assert v.verdict == "inconclusive" and v.seeds_needed and v.unlearned
+    assert "more seeds can settle a FAIL, never a pass" in v.message
+    assert verdicts["eval/ne_cvr"].unlearned is None  # CVR carries no world term
+
+
 def test_a_fail_stands_whatever_the_baseline_learned(tmp_path: Path):
     verdicts = _verdicts(controls_file(tmp_path / "r.json", base_auc=0.68, arm_ne_pct=1.0))
     assert verdicts["eval/ne_ctr"].verdict == "fail" and verdicts["eval/ne_ctr"].unlearned is None
@@ -108,6 +119,24 @@ def test_the_committed_recall_control_with_the_read_is_not_evidence_either():
     assert all(t.metrics["eval/auc_ctr"] < t.metrics[BLIND] for t in trials)
     verdicts = compare("", [str(path)], gates=Gates(max_ne_regression_pct=0.2)).verdicts
     assert verdicts and all(v.verdict == "inconclusive" for v in verdicts)
+
+
+
+def test_the_committed_recall_control_without_rope_is_not_evidence_either():
+    """docs/quality/recall_h200_no_rope.json: without RoPE (what blocked the demo's model) full
+    attention is still below the ceiling without the recall term, as block64 is, so the CTR
+    verdict is held inconclusive however many seeds were added; CVR carries no term."""
+    path = REPO / "docs/quality/recall_h200_no_rope.json"
+    trials, _ = load_results(path)
+    assert {t.arm for t in trials} == {"full_no_rope", "block64_no_rope"}
+    assert all(t.metrics["eval/auc_ctr"] < t.metrics[BLIND] for t in trials)
+    verdicts = compare("", [str(path)], baseline="full_no_rope",
+                       gates=Gates(max_ne_regression_pct=0.2)).verdicts
+    by_metric = {v.metric: v for v in verdicts}
+    ctr = by_metric["eval/ne_ctr"]
+    assert ctr.verdict == "inconclusive" and ctr.unlearned
+    assert "never a pass" in ctr.message
+    assert by_metric["eval/ne_cvr"].verdict == "pass"
 
 
 def test_the_committed_cpu_recall_control_catches_block64():
