@@ -65,6 +65,7 @@ from gem_platform.progress import Echo, Event, StepProgress
 from gem_platform.recipe import Recipe, TrainConfig
 from gem_platform.train.compile_watch import CompileWatch
 from gem_platform.train.determinism import deterministic_mode
+from gem_platform.train.device_memory import explained_out_of_memory
 from gem_platform.train.launched import LaunchedStep, StepClock, StepResult
 from gem_platform.train.learning_report import (
     epochs_line,
@@ -742,10 +743,11 @@ def train(recipe: Recipe, sink: MetricSink | None = None,
     (a profiler's clock; the model's gradients are that step's until the next forward, once
     the device has finished it). With ``train.deterministic`` the run trains inside
     ``determinism.deterministic_mode(train.seed)``; the summary's ``train/deterministic`` says
-    whether it did (1.0) or not (0.0). ``meta``: the dataset as the run's driver prepared it
-    (launch.submit prepares each dataset once per run and hands its meta to every rank); None
-    prepares it here, for a run started in this process. The rank and its device are read
-    once, here.
+    whether it did (1.0) or not (0.0). The device running out of memory raises
+    ``DeviceMemoryError``, which names the recipe fields that lower the peak. ``meta``: the
+    dataset as the run's driver prepared it (launch.submit prepares each dataset once per run
+    and hands its meta to every rank); None prepares it here, for a run started in this
+    process. The rank and its device are read once, here.
     """
     info, device = RankInfo.current(), pick_device(recipe)
     meta = meta if meta is not None else prepare_dataset(recipe.data)
@@ -753,7 +755,11 @@ def train(recipe: Recipe, sink: MetricSink | None = None,
     mode = (deterministic_mode(recipe.train.seed, device)
             if recipe.train.deterministic else contextlib.nullcontext())
     with mode:
-        return _train(setup(recipe, info, device, meta), report, checkpoints, on_step)
+        with explained_out_of_memory(recipe, device, "while setting up the run"):
+            run = setup(recipe, info, device, meta)
+        plan = run.regions if run.regions.budget_gb is not None else None
+        with explained_out_of_memory(recipe, device, "while training", plan):
+            return _train(run, report, checkpoints, on_step)
 
 
 def _train(run: Run, report: Reporter, checkpoints: CheckpointStore | None,
