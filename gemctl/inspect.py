@@ -144,7 +144,11 @@ def plan(
     for t in plan_tables(p, world, gph, hosts_per_zone):
         con.print(t)
     mem = ", ".join(f"{k} {human_bytes(v)}" for k, v in p.memory_per_rank().items())
-    con.print(f"state per rank: {render.esc(mem)}", highlight=False)
+    con.print(f"parameters per rank, as gathered: {render.esc(mem)}", highlight=False)
+    state = ", ".join(f"{k} {human_bytes(v)}" for k, v in p.training_state_per_rank().items())
+    con.print(f"training state per rank (fp32 weights, gradients, AdamW moments; table rows "
+              f"and Adagrad state; activations come on top, bounded by "
+              f"train.activation_memory_gb): {render.esc(state)}", highlight=False)
     con.print(f"data sizes from {render.esc(sizes_from)}", highlight=False)
     if out:
         con.print(f"wrote {render.esc(out)}", highlight=False)

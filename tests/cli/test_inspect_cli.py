@@ -59,3 +59,18 @@ def test_profile_data_reports_three_methods(workdir):
     assert 0.0 < rows["none"]["padding_waste"] < 1.0
     png = workdir / "prof/rank_work.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plan_shows_the_training_state_activations_come_on_top_of(workdir):
+    """GEM width on one GPU: ~1.25B dense parameters at 16 bytes (fp32 weight, gradient,
+    AdamW's moments) and a 1M x 1024 item table at 8 (rows, Adagrad): ~26 GiB before any
+    activation, what an activation budget must leave room for on an 80 GB card."""
+    proc = gemctl_in_process("plan", str(REPO / "recipes/h200_gem.yaml"), "--out",
+                             "gem_plan.json", cwd=workdir)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    state = json.loads((workdir / "gem_plan.json").read_text())["training_state_per_rank"]
+    gib = 2**30
+    assert 18 * gib < state["dense"] < 19 * gib
+    assert 7.5 * gib < state["embedding_tables"] < 7.9 * gib
+    assert state["total"] == state["dense"] + state["experts"] + state["embedding_tables"]
+    assert "training state per rank" in " ".join(proc.stdout.split())

@@ -114,6 +114,12 @@ def test_example_plan_numbers(example_plan) -> None:
     mem = example_plan.memory_per_rank()
     assert mem["embedding_tables"] == 2 * 10**12 // 256 // 8
     assert mem["dense_params"] == 4 * 10**9 // 128
+    # what training keeps: 16 bytes a dense parameter (fp32 weight, gradient, AdamW's two
+    # moments), 8 a table element (fp32 row, Adagrad's squares), out of 2-byte gathered ones
+    state = example_plan.training_state_per_rank()
+    assert state["dense"] == 4 * 10**9 // 128 // 2 * 16
+    assert state["embedding_tables"] == mem["embedding_tables"] // 2 * 8
+    assert state["total"] == state["dense"] + state["experts"] + state["embedding_tables"]
 
 
 def test_hsdp_moves_cross_zone_traffic_off_the_dense_path(example_plan) -> None:

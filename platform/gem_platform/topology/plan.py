@@ -38,6 +38,10 @@ COLUMNS = (
     "sent/rank/step",
 )
 GROUP_COLUMNS = ("group", "groups x ranks", "tier", "first group")
+# Training state per parameter: fp32 weight, fp32 gradient and AdamW's two moments for dense
+# and expert weights; fp32 rows and Adagrad's accumulated squares for tables (TorchRec's fused
+# optimizer updates them inside the backward and keeps no gradient).
+DENSE_STATE_BYTES, TABLE_STATE_BYTES = 16, 8
 
 
 def human_bytes(n: float) -> str:
@@ -93,6 +97,17 @@ class Plan:
             "embedding_tables": emb,
         }
 
+    def training_state_per_rank(self) -> dict[str, int]:
+        """Bytes of weights, gradients and optimizer state each rank keeps between steps: what
+        the device holds before any activation, so what ``train.activation_memory_gb`` must
+        leave room for. ``memory_per_rank`` counts the same parameters at the precision they
+        are gathered in."""
+        held, per = self.memory_per_rank(), self.sizes.param_bytes
+        out = {"dense": held["dense_params"] // per * DENSE_STATE_BYTES,
+               "experts": held["expert_params"] // per * DENSE_STATE_BYTES,
+               "embedding_tables": held["embedding_tables"] // per * TABLE_STATE_BYTES}
+        return out | {"total": sum(out.values())}
+
     def group_rows(self) -> list[tuple[str, ...]]:
         """One row per kind of process group, for a table (columns: GROUP_COLUMNS)."""
         rows = []
@@ -147,6 +162,7 @@ class Plan:
             "collectives": [_collective_dict(c) for c in self.collectives],
             "bytes_per_rank_by_tier": {t.value: b for t, b in self.bytes_by_tier().items()},
             "memory_per_rank": self.memory_per_rank(),
+            "training_state_per_rank": self.training_state_per_rank(),
             "baselines": [_collective_dict(c) for c in self.baselines],
             "baseline_bytes_per_rank_by_tier": {
                 t.value: b for t, b in self.bytes_by_tier(self.baselines).items()

@@ -46,9 +46,9 @@ def memory_fixes(recipe: Recipe, plan: CheckpointPlan | None, fragmented_gib: fl
     first."""
     budget = recipe.train.activation_memory_gb
     if budget is None:
-        first = ("set train.activation_memory_gb below the device's memory less the model's "
-                 "weights and optimizer state: the regions recompute their forward to keep the "
-                 "activations within it")
+        first = ("set train.activation_memory_gb below the device's memory less the training "
+                 "state (`gemctl plan` on the recipe shows it per rank) and a few GB: the "
+                 "regions recompute their forward to keep the activations within it")
     else:
         kept = f"; the plan kept ~{plan.kept_gb:.1f} GB" if plan is not None else ""
         first = f"lower train.activation_memory_gb (now {budget:g}{kept})"
