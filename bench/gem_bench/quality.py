@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import math
 import sys
 from collections.abc import Callable
@@ -95,8 +96,6 @@ _DERIVED = ("startup_s", "steady_s_to_target")  # written beside each arm, compu
 
 def load_result(path: str | Path) -> QualityResult:
     """A result written by ``write``, to add arms to."""
-    import json
-
     try:
         data = json.loads(Path(path).read_text())
         arms = [QualityArm(**{k: v for k, v in row.items() if k not in _DERIVED})
