@@ -70,7 +70,7 @@ def test_a_set_budget_is_named_with_what_the_plan_kept(tmp_path, monkeypatch):
     with pytest.raises(DeviceMemoryError) as caught, \
             explained_out_of_memory(recipe, torch.device("cpu"), "while training", plan):
         raise torch.OutOfMemoryError(ALLOCATOR)
-    assert "Activations: activations ~78.5 GB -> ~58.5 GB kept" in caught.value.problem
+    assert "Activation plan: activations ~78.5 GB -> ~58.5 GB kept" in caught.value.problem
 
 
 def test_other_errors_pass_through(tmp_path):

@@ -69,7 +69,7 @@ def explained_out_of_memory(recipe: Recipe, device: torch.device, phase: str,
     except torch.OutOfMemoryError as err:
         facts, fragmented = memory_facts(device)
         first_line = str(err).splitlines()[0] if str(err) else "out of memory"
-        activations = f" Activations: {plan.describe()}." if plan is not None else ""
+        activations = f" Activation plan: {plan.describe()}." if plan is not None else ""
         raise DeviceMemoryError(
             f"Recipe '{recipe.name}' ran out of device memory {phase}{facts}: "
             f"{first_line[:200]}.{activations}",
