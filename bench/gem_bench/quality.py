@@ -137,6 +137,7 @@ def run_arm(recipe: Recipe, name: str, evals: int, echo: Callable[[str], None] =
     """Train one arm to the end of the recipe and keep its curve."""
     from gem_bench.e2e import ARMS
     from gem_platform.parallel.single import plain_tables
+    from gem_platform.train.learning_report import held_out_scores
     from gem_platform.train.loop import train
 
     arm = ARMS[name]
@@ -148,8 +149,7 @@ def run_arm(recipe: Recipe, name: str, evals: int, echo: Callable[[str], None] =
     return QualityArm(
         name=name, overrides=list(arm.overrides),
         curve=list(summary.get("quality/eval_curve", [])),
-        final={k: float(v) for k, v in summary.items()
-               if k.startswith("eval/") and isinstance(v, float)},
+        final=held_out_scores(summary),
         samples_per_s=float(summary.get("perf/qps", math.nan)),
         mfu_e2e=float(summary.get("perf/mfu_e2e", math.nan)),
         train_s=float(summary.get("perf/train_s", math.nan)))

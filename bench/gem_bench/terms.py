@@ -42,6 +42,7 @@ from gem_platform.data.parquet import SampleTable
 from gem_platform.data.synthetic import PlantedWorld
 from gem_platform.errors import DataError, RecipeError
 from gem_platform.recipe import Recipe, load_recipe
+from gem_platform.train.learning_report import held_out_scores
 from gem_platform.train.loop import autocast_for, train
 
 EVAL_BATCH = 1024
@@ -156,8 +157,7 @@ def measure(recipe: Recipe, echo: Callable[[object], None] = print,
               "eval/ne_ctr": summary.get("eval/ne_ctr"),
               "capture": asdict(capture(logits, terms)),
               # what the run printed, kept: its final held-out scores per task and its curve
-              "eval": {k: v for k, v in summary.items()
-                       if k.startswith("eval/") and isinstance(v, int | float)},
+              "eval": held_out_scores(summary),
               "curve": list(summary.get("quality/eval_curve", []))}
     if reference:
         echo("training the linear reference on the same data")

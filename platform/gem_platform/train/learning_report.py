@@ -119,6 +119,13 @@ def epochs_line(steps: int, steps_per_epoch: int) -> str | None:
         "curve (train.eval_every).")
 
 
+def held_out_scores(summary: dict[str, Any]) -> dict[str, float]:
+    """A run summary's final held-out scores: every numeric ``eval/*`` entry (NE, AUC,
+    calibration, lift share per task), as measuring tools keep them beside their own figures."""
+    return {k: float(v) for k, v in summary.items()
+            if k.startswith("eval/") and isinstance(v, int | float)}
+
+
 def summary_entries(curve: LearningCurve, train_s: float, target_ne: float | None,
                     ceilings: dict[str, float] | None) -> dict[str, Any]:
     """The run summary's learning entries (the last curve point is the final evaluation)."""
