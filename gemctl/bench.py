@@ -154,6 +154,20 @@ def _quality(
     raise typer.Exit(main(argv))
 
 
+def _quality_targets(
+    result: Annotated[str, typer.Argument(help="A quality_*.json that bench quality wrote.")],
+    target_ne: Annotated[list[float] | None, typer.Option(
+        help="Held-out CTR NE (repeatable; default: the result's target and the worst of "
+             "the arms' best).")] = None,
+    json_: Annotated[bool, typer.Option("--json", help="Print JSON instead of the table.")]
+    = False,
+) -> None:
+    from gem_bench.quality_targets import main
+
+    argv = [result, *[a for t in target_ne or [] for a in ("--target-ne", str(t))]]
+    raise typer.Exit(main(argv + (["--json"] if json_ else [])))
+
+
 def _terms(
     recipe: Annotated[str, typer.Argument(help="Recipe YAML (synthetic data).")],
     set_: Annotated[list[str] | None, typer.Option(
@@ -273,6 +287,12 @@ def register(app: typer.Typer) -> None:
             f"gemctl bench {name} --out bench_results --quick"))(user_errors(_command(module)))
     for name, (function, help_text, examples) in RECIPE_COMMANDS.items():
         bench.command(name, help=help_text, epilog=epilog(*examples))(user_errors(function))
+    bench.command("quality-targets", help="A bench quality result read at several target "
+                  "NEs, no training: each arm's seconds and samples to each, and the run length "
+                  "beyond which ours is ahead.", epilog=epilog(
+                      "gemctl bench quality-targets docs/quality/quality_h200_gem_h100.json",
+                      "gemctl bench quality-targets RESULT.json --target-ne 0.9 "
+                      "--target-ne 0.88"))(user_errors(_quality_targets))
     bench.command("kernels", help=bench_kernels.HELP, epilog=epilog(*bench_kernels.EXAMPLES))(
         user_errors(bench_kernels.kernels))
     app.add_typer(bench, name="bench")

@@ -94,18 +94,18 @@ class QualityResult:
 _DERIVED = ("startup_s", "steady_s_to_target")  # written beside each arm, computed on load
 
 
-def load_result(path: str | Path) -> QualityResult:
-    """A result written by ``write``, to add arms to."""
+def load_result(path: str | Path, option: str = "--add-to") -> QualityResult:
+    """A result written by ``write`` (``option`` names where its path came from, for errors)."""
     try:
         data = json.loads(Path(path).read_text())
         arms = [QualityArm(**{k: v for k, v in row.items() if k not in _DERIVED})
                 for row in data.pop("arms")]
         return QualityResult(arms=arms, **data)
     except FileNotFoundError as err:
-        raise GemError(f"--add-to {path}: no such file.",
+        raise GemError(f"{option} {path}: no such file.",
                        "Name a quality_*.json that gemctl bench quality wrote.") from err
     except (ValueError, TypeError, KeyError) as err:
-        raise GemError(f"--add-to {path} is no gemctl bench quality result ({err}).",
+        raise GemError(f"{option} {path} is no gemctl bench quality result ({err}).",
                        "Name a quality_*.json that gemctl bench quality wrote.") from err
 
 
@@ -177,17 +177,21 @@ def pick_target(arms: list[QualityArm], given: float | None) -> tuple[float | No
     return (max(bests), "worst of the arms' best") if bests else (None, "no arm evaluated")
 
 
-def place_target(arms: list[QualityArm], target: float | None) -> None:
-    """Each arm's training seconds and samples to ``target`` (None where never reached)."""
+def reach(arm: QualityArm, target: float) -> tuple[float | None, float | None]:
+    """The arm's training seconds and samples to ``target`` (None, None: never reached)."""
     from gem_platform.train.learning import time_to_target
 
+    hit = time_to_target([(p["step"], p["samples"], p["train_s"], p["ne_ctr"])
+                          for p in arm.curve], target)
+    return (hit.train_s, hit.samples) if hit else (None, None)
+
+
+def place_target(arms: list[QualityArm], target: float | None) -> None:
+    """Each arm's training seconds and samples to ``target`` (None where never reached)."""
     for a in arms:
         if target is None or a.error:
             continue
-        hit = time_to_target([(p["step"], p["samples"], p["train_s"], p["ne_ctr"])
-                              for p in a.curve], target)
-        a.train_s_to_target = hit.train_s if hit else None
-        a.samples_to_target = hit.samples if hit else None
+        a.train_s_to_target, a.samples_to_target = reach(a, target)
 
 
 def bench(recipe: Recipe, arms: list[str] | None = None, target_ne: float | None = None,
