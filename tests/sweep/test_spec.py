@@ -45,7 +45,7 @@ def write(spec_dir: Path, text: str) -> Path:
     ("recall_controls", ["full", "block64", "full_token_keys", "full_rope", "full_local",
                          "block64_local"], "full", [0, 1, 2]),
     ("recall_h200", ["full", "sliding", "block64", "full_token_keys", "full_no_rope",
-                     "block64_no_rope", "full_newest", "block64_newest"], "full", [0, 1]),
+                     "block64_no_rope", "full_newest", "block64_newest"], "full_newest", [0, 1]),
 ])
 def test_shipped_ablations_resolve(name, arms, baseline, seeds, monkeypatch):
     monkeypatch.chdir(REPO)

@@ -139,6 +139,25 @@ def test_the_committed_recall_control_without_rope_is_not_evidence_either():
     assert by_metric["eval/ne_cvr"].verdict == "pass"
 
 
+def test_the_committed_gpu_recall_control_with_the_newest_token_catches_block64():
+    """docs/quality/recall_h200_newest.json: with the newest event's token among DHEN's, full
+    attention on h200's model learns the recall term at both seeds (CTR AUC well above the
+    ceiling without it), so the control answers on the GPU recipe: block64 FAILs the CTR gate,
+    which carries the term, by the margin the CPU control shows, and PASSes CVR."""
+    path = REPO / "docs/quality/recall_h200_newest.json"
+    trials, _ = load_results(path)
+    full = [t for t in trials if t.arm == "full_newest"]
+    assert len(full) == 2 and all(t.metrics["eval/auc_ctr"] > t.metrics[BLIND] + 0.05
+                                  for t in full)
+    assert all(t.metrics["eval/auc_ctr"] < t.metrics[BLIND]
+               for t in trials if t.arm == "block64_newest")
+    verdicts = {v.metric: v for v in compare("", [str(path)], baseline="full_newest",
+                                             gates=Gates(max_ne_regression_pct=0.2)).verdicts}
+    assert {m: v.verdict for m, v in verdicts.items()} == {"eval/ne_ctr": "fail",
+                                                          "eval/ne_cvr": "pass"}
+    assert not verdicts["eval/ne_ctr"].unlearned and verdicts["eval/ne_ctr"].regression > 10
+
+
 def test_the_committed_cpu_recall_control_catches_block64():
     """docs/quality/recall_controls_demo.json (recipes/ablations/recall_controls.yaml, three
     seeds): with category keys through one projection full attention learned the recall term
