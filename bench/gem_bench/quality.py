@@ -56,6 +56,9 @@ class QualityArm:
     train_s_to_target: float | None = None
     samples_to_target: float | None = None
     error: str | None = None
+    # what the start-up was made of: perf/compile_s_torch, compile_s_triton,
+    # triton_kernels_compiled, tuning_s_gdpa of the run summary (absent in older results)
+    compiling: dict[str, float] = field(default_factory=dict)
 
     def best_ne(self) -> float:
         values = [p["ne_ctr"] for p in self.curve if not math.isnan(p.get("ne_ctr", math.nan))]
@@ -152,7 +155,12 @@ def run_arm(recipe: Recipe, name: str, evals: int, echo: Callable[[str], None] =
         final=held_out_scores(summary),
         samples_per_s=float(summary.get("perf/qps", math.nan)),
         mfu_e2e=float(summary.get("perf/mfu_e2e", math.nan)),
-        train_s=float(summary.get("perf/train_s", math.nan)))
+        train_s=float(summary.get("perf/train_s", math.nan)),
+        compiling={k.removeprefix("perf/"): float(summary[k]) for k in COMPILING if k in summary})
+
+
+COMPILING = ("perf/compile_s_torch", "perf/compile_s_triton", "perf/triton_kernels_compiled",
+             "perf/tuning_s_gdpa")
 
 
 def _one_arm(recipe: Recipe, name: str, evals: int, echo: Callable[[str], None],
@@ -234,7 +242,8 @@ def bench(recipe: Recipe, arms: list[str] | None = None, target_ne: float | None
 
 ROWS = ("final NE", "final AUC", "share of ceiling lift", "samples/s", "E2E MFU",
         "train s to target", "samples to target", "time vs ours", "start-up s (compile, warm-up)",
-        "steady s to target", "steady time vs ours")
+        "  torch.compile s / Triton JIT s (kernels) / GDPA tuning s", "steady s to target",
+        "steady time vs ours")
 
 
 def _cells(a: QualityArm, ours: QualityArm | None, ceiling: dict[str, float]) -> list[str]:
@@ -254,8 +263,18 @@ def _cells(a: QualityArm, ours: QualityArm | None, ceiling: dict[str, float]) ->
             fmt(a.mfu_e2e, ".1%"), fmt(a.train_s_to_target, ".0f"),
             fmt(a.samples_to_target, ",.0f"),
             vs(a.train_s_to_target, ours.train_s_to_target if ours else None),
-            fmt(a.startup_s, ".0f"), fmt(a.steady_s_to_target, ".0f"),
+            fmt(a.startup_s, ".0f"), _compiling(a.compiling), fmt(a.steady_s_to_target, ".0f"),
             vs(a.steady_s_to_target, ours.steady_s_to_target if ours else None)]
+
+
+def _compiling(c: dict[str, float]) -> str:
+    """Where the start-up went, from the run's compile timers ("-" in results without them;
+    seconds over the whole run, evaluation's compiles included)."""
+    if not c:
+        return "-"
+    return (f"{c.get('compile_s_torch', math.nan):.0f} / {c.get('compile_s_triton', math.nan):.0f}"
+            f" ({c.get('triton_kernels_compiled', math.nan):.0f}) / "
+            f"{c.get('tuning_s_gdpa', math.nan):.0f}")
 
 
 def render(result: QualityResult, console=None) -> None:  # noqa: ANN001 (rich Console)

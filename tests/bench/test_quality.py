@@ -62,6 +62,7 @@ def test_quality_bench_trains_each_arm_and_writes_its_curve(tmp_path, monkeypatc
                                       "--out", str(out)])
     assert result.exit_code == 0, result.output
     assert "train s to target" in result.output and "steady s to target" in result.output
+    assert "GDPA tuning s" in result.output
     (path,) = out.glob("quality_tiny_*.json")
     record = json.loads(path.read_text())
     assert [a["name"] for a in record["arms"]] == ["ours", "off_the_shelf"]
@@ -74,6 +75,10 @@ def test_quality_bench_trains_each_arm_and_writes_its_curve(tmp_path, monkeypatc
             arm["samples_to_target"] / arm["samples_per_s"])
         assert arm["startup_s"] == pytest.approx(
             arm["train_s"] - arm["curve"][-1]["samples"] / arm["samples_per_s"])
+        # what the start-up was made of (no Triton or GDPA tuning on CPU)
+        assert set(arm["compiling"]) == {"compile_s_torch", "compile_s_triton",
+                                         "triton_kernels_compiled", "tuning_s_gdpa"}
+        assert arm["compiling"]["triton_kernels_compiled"] == 0
     # the default target is reached by every arm, by construction
     assert all(a["train_s_to_target"] is not None for a in record["arms"])
     assert record["ceiling"]["ctr"] > 0.5

@@ -13,6 +13,7 @@ which tunes).
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -41,10 +42,12 @@ def length_bucket(n: int) -> int:
 
 
 class Tuner:
-    """Best candidate per key; ``records`` keeps the timings for reports."""
+    """Best candidate per key; ``records`` keeps the timings for reports, ``seconds`` the wall
+    time spent tuning (the candidates' compiles included), a part of a run's start-up."""
 
     def __init__(self, warmup_ms: float = 10.0, rep_ms: float = 40.0) -> None:
         self.records: dict[tuple, TuneRecord] = {}
+        self.seconds = 0.0
         self._warmup_ms, self._rep_ms = warmup_ms, rep_ms
 
     def pick(self, key: tuple, candidates: Sequence[object], run: Callable[[object], object],
@@ -58,6 +61,7 @@ class Tuner:
             return candidates[0]
         import triton.testing
 
+        started = time.perf_counter()
         rec = TuneRecord(choice=candidates[0])
         best = float("inf")
         for c in candidates:
@@ -71,4 +75,5 @@ class Tuner:
             if ms < best:
                 best, rec.choice = ms, c
         self.records[key] = rec
+        self.seconds += time.perf_counter() - started
         return rec.choice
