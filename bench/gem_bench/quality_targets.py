@@ -69,11 +69,16 @@ def view(result: QualityResult, targets: list[float]) -> dict:
         "recipe": result.recipe,
         "device": result.environment.get("device"),
         "targets": {f"{t:.4f}": [vars(row) for row in at_target(result, t)] for t in targets},
-        "arms": {a.name: {"startup_s": a.startup_s, "samples_per_s": a.samples_per_s}
+        "arms": {a.name: {"startup_s": _finite(a.startup_s),
+                          "samples_per_s": _finite(a.samples_per_s)}
                  for a in result.arms if a.error is None},
         "ours_ahead_beyond_samples": {a.name: break_even_samples(ours, a) for a in others}
         if ours else {},
     }
+
+
+def _finite(x: float) -> float | None:
+    return None if math.isnan(x) else x
 
 
 def render(data: dict, console=None) -> None:  # noqa: ANN001 (rich Console)
@@ -93,6 +98,10 @@ def render(data: dict, console=None) -> None:  # noqa: ANN001 (rich Console)
     console.print(table)
     for name, samples in data["ours_ahead_beyond_samples"].items():
         arm, ours = data["arms"][name], data["arms"]["ours"]
+        if None in (*arm.values(), *ours.values()):
+            console.print(escape(f"ours against {name}: unknown (a start-up or samples/s is "
+                                 "missing from the result)"))
+            continue
         when = ("never (not faster per sample)" if samples is None
                 else f"beyond {samples:,.0f} samples")
         console.print(escape(f"ours ahead of {name} {when}: start-up {ours['startup_s']:.0f} s "

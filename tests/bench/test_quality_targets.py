@@ -68,3 +68,23 @@ def test_the_command_prints_json_and_refuses_what_it_cannot_read(tmp_path):
     unreachable = runner.invoke(app, ["bench", "quality-targets", str(H100_RESULT),
                                       "--target-ne", "-1"])
     assert unreachable.exit_code == 2 and "no NE a run can reach" in unreachable.output
+
+
+def test_an_arm_without_its_speed_figures_is_unknown_not_never(tmp_path):
+    """An arm whose samples/s was not measured has no start-up either: the view says the
+    comparison is unknown, and its JSON holds null, not NaN."""
+    from gem_bench.quality import QualityResult, write
+
+    ours, theirs = _arm("ours", 200.0, 10.0), _arm("off_the_shelf", 100.0, 4.0)
+    theirs.samples_per_s = float("nan")
+    result = QualityResult(recipe="tiny", target_ne=0.95, target_source="given", ceiling={},
+                           arms=[ours, theirs], resolved_recipe={"model": {"attention": "full"}},
+                           environment={"device": "cpu"})
+    path = write(result, tmp_path)
+    runner = CliRunner()
+    shown = runner.invoke(app, ["bench", "quality-targets", str(path)])
+    assert shown.exit_code == 0 and "unknown" in shown.output, shown.output
+    data = json.loads(runner.invoke(app, ["bench", "quality-targets", str(path), "--json"]
+                                    ).output, parse_constant=pytest.fail)
+    assert data["arms"]["off_the_shelf"]["samples_per_s"] is None
+    assert data["ours_ahead_beyond_samples"] == {"off_the_shelf": None}
