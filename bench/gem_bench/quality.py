@@ -135,6 +135,11 @@ def arm_recipe(recipe: Recipe, overrides: list[str], evals: int) -> Recipe:
     return r
 
 
+# the run-summary entries that say what an arm's start-up was made of
+COMPILING = ("perf/compile_s_torch", "perf/compile_s_triton", "perf/triton_kernels_compiled",
+             "perf/tuning_s_gdpa")
+
+
 def run_arm(recipe: Recipe, name: str, evals: int, echo: Callable[[str], None] = print
             ) -> QualityArm:
     """Train one arm to the end of the recipe and keep its curve."""
@@ -158,9 +163,6 @@ def run_arm(recipe: Recipe, name: str, evals: int, echo: Callable[[str], None] =
         train_s=float(summary.get("perf/train_s", math.nan)),
         compiling={k.removeprefix("perf/"): float(summary[k]) for k in COMPILING if k in summary})
 
-
-COMPILING = ("perf/compile_s_torch", "perf/compile_s_triton", "perf/triton_kernels_compiled",
-             "perf/tuning_s_gdpa")
 
 
 def _one_arm(recipe: Recipe, name: str, evals: int, echo: Callable[[str], None],
