@@ -45,7 +45,8 @@ def write(spec_dir: Path, text: str) -> Path:
     ("recall_controls", ["full", "block64", "full_token_keys", "full_rope", "full_local",
                          "block64_local"], "full", [0, 1, 2]),
     ("recall_h200", ["full", "sliding", "block64", "full_token_keys", "full_no_rope",
-                     "block64_no_rope", "full_newest", "block64_newest", "sliding_newest"],
+                     "block64_no_rope", "full_newest", "block64_newest", "full_rope_newest",
+                     "block64_rope_newest", "sliding_newest"],
      "full_newest", [0, 1]),
 ])
 def test_shipped_ablations_resolve(name, arms, baseline, seeds, monkeypatch):
@@ -83,7 +84,8 @@ def test_shipped_ablations_resolve(name, arms, baseline, seeds, monkeypatch):
         assert keys["full_no_rope"] == ("full", "category", True)
         # the newest event's token joins DHEN only in the arms that test it
         assert {n for n, r in recipes.items() if r.model.newest_token} == {
-            "full_newest", "block64_newest", "sliding_newest"}
+            "full_newest", "block64_newest", "sliding_newest", "full_rope_newest",
+            "block64_rope_newest"}
     if name == "loader":
         assert recipes["no_balancing"].loader.batching == "sequential"
     # Arms differ only where their overrides say; seeds vary the model, never the data
