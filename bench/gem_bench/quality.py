@@ -59,6 +59,8 @@ class QualityArm:
     # what the start-up was made of: perf/compile_s_torch, compile_s_triton,
     # triton_kernels_compiled, tuning_s_gdpa of the run summary (absent in older results)
     compiling: dict[str, float] = field(default_factory=dict)
+    # perf/peak_memory_gb (CUDA) and, under an activation budget, perf/activations_kept_gb
+    memory: dict[str, float] = field(default_factory=dict)
 
     def best_ne(self) -> float:
         values = [p["ne_ctr"] for p in self.curve if not math.isnan(p.get("ne_ctr", math.nan))]
@@ -138,6 +140,7 @@ def arm_recipe(recipe: Recipe, overrides: list[str], evals: int) -> Recipe:
 # the run-summary entries that say what an arm's start-up was made of
 COMPILING = ("perf/compile_s_torch", "perf/compile_s_triton", "perf/triton_kernels_compiled",
              "perf/tuning_s_gdpa")
+MEMORY = ("perf/peak_memory_gb", "perf/activations_kept_gb")
 
 
 def run_arm(recipe: Recipe, name: str, evals: int, echo: Callable[[str], None] = print
@@ -161,7 +164,11 @@ def run_arm(recipe: Recipe, name: str, evals: int, echo: Callable[[str], None] =
         samples_per_s=float(summary.get("perf/qps", math.nan)),
         mfu_e2e=float(summary.get("perf/mfu_e2e", math.nan)),
         train_s=float(summary.get("perf/train_s", math.nan)),
-        compiling={k.removeprefix("perf/"): float(summary[k]) for k in COMPILING if k in summary})
+        compiling=_entries(summary, COMPILING), memory=_entries(summary, MEMORY))
+
+
+def _entries(summary: dict, keys: tuple[str, ...]) -> dict[str, float]:
+    return {k.removeprefix("perf/"): float(summary[k]) for k in keys if k in summary}
 
 
 
@@ -243,6 +250,7 @@ def bench(recipe: Recipe, arms: list[str] | None = None, target_ne: float | None
 
 
 ROWS = ("final NE", "final AUC", "share of ceiling lift", "samples/s", "E2E MFU",
+        "peak GB (activations kept GB)",
         "train s to target", "samples to target", "time vs ours", "start-up s (compile, warm-up)",
         "  torch.compile s / Triton JIT s (kernels) / GDPA tuning s", "steady s to target",
         "steady time vs ours")
@@ -262,11 +270,18 @@ def _cells(a: QualityArm, ours: QualityArm | None, ceiling: dict[str, float]) ->
         return f"{theirs / base:.2f}x" if theirs and base else "-"
 
     return [fmt(ne, ".4f"), fmt(auc, ".4f"), fmt(share, ".0%"), fmt(a.samples_per_s, ",.0f"),
-            fmt(a.mfu_e2e, ".1%"), fmt(a.train_s_to_target, ".0f"),
+            fmt(a.mfu_e2e, ".1%"), _memory(a.memory), fmt(a.train_s_to_target, ".0f"),
             fmt(a.samples_to_target, ",.0f"),
             vs(a.train_s_to_target, ours.train_s_to_target if ours else None),
             fmt(a.startup_s, ".0f"), _compiling(a.compiling), fmt(a.steady_s_to_target, ".0f"),
             vs(a.steady_s_to_target, ours.steady_s_to_target if ours else None)]
+
+
+def _memory(m: dict[str, float]) -> str:
+    if "peak_memory_gb" not in m:
+        return "-"
+    kept = m.get("activations_kept_gb")
+    return f"{m['peak_memory_gb']:.1f}" + (f" ({kept:.1f})" if kept is not None else "")
 
 
 def _compiling(c: dict[str, float]) -> str:

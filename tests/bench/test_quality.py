@@ -40,6 +40,14 @@ def test_time_to_target_is_interpolated_and_never_where_not_reached():
     assert slow.train_s_to_target is None and slow.samples_to_target is None
 
 
+def test_memory_cell_shows_the_peak_and_what_a_budget_kept():
+    from gem_bench.quality import _memory
+
+    assert _memory({}) == "-"
+    assert _memory({"peak_memory_gb": 68.34}) == "68.3"
+    assert _memory({"peak_memory_gb": 68.34, "activations_kept_gb": 41.66}) == "68.3 (41.7)"
+
+
 def test_start_up_and_steady_time_split_the_time_to_target():
     arm = _arm("ours", [0.99, 0.90, 0.85])  # 300 samples in 6 training seconds
     arm.train_s, arm.samples_per_s = 6.0, 100.0  # steady: the 300 samples alone take 3 s
@@ -79,6 +87,7 @@ def test_quality_bench_trains_each_arm_and_writes_its_curve(tmp_path, monkeypatc
         assert set(arm["compiling"]) == {"compile_s_torch", "compile_s_triton",
                                          "triton_kernels_compiled", "tuning_s_gdpa"}
         assert arm["compiling"]["triton_kernels_compiled"] == 0
+        assert arm["memory"] == {}  # no device peak on CPU, no activation budget set
     # the default target is reached by every arm, by construction
     assert all(a["train_s_to_target"] is not None for a in record["arms"])
     assert record["ceiling"]["ctr"] > 0.5

@@ -393,7 +393,23 @@ def test_tuner_off_the_gpu_runs_the_default_and_caches_nothing() -> None:
     calls = []
     tuner = Tuner()
     assert tuner.pick(("k",), ["a", "b"], calls.append, torch.device("cpu")) == "a"
-    assert calls == [] and tuner.records == {}
+    assert calls == [] and tuner.records == {} and tuner.seconds == 0.0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_tuner_counts_the_seconds_it_tunes_once_per_key() -> None:
+    """Tuning time is part of a run's start-up (perf/tuning_s_gdpa): a key's first pick times
+    every candidate and adds the wall time; a cached pick adds nothing."""
+    from gem_kernels.gdpa.tuning import Tuner
+
+    x = torch.randn(256, 256, device="cuda")
+    tuner = Tuner(warmup_ms=1.0, rep_ms=2.0)
+    choice = tuner.pick(("k",), [1, 2], lambda n: (x @ x) * n, x.device)
+    spent = tuner.seconds
+    assert choice in (1, 2) and spent > 0
+    assert tuner.pick(("k",), [1, 2], lambda n: (x @ x) * n, x.device) == choice
+    assert tuner.seconds == spent
 
 
 def test_kv_major_forward_refuses_long_kv() -> None:
