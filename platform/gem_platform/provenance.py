@@ -47,7 +47,9 @@ def code_version(root: Path = SOURCE_ROOT) -> dict[str, Any]:
 
     ``GEM_GIT_COMMIT`` (and ``GEM_GIT_DIRTY``), when set, win over git: they name the code of
     an export or image that may sit inside some other checkout whose HEAD is not its code."""
-    env_commit, env_dirty = os.environ.get("GEM_GIT_COMMIT"), os.environ.get("GEM_GIT_DIRTY")
+    # empty counts as unset: an image built without the build arguments sets both to ""
+    env_commit = os.environ.get("GEM_GIT_COMMIT") or None
+    env_dirty = os.environ.get("GEM_GIT_DIRTY") or None
     commit = None if env_commit else _git("rev-parse", "HEAD", root=root)
     if commit is None:
         return {"commit": env_commit or None,

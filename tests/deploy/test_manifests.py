@@ -328,6 +328,13 @@ def test_gpu_image_pins_match_the_cpu_stack() -> None:
     assert re.search(r"^USER ray$", dockerfile, re.M), "the image must not run as root"
     assert re.search(rf"^WORKDIR {IMAGE_PROJECT}$", dockerfile, re.M)
     assert "pip install --no-deps -e ." in dockerfile
+    # the image has no .git: the build names its code, and every run from it records that
+    for name in ("GEM_GIT_COMMIT", "GEM_GIT_DIRTY"):
+        assert re.search(rf'^ARG {name}=""$', dockerfile, re.M), name
+        assert re.search(rf"{name}=\$\{{{name}\}}", dockerfile), name
+    for doc in (dockerfile, (DEPLOY / "README.md").read_text()):
+        assert "--build-arg GEM_GIT_COMMIT=$(git rev-parse HEAD)" in doc
+        assert "--build-arg GEM_GIT_DIRTY=" in doc
 
     mlflow_image = (DEPLOY / "mlflow" / "Dockerfile").read_text()
     assert f'"mlflow=={cpu["mlflow"]}"' in mlflow_image

@@ -182,3 +182,14 @@ def test_an_exported_tree_names_its_own_commit_over_the_enclosing_checkout(monke
     monkeypatch.delenv("GEM_GIT_COMMIT")
     monkeypatch.delenv("GEM_GIT_DIRTY")
     assert len(code_version()["commit"] or "") == 40
+
+
+def test_empty_commit_variables_count_as_unknown_not_clean(monkeypatch, tmp_path) -> None:
+    """An image built without its GEM_GIT_* build arguments sets both to "": outside a checkout
+    the code is then unknown (never "clean"), inside one git answers."""
+    from gem_platform.provenance import code_version
+
+    monkeypatch.setenv("GEM_GIT_COMMIT", "")
+    monkeypatch.setenv("GEM_GIT_DIRTY", "")
+    assert code_version(root=tmp_path) == {"commit": None, "dirty": None}
+    assert len(code_version()["commit"] or "") == 40
