@@ -32,6 +32,7 @@ from typing import Any
 
 from gem_platform.errors import ClusterError, RecipeError
 from gem_platform.net import default_port, parse_url, redact, require_reachable
+from gem_platform.provenance import code_version
 
 DEFAULT_JOBS_ADDRESS = "http://127.0.0.1:8265"
 JOBS_SCHEMES = ("http", "https")
@@ -210,14 +211,25 @@ def find_project_root(start: Path | None = None) -> Path:
 
 
 def runtime_env(working_dir: Path, env_vars: dict[str, str] | None = None) -> dict[str, Any]:
-    """working_dir = the project (recipes, configs), py_modules = its packages, and the
-    tracking settings of the submitting shell."""
+    """working_dir = the project (recipes, configs), py_modules = its packages, the tracking
+    settings of the submitting shell, and the uploaded code's commit (GEM_GIT_COMMIT, and
+    GEM_GIT_DIRTY where the tree differs from it): .git does not travel, so without them the
+    job's runs would record their code as unknown."""
     env = {k: os.environ[k] for k in PASSED_ENV if os.environ.get(k)}
+    env.update(_code_env(working_dir))
     env.update(env_vars or {})
     env.setdefault("PYTHONUNBUFFERED", "1")
     modules = [str(working_dir / p) for p in PACKAGES if (working_dir / p).is_dir()]
     return {"working_dir": str(working_dir), "py_modules": modules, "excludes": list(EXCLUDES),
             "env_vars": env}
+
+
+def _code_env(working_dir: Path) -> dict[str, str]:
+    code = code_version(working_dir)
+    if not code["commit"]:
+        return {}
+    dirty = {} if code["dirty"] is None else {"GEM_GIT_DIRTY": "1" if code["dirty"] else "0"}
+    return {"GEM_GIT_COMMIT": code["commit"], **dirty}
 
 
 @contextlib.contextmanager

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -72,14 +73,26 @@ def test_entrypoint_quotes_overrides() -> None:
 
 def test_runtime_env_uploads_code_not_data(clean_env: pytest.MonkeyPatch) -> None:
     clean_env.setenv("MLFLOW_TRACKING_URI", "http://mlflow.gem:5000")
+    clean_env.delenv("GEM_GIT_COMMIT", raising=False)
     env = remote.runtime_env(REPO, {"EXTRA": "1"})
     assert env["working_dir"] == str(REPO)
     assert {".venv", "gem_data", "gem_runs", "mlruns", "*.parquet", ".git"} <= set(env["excludes"])
     assert sorted(Path(p).name for p in env["py_modules"]) == ["gem_kernels", "gem_platform",
                                                                "gemctl"]
     assert all(Path(p).is_dir() for p in env["py_modules"])
+    code = env["env_vars"].pop("GEM_GIT_COMMIT"), env["env_vars"].pop("GEM_GIT_DIRTY")
     assert env["env_vars"] == {"MLFLOW_TRACKING_URI": "http://mlflow.gem:5000", "EXTRA": "1",
                                "PYTHONUNBUFFERED": "1"}
+    # .git stays behind, so the job learns the uploaded code's commit from its environment
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
+                          text=True, check=True).stdout.strip()
+    assert code[0] == head and code[1] in ("0", "1")
+
+
+def test_runtime_env_outside_a_checkout_names_no_commit(clean_env: pytest.MonkeyPatch,
+                                                        tmp_path: Path) -> None:
+    clean_env.delenv("GEM_GIT_COMMIT", raising=False)
+    assert "GEM_GIT_COMMIT" not in remote.runtime_env(tmp_path)["env_vars"]
 
 
 def test_job_ids_are_readable_and_unique() -> None:
