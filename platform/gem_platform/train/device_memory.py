@@ -44,7 +44,8 @@ def memory_facts(device: torch.device) -> tuple[str, float]:
 def memory_fixes(recipe: Recipe, plan: CheckpointPlan | None, fragmented_gib: float) -> str:
     """The recipe fields (and allocator setting) that lower the run's peak, the cheapest that
     can work first: where GiBs sit reserved but unallocated the memory is there in pieces, and
-    expandable segments join them without recomputing anything, while a lower budget recomputes more."""
+    expandable segments join them without recomputing anything, while a lower budget recomputes
+    more."""
     budget = recipe.train.activation_memory_gb
     if budget is None:
         first = ("set train.activation_memory_gb below the device's memory less the training "
@@ -57,7 +58,8 @@ def memory_fixes(recipe: Recipe, plan: CheckpointPlan | None, fragmented_gib: fl
     if fragmented_gib > FRAGMENTED_GIB and EXPANDABLE not in os.environ.get(
             "PYTORCH_CUDA_ALLOC_CONF", ""):
         fixes.insert(0, f"set PYTORCH_CUDA_ALLOC_CONF={EXPANDABLE} ({fragmented_gib:.1f} GiB "
-                        "sit reserved but unallocated: fragmentation, which it joins without recomputing)")
+                        "sit reserved but unallocated: fragmentation, which it joins without "
+                        "recomputing)")
     return "; or ".join(fixes) + "."
 
 
