@@ -25,6 +25,8 @@ from gem_platform.errors import GemError
 
 @dataclass(frozen=True)
 class ArmAtTarget:
+    """One arm's way to one target: the training seconds and samples it took."""
+
     arm: str
     train_s: float | None  # None: the arm's curve never reached the target
     samples: float | None
