@@ -212,9 +212,9 @@ def find_project_root(start: Path | None = None) -> Path:
 
 def runtime_env(working_dir: Path, env_vars: dict[str, str] | None = None) -> dict[str, Any]:
     """working_dir = the project (recipes, configs), py_modules = its packages, the tracking
-    settings of the submitting shell, and the uploaded code's commit (GEM_GIT_COMMIT, and
-    GEM_GIT_DIRTY where the tree differs from it): .git does not travel, so without them the
-    job's runs would record their code as unknown."""
+    settings of the submitting shell, and the uploaded code's commit (GEM_GIT_COMMIT) and
+    whether the tree differs from it (GEM_GIT_DIRTY), where known: .git does not travel, so
+    without them the job's runs would record their code as unknown."""
     env = {k: os.environ[k] for k in PASSED_ENV if os.environ.get(k)}
     env.update(_code_env(working_dir))
     env.update(env_vars or {})
