@@ -14,6 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from gem_platform.sweep.gates import effective
 from gem_platform.sweep.stats import delta_text, mean_sd
 from gemctl import render
 
@@ -115,8 +116,17 @@ def verdict_table(cmp) -> Table:
             "needs 2+ seeds" if math.isnan(v.low) else "unknown")
         t.add_row(render.esc(v.arm), render.esc(v.metric.removeprefix("eval/")), reg,
                   f"{v.limit:g}{v.unit}" if math.isfinite(v.limit) else "-",
-                  f"[{VERDICT_STYLE[v.verdict]}]{v.verdict.upper()}[/]", str(v.seeds), settle)
+                  _verdict_cell(v), str(v.seeds), settle)
     return t
+
+
+def _verdict_cell(v) -> str:
+    """The verdict in its colour; a control's says what it expects, coloured by whether it
+    holds."""
+    if v.expected is None:
+        return f"[{VERDICT_STYLE[v.verdict]}]{v.verdict.upper()}[/]"
+    shown = "as expected" if v.verdict == v.expected else f"expected {v.expected.upper()}"
+    return f"[{VERDICT_STYLE[effective(v)]}]{v.verdict.upper()} ({shown})[/]"
 
 
 def write_plots(cmp, uri: str, plot: Path | None, ids: list[str] | None, gates
@@ -209,9 +219,10 @@ def print_gate_outcome(verdicts, code: int) -> None:
     """Each gate that did not pass, in words (a FAIL as an error), then the overall outcome
     of exit ``code``."""
     for v in verdicts:
-        if v.verdict == "fail":
-            render.error(f"gate FAIL: {v.message}")
-        elif v.verdict != "pass":
+        word = effective(v)
+        if word == "fail":
+            render.error(f"gate {v.verdict.upper()}: {v.message}")
+        elif word != "pass" or v.expected is not None:
             console.print(f"gate {v.verdict.upper()}: {render.esc(v.message)}",
                           highlight=False, soft_wrap=True)
     summary = {0: "[green]gates passed[/]", 1: "[red]gates FAILED[/]",

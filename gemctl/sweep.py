@@ -225,6 +225,10 @@ def compare(
     max_qps_drop: Annotated[str | None, typer.Option(
         "--max-qps-drop", help="Gate on QPS, in percent: 5%, judged on the interval like "
         "NE.")] = None,
+    expect: Annotated[list[str] | None, typer.Option(
+        "--expect", help="A control's expected verdict, ARM:METRIC=pass|fail (repeatable): "
+        "block64:ne_ctr=fail on data that plants what block64 can't see. It counts as a pass "
+        "when it holds and as a fail when the opposite verdict comes.")] = None,
     as_json: Annotated[bool, typer.Option(
         "--json", help="Print JSON (verdicts and every run's values included) instead of "
         "tables; `gemctl compare FILE.json` reads it back.")] = False,
@@ -250,7 +254,7 @@ def compare(
     from gem_platform.errors import GemError
     from gem_platform.sweep.compare import Gates, parse_percent
     from gem_platform.sweep.compare import compare as compare_runs
-    from gem_platform.sweep.gates import EXIT_PASS, exit_code
+    from gem_platform.sweep.gates import EXIT_PASS, Expectation, exit_code
     from gem_platform.sweep.report import quality_markdown
     from gem_platform.sweep.results import is_results_file
 
@@ -259,7 +263,11 @@ def compare(
                        "Pass one of them.")
     gates = Gates(max_ne_regression_pct=parse_percent(max_ne_regression) if max_ne_regression
                   else None, max_auc_drop=max_auc_drop,
-                  max_qps_drop_pct=parse_percent(max_qps_drop) if max_qps_drop else None)
+                  max_qps_drop_pct=parse_percent(max_qps_drop) if max_qps_drop else None,
+                  expect=tuple(Expectation.parse(e) for e in expect or []))
+    if gates.expect and not gates.any():
+        raise GemError("--expect names a verdict, but no gate is set to give it.",
+                       "Add the gate it speaks of, e.g. --max-ne-regression 0.2%.")
     files = [i for i in ids if is_results_file(i)]
     uri = _uri(tracking_uri) if len(files) < len(ids) else ""  # files need no MLflow store
     cmp = compare_runs(uri, ids, baseline, gates, arms)

@@ -33,8 +33,30 @@ print("" if value is None else value)
 PY
 }
 
+# expect_args SPEC: the spec's control expectations (gates.expect: arm -> metric -> pass|fail)
+# as `gemctl compare` arguments, one per line: --expect ARM:METRIC=VERDICT. A positive
+# control's expected FAIL then counts as a pass, and a night where it passes fails.
+expect_args() {
+  python3 - "$1" <<'PY'
+import sys
+
+import yaml
+
+try:
+    with open(sys.argv[1]) as f:
+        spec = yaml.safe_load(f) or {}
+except (OSError, yaml.YAMLError):
+    sys.exit(0)
+expect = ((spec.get("gates") or {}).get("expect") or {}) if isinstance(spec, dict) else {}
+for arm, metrics in expect.items():
+    for metric, verdict in (metrics or {}).items():
+        print(f"--expect\n{arm}:{metric}={verdict}")
+PY
+}
+
 # verdicts FILE: one line per gate of a `gemctl compare --json` document:
-# "ARM METRIC VERDICT" (+ "needs ~N seeds" when inconclusive and the spread says how many).
+# "ARM METRIC VERDICT" (+ "needs ~N seeds" when inconclusive and the spread says how many;
+# + "(expected X)" for a control's verdict).
 verdicts() {
   python3 - "$1" <<'PY'
 import json
@@ -49,6 +71,8 @@ for v in body.get("verdicts") or []:
     line = f"{v['arm']} {v['metric']} {v['verdict'].upper()}"
     if v["verdict"] == "inconclusive" and v.get("seeds_needed"):
         line += f" needs ~{v['seeds_needed']} seeds"
+    if v.get("expected"):
+        line += f" (expected {v['expected'].upper()})"
     print(line)
 PY
 }
@@ -67,7 +91,9 @@ main() {
     return 2
   fi
   local status=0 spec sweep_json cmp_json id code rc
+  local -a expect
   for spec in "$@"; do
+    mapfile -t expect < <(expect_args "${spec}")
     sweep_json="$(mktemp)"
     cmp_json="$(mktemp)"
     echo "== gemctl sweep --new ${spec} --json"
@@ -80,9 +106,9 @@ main() {
       continue
     fi
     echo "sweep ${id}: $(json_field "${sweep_json}" status)"
-    echo "== gemctl compare ${id} --max-ne-regression ${MAX_NE_REGRESSION} --json"
-    gemctl compare "${id}" --max-ne-regression "${MAX_NE_REGRESSION}" --no-plot --json \
-      > "${cmp_json}"
+    echo "== gemctl compare ${id} --max-ne-regression ${MAX_NE_REGRESSION} ${expect[*]} --json"
+    gemctl compare "${id}" --max-ne-regression "${MAX_NE_REGRESSION}" "${expect[@]}" \
+      --no-plot --json > "${cmp_json}"
     rc=$?
     verdicts "${cmp_json}"
     # the document's own exit_code; without a document (bad input, a crash) the run failed

@@ -13,7 +13,14 @@ from gem_platform.data.ceilings import BLIND_AUC_METRIC
 from gem_platform.provenance import TAG_COMMIT
 from gem_platform.sweep import store
 from gem_platform.sweep.config import SweepError
-from gem_platform.sweep.gates import FAIL, Gates, Verdict, check_gates, exit_code
+from gem_platform.sweep.gates import (
+    FAIL,
+    Gates,
+    Verdict,
+    check_gates,
+    exit_code,
+    expect_verdicts,
+)
 from gem_platform.sweep.results import (
     COMPARISON_FORMAT,
     CONCURRENT_TRIALS,
@@ -372,5 +379,5 @@ def compare(uri: str, ids: list[str], baseline: str | None = None,
     cmp.unfinished = {arm: why for arm, why in got.named.items()
                       if arm not in finished and (not arms or arm in arms)}
     if gates is not None:
-        cmp.verdicts = check_gates(cmp, gates)
+        cmp.verdicts = expect_verdicts(check_gates(cmp, gates), gates.expect)
     return cmp

@@ -13,13 +13,13 @@ import json
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gem_platform.errors import GemError, RecipeError
 from gem_platform.recipe import Recipe, apply_overrides, read_yaml_file, recipe_from_dict
-from gem_platform.sweep.gates import Gates
+from gem_platform.sweep.gates import Expectation, Gates
 from gem_platform.tracking import resolve_tracking_uri
 from gem_platform.validation import describe_invalid
 
@@ -56,6 +56,9 @@ class SpecGates(BaseModel):
     max_ne_regression: float | None = Field(0.1, ge=0, description="percent, e.g. 0.1%")
     max_auc_drop: float | None = Field(None, ge=0)
     max_qps_drop: float | None = Field(None, ge=0, description="percent, e.g. 5%")
+    expect: dict[str, dict[str, Literal["pass", "fail"]]] = Field(
+        default_factory=dict, description="a control's expected verdicts: arm -> metric "
+        "(ne_ctr, ...) -> pass or fail; `gemctl compare --expect ARM:METRIC=VERDICT` the same")
 
     @field_validator("max_ne_regression", "max_qps_drop", mode="before")
     @classmethod
@@ -63,7 +66,9 @@ class SpecGates(BaseModel):
         return _percent(value)
 
     def as_gates(self) -> Gates:
-        return Gates(self.max_ne_regression, self.max_auc_drop, self.max_qps_drop)
+        expect = tuple(Expectation.of(arm, metric, word)
+                       for arm, metrics in self.expect.items() for metric, word in metrics.items())
+        return Gates(self.max_ne_regression, self.max_auc_drop, self.max_qps_drop, expect)
 
 
 class SweepSpec(BaseModel):
@@ -120,6 +125,10 @@ class SweepSpec(BaseModel):
                     raise ValueError(f"grid.{key} has no values")
         if self.baseline is not None and self.baseline not in names:
             raise ValueError(f"baseline {self.baseline!r} is not an arm (arms: "
+                             f"{', '.join(names)})")
+        unknown = [arm for arm in self.gates.expect if arm not in names]
+        if unknown:
+            raise ValueError(f"gates.expect names {unknown[0]!r}, which is not an arm (arms: "
                              f"{', '.join(names)})")
         return self
 

@@ -30,6 +30,12 @@ comparison narrowed to the baseline) give one inconclusive verdict saying so, an
 arm that a compared sweep or results file names but holds no finished run of (its runs failed,
 or the sweep was cut short before them; the baseline included): gates never pass by omission.
 
+A control expects its verdicts (``Expectation``): block-local attention on data that plants a
+long-range term must FAIL there and PASS on a task without it. Such a verdict is marked: it
+counts as a pass when it is the one expected (the control holds), as a fail when it is the
+opposite (the control is broken: the gate can't be trusted to see what the ablation changes),
+and as inconclusive otherwise, or when no gate judged it.
+
 A pipeline reads the verdicts by exit code (``EXIT_CODES``) or from ``gemctl compare --json``.
 """
 
@@ -41,6 +47,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Literal, Protocol
 
 from gem_platform.data.ceilings import BLIND_AUC_METRIC
+from gem_platform.errors import GemError
 from gem_platform.sweep.results import CONCURRENT_TRIALS
 from gem_platform.sweep.stats import Delta, seeds_to_settle
 
@@ -82,15 +89,40 @@ EXIT_CODES = {EXIT_PASS: "every gate passed (or none was set)",
 
 
 @dataclass(frozen=True)
+class Expectation:
+    """The verdict a control's arm must get on one gated metric (``eval/ne_ctr``, ...)."""
+
+    arm: str
+    metric: str
+    verdict: Literal["pass", "fail"]
+
+    @classmethod
+    def of(cls, arm: str, metric: str, verdict: Literal["pass", "fail"]) -> Expectation:
+        """A metric without a slash is an eval metric: ne_ctr is eval/ne_ctr."""
+        return cls(arm, metric if "/" in metric else f"eval/{metric}", verdict)
+
+    @classmethod
+    def parse(cls, text: str) -> Expectation:
+        """``ARM:METRIC=pass|fail``, e.g. ``block64:ne_ctr=fail``."""
+        arm, _, rest = text.rpartition(":")
+        metric, _, word = rest.partition("=")
+        if not arm or not metric or word.lower() not in (PASS, FAIL):
+            raise GemError(f"--expect {text[:100]!r} is not ARM:METRIC=pass|fail.",
+                           "Pass e.g. --expect block64:ne_ctr=fail --expect block64:ne_cvr=pass.")
+        return cls.of(arm, metric, word.lower())
+
+
+@dataclass(frozen=True)
 class Gates:
-    """Limits per arm vs the baseline; None = not checked."""
+    """Limits per arm vs the baseline (None = not checked), and what controls expect."""
 
     max_ne_regression_pct: float | None = None
     max_auc_drop: float | None = None
     max_qps_drop_pct: float | None = None
+    expect: tuple[Expectation, ...] = ()
 
     def any(self) -> bool:
-        return any(v is not None for v in asdict(self).values())
+        return any(v is not None for k, v in asdict(self).items() if k != "expect")
 
 
 @dataclass(frozen=True)
@@ -120,6 +152,8 @@ class Verdict:
     # why the gate judged nothing, in words: no arm besides the baseline, or none of this
     # arm's runs finished (None: it judged a difference)
     unjudged: str | None = None
+    # the verdict a control expects here (None: not a control's)
+    expected: str | None = None
 
 
 def judge(arm: str, metric: str, delta: Delta, limit: float, worse_if: Literal[1, -1],
@@ -334,9 +368,43 @@ def arm_without_runs(arm: str, why: str) -> Verdict:
                    unjudged=f"no finished run of arm '{arm}'")
 
 
+def expect_verdicts(verdicts: list[Verdict], expectations: Sequence[Expectation]
+                    ) -> list[Verdict]:
+    """The verdicts with each control's expectation marked and told in the message, plus an
+    inconclusive verdict for each expectation no gate judged (never a pass by omission)."""
+    wanted = {(e.arm, e.metric): e.verdict for e in expectations}
+    out = []
+    for v in verdicts:
+        want = wanted.pop((v.arm, v.metric), None)
+        if want is None:
+            out.append(v)
+            continue
+        held = ("it holds" if v.verdict == want else "not settled" if v.verdict == INCONCLUSIVE
+                else "it does not hold: the control is broken, so the ablation's verdicts "
+                "say nothing yet")
+        out.append(replace(v, expected=want,
+                           message=f"{v.message}; the control expects {want.upper()}: {held}"))
+    for (arm, metric), want in wanted.items():
+        why = f"no gate judged {metric} of arm '{arm}'"
+        out.append(Verdict(arm, metric, INCONCLUSIVE, math.nan, math.nan, math.nan, math.nan,
+                           "", 0, None, f"arm '{arm}': the control expects {want.upper()} on "
+                           f"{metric}, but {why}: INCONCLUSIVE. Set that metric's gate and "
+                           "compare runs that hold the arm.", unjudged=why, expected=want))
+    return out
+
+
+def effective(v: Verdict) -> VerdictWord:
+    """A verdict as the exit code counts it: a control's expected verdict passes, the
+    opposite settled one fails."""
+    if v.expected is None or v.verdict == INCONCLUSIVE:
+        return v.verdict
+    return PASS if v.verdict == v.expected else FAIL
+
+
 def exit_code(verdicts: list[Verdict]) -> int:
-    """1 if any gate failed, else 3 if any is inconclusive, else 0."""
-    words = {v.verdict for v in verdicts}
+    """1 if any gate failed, else 3 if any is inconclusive, else 0 (controls' verdicts counted
+    as ``effective`` says)."""
+    words = {effective(v) for v in verdicts}
     if FAIL in words:
         return EXIT_FAIL
     return EXIT_INCONCLUSIVE if INCONCLUSIVE in words else EXIT_PASS

@@ -30,7 +30,9 @@ def _verdict(v: Verdict | None, delta: Delta | None) -> str:
         return "INCONCLUSIVE" + (f", ~{v.seeds_needed} seeds" if v.seeds_needed else "")
     better = v.verdict == PASS and delta is not None and delta.high < 0
     word = {PASS: "PASS", FAIL: "FAIL"}[v.verdict]
-    return f"**{word}**" + (" (better)" if better else "")
+    expected = ("" if v.expected is None else " (as expected)" if v.expected == v.verdict
+                else f" (expected {v.expected.upper()})")
+    return f"**{word}**" + (" (better)" if better else "") + expected
 
 
 def _row(arm: ArmResult, tasks: Sequence[str], ne_gate: dict[tuple[str, str], Verdict],
