@@ -271,6 +271,12 @@ def compare(
     files = [i for i in ids if is_results_file(i)]
     uri = _uri(tracking_uri) if len(files) < len(ids) else ""  # files need no MLflow store
     cmp = compare_runs(uri, ids, baseline, gates, arms)
+    named = {res.arm for res in cmp.arms} | set(cmp.unfinished)
+    unknown = sorted({e.arm for e in gates.expect} - named)
+    if unknown:
+        raise GemError(f"--expect names arm '{unknown[0]}', which the compared runs do not "
+                       f"hold (arms: {', '.join(sorted(named))}).",
+                       "Name an arm of the comparison, e.g. --expect block64:ne_ctr=fail.")
     if as_markdown:  # stdout holds the report alone
         write_plots(cmp, uri, None if no_plot else plot, ids, gates)
         typer.echo(quality_markdown(cmp), nl=False)

@@ -80,6 +80,8 @@ def test_the_committed_gpu_control_holds_and_a_wrong_expectation_fails(tmp_path)
     assert "FAIL (as expected)" in held.stdout and "it holds" in held.stdout + held.stderr
     broken = gemctl_in_process(*gate, "--expect", "block64_newest:ne_ctr=pass", cwd=tmp_path)
     assert broken.returncode == EXIT_FAIL and "the control is broken" in broken.stderr
+    typo = gemctl_in_process(*gate, "--expect", "block46_newest:ne_ctr=fail", cwd=tmp_path)
+    assert typo.returncode == 2 and "names arm 'block46_newest'" in typo.stderr
     no_gate = gemctl_in_process("compare", str(RECALL), "--baseline", "full_newest",
                                 "--expect", "block64_newest:ne_ctr=fail", "--no-plot",
                                 cwd=tmp_path)
@@ -122,3 +124,18 @@ def test_the_nightly_verdict_lines_say_what_a_control_expected(tmp_path):
         capture_output=True, text=True, check=True).stdout.splitlines()
     assert "block64_newest eval/ne_ctr FAIL (expected FAIL)" in lines
     assert "block64_newest eval/ne_cvr PASS" in lines
+
+
+def test_a_sweep_of_some_arms_leaves_the_other_controls_unjudged():
+    """A spec's expectations on arms the comparison does not hold (a sweep run with --arms on
+    part of its arms) add no verdict: only the compared arms' controls are judged."""
+    from gem_platform.sweep.compare import compare
+    from gem_platform.sweep.gates import Gates
+
+    gates = Gates(max_ne_regression_pct=0.2, expect=(
+        Expectation("block64_newest", "eval/ne_ctr", FAIL),
+        Expectation("sliding_newest", "eval/ne_ctr", FAIL)))
+    verdicts = compare("", [str(RECALL)], baseline="full_newest", gates=gates).verdicts
+    assert {(v.arm, v.metric, v.expected) for v in verdicts} == {
+        ("block64_newest", "eval/ne_ctr", FAIL), ("block64_newest", "eval/ne_cvr", None)}
+    assert exit_code(verdicts) == EXIT_PASS
