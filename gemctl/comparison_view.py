@@ -216,8 +216,8 @@ def default_plot(ids: list[str], arms: list[str] | None = None) -> Path:
 
 
 def print_gate_outcome(verdicts, code: int) -> None:
-    """Each gate that did not pass, in words (a FAIL as an error), then the overall outcome
-    of exit ``code``."""
+    """Each gate that did not pass and each control's verdict, in words (one that counts as a
+    fail as an error), then the overall outcome of exit ``code``."""
     for v in verdicts:
         word = effective(v)
         if word == "fail":
