@@ -6,7 +6,9 @@ no gate judged is never a pass by omission."""
 from __future__ import annotations
 
 import math
+import os
 import subprocess
+import sys
 
 import pytest
 
@@ -28,6 +30,8 @@ from tests.conftest import REPO, gemctl_in_process
 
 RECALL = REPO / "docs/quality/recall_h200_newest.json"
 NIGHTLY = REPO / "deploy/scripts/nightly-ablations.sh"
+# the script's python3 reads YAML: this environment's, which has the project's PyYAML
+SCRIPT_ENV = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
 
 
 def _verdict(arm: str, metric: str, word: str) -> Verdict:
@@ -97,11 +101,11 @@ def test_the_recall_spec_carries_its_expectations_to_the_gates_and_the_nightly_r
         Expectation("sliding_newest", "eval/ne_cvr", PASS)}
     lines = subprocess.run(
         ["bash", "-c", f'source "{NIGHTLY}"; expect_args recipes/ablations/recall_h200.yaml'],
-        cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+        cwd=REPO, capture_output=True, text=True, check=True, env=SCRIPT_ENV).stdout.split()
     assert lines[:2] == ["--expect", "block64_newest:ne_ctr=fail"] and len(lines) == 8
     none = subprocess.run(
         ["bash", "-c", f'source "{NIGHTLY}"; expect_args recipes/ablations/attention.yaml'],
-        cwd=REPO, capture_output=True, text=True, check=True).stdout
+        cwd=REPO, capture_output=True, text=True, check=True, env=SCRIPT_ENV).stdout
     assert none == ""
 
 
