@@ -4,7 +4,7 @@ and compare its arms (with regression gates for scheduled pipelines)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -21,6 +21,10 @@ from gemctl.options import JsonOpt, TrackingOpt, VerboseOpt, epilog
 from gemctl.progress import TrainingProgress
 from gemctl.quiet import LibraryOutput
 from gemctl.runs import store_uri as _uri
+
+if TYPE_CHECKING:
+    from gem_platform.sweep.compare import Comparison
+    from gem_platform.sweep.gates import Gates
 
 SetOpt = Annotated[list[str] | None, typer.Option(
     "--set", "-s", help="Override a field of the base recipe for every arm (repeatable).")]
@@ -252,31 +256,19 @@ def compare(
     failed but one is inconclusive.
     """
     from gem_platform.errors import GemError
-    from gem_platform.sweep.compare import Gates, parse_percent
     from gem_platform.sweep.compare import compare as compare_runs
-    from gem_platform.sweep.gates import EXIT_PASS, Expectation, exit_code
+    from gem_platform.sweep.gates import EXIT_PASS, exit_code
     from gem_platform.sweep.report import quality_markdown
     from gem_platform.sweep.results import is_results_file
 
     if as_json and as_markdown:
         raise GemError("--json and --markdown each print the whole comparison.",
                        "Pass one of them.")
-    gates = Gates(max_ne_regression_pct=parse_percent(max_ne_regression) if max_ne_regression
-                  else None, max_auc_drop=max_auc_drop,
-                  max_qps_drop_pct=parse_percent(max_qps_drop) if max_qps_drop else None,
-                  expect=tuple(Expectation.parse(e) for e in expect or []))
-    if gates.expect and not gates.any():
-        raise GemError("--expect names a verdict, but no gate is set to give it.",
-                       "Add the gate it speaks of, e.g. --max-ne-regression 0.2%.")
+    gates = _gates(max_ne_regression, max_auc_drop, max_qps_drop, expect or [])
     files = [i for i in ids if is_results_file(i)]
     uri = _uri(tracking_uri) if len(files) < len(ids) else ""  # files need no MLflow store
     cmp = compare_runs(uri, ids, baseline, gates, arms)
-    named = {res.arm for res in cmp.arms} | set(cmp.unfinished)
-    unknown = sorted({e.arm for e in gates.expect} - named)
-    if unknown:
-        raise GemError(f"--expect names arm '{unknown[0]}', which the compared runs do not "
-                       f"hold (arms: {', '.join(sorted(named))}).",
-                       "Name an arm of the comparison, e.g. --expect block64:ne_ctr=fail.")
+    _refuse_unknown_expected_arms(cmp, gates)
     if as_markdown:  # stdout holds the report alone
         write_plots(cmp, uri, None if no_plot else plot, ids, gates)
         typer.echo(quality_markdown(cmp), nl=False)
@@ -290,6 +282,35 @@ def compare(
         print_gate_outcome(cmp.verdicts, code)
     if code != EXIT_PASS:
         raise typer.Exit(code)
+
+
+def _gates(max_ne_regression: str | None, max_auc_drop: float | None,
+           max_qps_drop: str | None, expect: list[str]) -> Gates:
+    """The gates the options ask for; expectations need a gate to give their verdict."""
+    from gem_platform.errors import GemError
+    from gem_platform.sweep.compare import Gates, parse_percent
+    from gem_platform.sweep.gates import Expectation
+
+    gates = Gates(max_ne_regression_pct=parse_percent(max_ne_regression) if max_ne_regression
+                  else None, max_auc_drop=max_auc_drop,
+                  max_qps_drop_pct=parse_percent(max_qps_drop) if max_qps_drop else None,
+                  expect=tuple(Expectation.parse(e) for e in expect))
+    if gates.expect and not gates.any():
+        raise GemError("--expect names a verdict, but no gate is set to give it.",
+                       "Add the gate it speaks of, e.g. --max-ne-regression 0.2%.")
+    return gates
+
+
+def _refuse_unknown_expected_arms(cmp: Comparison, gates: Gates) -> None:
+    """An --expect naming an arm the comparison lacks is a typo, not a control to skip."""
+    from gem_platform.errors import GemError
+
+    named = {res.arm for res in cmp.arms} | set(cmp.unfinished)
+    unknown = sorted({e.arm for e in gates.expect} - named)
+    if unknown:
+        raise GemError(f"--expect names arm '{unknown[0]}', which the compared runs do not "
+                       f"hold (arms: {', '.join(sorted(named))}).",
+                       "Name an arm of the comparison, e.g. --expect block64:ne_ctr=fail.")
 
 
 def register(app: typer.Typer) -> None:

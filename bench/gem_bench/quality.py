@@ -171,7 +171,6 @@ def _entries(summary: dict, keys: tuple[str, ...]) -> dict[str, float]:
     return {k.removeprefix("perf/"): float(summary[k]) for k in keys if k in summary}
 
 
-
 def _one_arm(recipe: Recipe, name: str, evals: int, echo: Callable[[str], None],
              isolate: bool) -> QualityArm:
     from gem_bench.e2e import ARMS

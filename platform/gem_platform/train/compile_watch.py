@@ -100,8 +100,8 @@ class CompileWatch(contextlib.AbstractContextManager):
         self._knobs = None
         self._previous: Callable[..., Any] | None = None
         self._previous_start: Callable[..., Any] | None = None
-        self._started: dict[str, float] = {}
-        self._totals = CompileTotals()
+        self._started: dict[str, float] = {}  # a Triton compile's repr -> when it started
+        self._triton_kernels, self._triton_s = 0, 0.0
         self._first_graphs, self._first_torch_s = 0, 0.0
 
     def __enter__(self) -> CompileWatch:
@@ -125,9 +125,9 @@ class CompileWatch(contextlib.AbstractContextManager):
         fn = kwargs.get("fn")
         self._kernels.append(getattr(fn, "name", None) or str(fn))
         started = self._started.pop(str(kwargs.get("repr")), None)
-        self._totals.triton_kernels += 1
+        self._triton_kernels += 1
         if started is not None:
-            self._totals.triton_s += time.perf_counter() - started
+            self._triton_s += time.perf_counter() - started
         return self._previous(**kwargs) if self._previous else None
 
     def take(self) -> CompileEvents:
@@ -137,10 +137,9 @@ class CompileWatch(contextlib.AbstractContextManager):
         return events
 
     def totals(self) -> CompileTotals:
-        t = self._totals
         return CompileTotals(_dynamo_graphs() - self._first_graphs,
-                             _torch_compile_s() - self._first_torch_s, t.triton_kernels,
-                             t.triton_s)
+                             _torch_compile_s() - self._first_torch_s, self._triton_kernels,
+                             self._triton_s)
 
     def __exit__(self, *exc: object) -> None:
         if self._knobs is None:
