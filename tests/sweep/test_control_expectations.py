@@ -29,6 +29,8 @@ from gem_platform.sweep.gates import (
 from tests.conftest import REPO, gemctl_in_process
 
 RECALL = REPO / "docs/quality/recall_h200_newest.json"
+# one blind arm against the baseline (the file holds more, each FAILing CTR)
+PAIR = ["--arms", "block64_newest"]
 NIGHTLY = REPO / "deploy/scripts/nightly-ablations.sh"
 # the script's python3 reads YAML: this environment's, which has the project's PyYAML
 SCRIPT_ENV = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
@@ -76,7 +78,7 @@ def test_the_committed_gpu_control_holds_and_a_wrong_expectation_fails(tmp_path)
     and PASSes CVR as the control expects (exit 0, where the bare gate exits 1); expecting it
     to pass CTR says the control is broken (exit 1)."""
     gate = ["compare", str(RECALL), "--baseline", "full_newest", "--max-ne-regression",
-            "0.2%", "--no-plot"]
+            "0.2%", "--no-plot", *PAIR]
     assert gemctl_in_process(*gate, cwd=tmp_path).returncode == EXIT_FAIL
     held = gemctl_in_process(*gate, "--expect", "block64_newest:ne_ctr=fail",
                              "--expect", "block64_newest:ne_cvr=pass", cwd=tmp_path)
@@ -87,7 +89,7 @@ def test_the_committed_gpu_control_holds_and_a_wrong_expectation_fails(tmp_path)
     typo = gemctl_in_process(*gate, "--expect", "block46_newest:ne_ctr=fail", cwd=tmp_path)
     assert typo.returncode == 2 and "names arm 'block46_newest'" in typo.stderr
     no_gate = gemctl_in_process("compare", str(RECALL), "--baseline", "full_newest",
-                                "--expect", "block64_newest:ne_ctr=fail", "--no-plot",
+                                "--expect", "block64_newest:ne_ctr=fail", "--no-plot", *PAIR,
                                 cwd=tmp_path)
     assert no_gate.returncode == 2 and "no gate is set" in no_gate.stderr
 
@@ -97,12 +99,14 @@ def test_the_recall_spec_carries_its_expectations_to_the_gates_and_the_nightly_r
     assert set(plan.gates.expect) == {
         Expectation("block64_newest", "eval/ne_ctr", FAIL),
         Expectation("block64_newest", "eval/ne_cvr", PASS),
+        Expectation("block64_rope_newest", "eval/ne_ctr", FAIL),
+        Expectation("block64_rope_newest", "eval/ne_cvr", PASS),
         Expectation("sliding_newest", "eval/ne_ctr", FAIL),
         Expectation("sliding_newest", "eval/ne_cvr", PASS)}
     lines = subprocess.run(
         ["bash", "-c", f'source "{NIGHTLY}"; expect_args recipes/ablations/recall_h200.yaml'],
         cwd=REPO, capture_output=True, text=True, check=True, env=SCRIPT_ENV).stdout.split()
-    assert lines[:2] == ["--expect", "block64_newest:ne_ctr=fail"] and len(lines) == 8
+    assert lines[:2] == ["--expect", "block64_newest:ne_ctr=fail"] and len(lines) == 12
     none = subprocess.run(
         ["bash", "-c", f'source "{NIGHTLY}"; expect_args recipes/ablations/attention.yaml'],
         cwd=REPO, capture_output=True, text=True, check=True, env=SCRIPT_ENV).stdout
@@ -120,7 +124,8 @@ def test_a_spec_cannot_expect_a_verdict_of_an_arm_it_does_not_have(tmp_path):
 def test_the_nightly_verdict_lines_say_what_a_control_expected(tmp_path):
     proc = gemctl_in_process("compare", str(RECALL), "--baseline", "full_newest",
                              "--max-ne-regression", "0.2%", "--expect",
-                             "block64_newest:ne_ctr=fail", "--no-plot", "--json", cwd=tmp_path)
+                             "block64_newest:ne_ctr=fail", "--no-plot", "--json", *PAIR,
+                             cwd=tmp_path)
     assert proc.returncode == EXIT_PASS, proc.stderr
     (tmp_path / "cmp.json").write_text(proc.stdout)
     lines = subprocess.run(
@@ -139,7 +144,8 @@ def test_a_sweep_of_some_arms_leaves_the_other_controls_unjudged():
     gates = Gates(max_ne_regression_pct=0.2, expect=(
         Expectation("block64_newest", "eval/ne_ctr", FAIL),
         Expectation("sliding_newest", "eval/ne_ctr", FAIL)))
-    verdicts = compare("", [str(RECALL)], baseline="full_newest", gates=gates).verdicts
+    verdicts = compare("", [str(RECALL)], baseline="full_newest", gates=gates,
+                       arms=["block64_newest"]).verdicts
     assert {(v.arm, v.metric, v.expected) for v in verdicts} == {
         ("block64_newest", "eval/ne_ctr", FAIL), ("block64_newest", "eval/ne_cvr", None)}
     assert exit_code(verdicts) == EXIT_PASS
