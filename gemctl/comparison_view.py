@@ -1,6 +1,6 @@
 """How a comparison of sweep arms is shown: quality, efficiency and gate tables (rich), the
-runs-by-commit line, and its charts, for `gemctl compare` and the closing comparison of
-`gemctl sweep`."""
+runs-by-commit and runs-by-device lines, and its charts, for `gemctl compare` and the closing
+comparison of `gemctl sweep`."""
 
 from __future__ import annotations
 
@@ -163,10 +163,11 @@ def render_comparison(cmp, uri: str, plot: Path | None, as_json: bool,
         console.print(table)
     if cmp.verdicts:
         console.print(verdict_table(cmp))
-    commits = {c for arm in cmp.arms for c in arm.commits.values()}
-    if len(commits) > 1:
-        console.print(f"[yellow]runs from {len(commits)} commits[/]: "
-                      + render.esc(_runs_by_commit(cmp)), highlight=False)
+    for what, shown in (("commits", 10), ("devices", 40)):
+        origins = {v for arm in cmp.arms for v in getattr(arm, what).values()}
+        if len(origins) > 1:
+            console.print(f"[yellow]runs from {len(origins)} {what}[/]: "
+                          + render.esc(_runs_by(cmp, what, shown)), highlight=False)
     if cmp.skipped:
         console.print(f"[yellow]left out {len(cmp.skipped)} unfinished run(s)[/]: "
                       + render.esc(", ".join(cmp.skipped)), highlight=False)
@@ -190,18 +191,20 @@ def seed_spans(seeds: list[str]) -> str:
     return ", ".join(s[0] if len(s) == 1 else f"{s[0]}-{s[-1]}" for s in spans)
 
 
-def _runs_by_commit(cmp) -> str:
-    """Which arm's seeds trained at which commit: one entry per commit, not per run."""
-    by_commit: dict[str, dict[str, list[str]]] = {}
+def _runs_by(cmp, what: str, shown: int) -> str:
+    """Which arm's seeds trained at which commit (``what`` "commits") or on which device
+    ("devices"): one entry per commit or device, not per run, its first ``shown``
+    characters."""
+    by_origin: dict[str, dict[str, list[str]]] = {}
     for arm in cmp.arms:
-        for seed, commit in arm.commits.items():
-            by_commit.setdefault(commit, {}).setdefault(arm.arm, []).append(seed)
+        for seed, origin in getattr(arm, what).items():
+            by_origin.setdefault(origin, {}).setdefault(arm.arm, []).append(seed)
 
     def entry(arm: str, seeds: list[str]) -> str:
         return f"{arm} {'seeds' if len(seeds) > 1 else 'seed'} {seed_spans(seeds)}"
 
-    return "; ".join(f"{commit[:10]}: " + ", ".join(entry(*item) for item in arms.items())
-                     for commit, arms in by_commit.items())
+    return "; ".join(f"{origin[:shown]}: " + ", ".join(entry(*item) for item in arms.items())
+                     for origin, arms in by_origin.items())
 
 
 def default_plot(ids: list[str], arms: list[str] | None = None) -> Path:

@@ -38,7 +38,8 @@ def _narrowed(plan, arms: list[str] | None, seeds: list[int] | None):
 
 
 def _sweep_in_process(plan, out: Path, new: bool, as_json: bool, verbose: bool,
-                      allow_code_change: bool = False, parallel: int = 1) -> None:
+                      allow_code_change: bool = False, parallel: int = 1,
+                      allow_device_change: bool = False) -> None:
     """The sweep's trials on this machine, ``parallel`` at a time, each in a fresh process (no
     Ray, no MLflow); results go to ``out``, rewritten after every trial, and the comparison
     is printed at the end."""
@@ -50,7 +51,8 @@ def _sweep_in_process(plan, out: Path, new: bool, as_json: bool, verbose: bool,
     with LibraryOutput(f"sweep-{plan.name}", verbose) as lib, \
             TrainingProgress(con, plan.name, trials=len(plan.trials())) as progress:
         done = run_in_process(plan, out, echo=progress.echo, resume=not new,
-                              allow_code_change=allow_code_change, parallel=parallel)
+                              allow_code_change=allow_code_change, parallel=parallel,
+                              allow_device_change=allow_device_change)
     baseline = plan.baseline_among({t.arm for t in done})
     cmp = compare_runs("", [str(out)], baseline, plan.gates) if done else None
     if as_json:
@@ -90,6 +92,9 @@ def sweep(
     allow_code_change: Annotated[bool, typer.Option(
         "--allow-code-change", help="Resume a sweep although its trials so far trained with "
         "another git commit (each trial records its commit).")] = False,
+    allow_device_change: Annotated[bool, typer.Option(
+        "--allow-device-change", help="Resume an --in-process sweep although its trials so far "
+        "trained on another device (each trial records its device).")] = False,
     address: Annotated[str | None, typer.Option(
         "--address", help="Existing Ray cluster (ray://HEAD:10001); default RAY_ADDRESS or an "
         "embedded local Ray. http://HEAD:8265 submits the sweep as a Ray job there.")] = None,
@@ -99,16 +104,10 @@ def sweep(
 ) -> None:
     """Run an ablation sweep (arms x seeds) on Ray Tune; one MLflow parent run, one child run
     per trial. Running the same spec again resumes an interrupted sweep."""
-    from gem_platform.errors import GemError
     from gem_platform.remote import jobs_address_for_submit
 
-    if in_process and (address or tracking_uri):
-        raise GemError("--in-process trains here without Ray or MLflow; --address and "
-                       "--tracking-uri don't apply.", "Drop them, or drop --in-process.")
-    if parallel > 1 and not in_process:
-        raise GemError(f"--parallel {parallel} applies to --in-process sweeps.",
-                       "Add --in-process, or set max_concurrent in the spec for a sweep on "
-                       "Ray.")
+    _refuse_options_of_the_other_mode(in_process, address or tracking_uri, parallel,
+                                      allow_device_change)
     jobs_address = None if in_process else jobs_address_for_submit(address, local=False)
     if jobs_address:  # http(s)://HEAD:8265: the whole sweep runs as a Ray job there
         extra = (["--new"] if new else []) + (
@@ -134,12 +133,30 @@ def sweep(
                  f"against '{render.esc(plan.own_baseline)}')"), highlight=False, soft_wrap=True)
     if in_process:
         _sweep_in_process(plan, out or Path("gem_runs/sweeps") / f"{plan.name}.json", new,
-                          as_json, verbose, allow_code_change, parallel)
+                          as_json, verbose, allow_code_change, parallel, allow_device_change)
         return
     outcome, cmp, wall_s, log_path = _sweep_on_ray(plan, con, new=new, address=address,
                                                     allow_code_change=allow_code_change,
                                                     verbose=verbose)
     _report_sweep(plan, outcome, cmp, wall_s, log_path, con, as_json)
+
+
+def _refuse_options_of_the_other_mode(in_process: bool, cluster: str | None, parallel: int,
+                                      allow_device_change: bool) -> None:
+    """Options of a sweep on Ray (``cluster``: an address or tracking URI) and of one in this
+    process (``parallel``, ``allow_device_change``) are refused in the other mode."""
+    from gem_platform.errors import GemError
+
+    if in_process and cluster:
+        raise GemError("--in-process trains here without Ray or MLflow; --address and "
+                       "--tracking-uri don't apply.", "Drop them, or drop --in-process.")
+    if allow_device_change and not in_process:
+        raise GemError("--allow-device-change applies to --in-process sweeps (their results "
+                       "file records each trial's device).", "Add --in-process, or drop it.")
+    if parallel > 1 and not in_process:
+        raise GemError(f"--parallel {parallel} applies to --in-process sweeps.",
+                       "Add --in-process, or set max_concurrent in the spec for a sweep on "
+                       "Ray.")
 
 
 def _sweep_as_ray_job(spec: Path, overrides: list[str], jobs_address: str, extra: list[str],

@@ -88,6 +88,12 @@ def test_seed_spans():
     ("recall_controls_demo", [], 1),  # the positive control: block64 FAILs
     ("recall_controls_rope_demo", [], 1),
     ("local_controls_demo", ["--baseline", "full_local"], 0),
+    ("attention_rope_h100", [], 3),
+    ("attention_rope_h100", ["--baseline", "block64", "--arms", "block64_no_rope"], 1),
+    ("recall_h200_newest", ["--baseline", "full_newest", *(
+        f"--expect={arm}:{m}" for arm in ("block64_newest", "block64_rope_newest",
+                                          "sliding_newest")
+        for m in ("ne_ctr=fail", "ne_cvr=pass"))], 3),  # full_rope_newest: 2 seeds
 ])
 def test_the_written_tables_are_the_files_own(name, options, code, tmp_path):
     """docs/quality/README.md holds `gemctl compare FILE --max-ne-regression 0.2% --markdown`

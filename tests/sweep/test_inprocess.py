@@ -220,6 +220,43 @@ def test_resume_across_commits_needs_allow_code_change(swept, tmp_path, monkeypa
     assert [t.commit for t in kept] == [t["commit"] for t in body["trials"]]  # kept as were
 
 
+def test_resume_on_another_device_needs_allow_device_change(swept, tmp_path, monkeypatch):
+    """Each trial records its device; the same seed on another card trains to other bits, so a
+    file is resumed on another device only when asked, and compare says where each ran."""
+    monkeypatch.chdir(swept)
+    body = json.loads((swept / "results.json").read_text())
+    here = body["device"]["device"]
+    assert {t["device"] for t in body["trials"]} == {here}
+    body["trials"][0]["device"] = "NVIDIA H200"  # as if its first trial trained on a GPU
+    path = tmp_path / "mixed.json"
+    path.write_text(json.dumps(body))
+    plan = load_sweep("prec.yaml")
+    first = body["trials"][0]
+    with pytest.raises(GemError) as err:
+        run_in_process(plan, path)
+    text = f"{err.value.problem} {err.value.fix}"
+    assert f"trained on another device than this one ({here})" in text
+    assert f"device NVIDIA H200: {first['arm']} seed {first['seed']}" in text
+    assert "--allow-device-change" in text
+    lines: list[str] = []
+    kept = run_in_process(plan, path, echo=lines.append, allow_device_change=True)
+    assert len(kept) == 4 and any("with a device change" in ln for ln in lines)
+    assert [t.device for t in kept] == [t["device"] for t in body["trials"]]  # kept as were
+    out = gemctl_in_process("compare", str(path), "--no-plot", cwd=tmp_path)
+    assert "runs from 2 devices" in out.stdout and "NVIDIA H200: " in out.stdout
+
+
+def test_a_trial_written_before_devices_were_recorded_takes_the_files(swept, tmp_path):
+    body = json.loads((swept / "results.json").read_text())
+    for t in body["trials"]:
+        del t["device"]
+    body["device"]["device"] = "NVIDIA H100 80GB HBM3"
+    path = tmp_path / "older.json"
+    path.write_text(json.dumps(body))
+    trials, _ = load_results(path)
+    assert {t.device for t in trials} == {"NVIDIA H100 80GB HBM3"}
+
+
 def test_results_of_parallel_processes_merge_into_one_file(swept, tmp_path):
     """One file per process (an arm and seed each) merges back into the sweep's file: the same
     trials and verdicts; a disagreeing duplicate or another sweep is refused, nothing written."""

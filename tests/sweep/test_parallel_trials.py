@@ -90,4 +90,7 @@ def test_parallel_needs_a_process_per_trial_and_an_in_process_sweep(sweep_dir):
     proc = gemctl_in_process("sweep", "side.yaml", "--in-process", "--parallel", "0",
                              cwd=sweep_dir)
     assert proc.returncode == 2, proc.stdout + proc.stderr
+    proc = gemctl_in_process("sweep", "side.yaml", "--allow-device-change", cwd=sweep_dir)
+    assert proc.returncode == 2 and "--allow-device-change applies to --in-process sweeps" in \
+        " ".join(proc.stderr.split()), proc.stdout + proc.stderr
     assert not (sweep_dir / "x.json").exists() and not (sweep_dir / "mlflow.db").exists()

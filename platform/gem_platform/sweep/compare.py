@@ -63,6 +63,8 @@ class ArmResult:
     per_seed: dict[str, list[float | None]] = field(default_factory=dict)
     # seed -> the code (git commit) its run trained with, where recorded
     commits: dict[str, str] = field(default_factory=dict)
+    # seed -> the device its run trained on, where recorded
+    devices: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -336,7 +338,8 @@ def compare_trials(trials: list[TrialRun], baseline: str | None = None,
     for arm, runs in arms.items():
         runs = sorted(runs, key=lambda r: _seed_order(r.seed))
         res = ArmResult(arm, [r.run_id for r in runs], [r.seed for r in runs],
-                        commits={r.seed: r.commit for r in runs if r.commit})
+                        commits={r.seed: r.commit for r in runs if r.commit},
+                        devices={r.seed: r.device for r in runs if r.device})
         for name in names:
             res.metrics[name] = summarize(values(runs, name))
             res.per_seed[name] = [r.metrics.get(name) for r in runs]

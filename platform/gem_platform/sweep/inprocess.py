@@ -15,7 +15,8 @@ fingerprint, code version, datasets' fingerprints, device and library versions, 
 resolved recipe and whether it trained deterministically), and per trial its commit, its
 ``train/deterministic`` flag and its step history (the NE-vs-step chart of ``gemctl compare
 --plot``). A file whose trials came from another commit is resumed only with
-``--allow-code-change``. Nothing here imports Ray or MLflow.
+``--allow-code-change``, one whose trials trained on another device (each records its own)
+only with ``--allow-device-change``. Nothing here imports Ray or MLflow.
 
     python -m gem_platform.sweep.inprocess recipes/ablations/precision_h200.yaml \\
         --out gem_runs/precision_h200.json
@@ -43,7 +44,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -78,23 +79,45 @@ class _History:
                 self.points.setdefault(key, []).append((int(step), float(value)))
 
 
-def _check_commits(done: list[TrialRun], now: str | None, out: Path,
-                   allow_code_change: bool, echo: Echo) -> None:
-    """Refuse to add trials of this commit to a file whose trials came from another, unless
-    ``allow_code_change``; either way say which trials came from which commit."""
-    by_commit: dict[str, list[str]] = {}
+@dataclass(frozen=True)
+class _Origin:
+    """Where a trial came from that a resumed file's trials must share: the same seed of other
+    code or on another card trains to other bits (docs/quality), so mixing them is explicit."""
+
+    attr: str  # the TrialRun field
+    differs: str  # "trials {differs} ({this run's value})"
+    change: str  # "resuming ... with a {change}"
+    flag: str  # the option that allows the mix
+    shown: int  # characters of a value shown
+
+
+_CODE = _Origin("commit", "of other code than this commit", "code change",
+                "--allow-code-change", 12)
+_DEVICE = _Origin("device", "trained on another device than this one", "device change",
+                  "--allow-device-change", 40)
+
+
+def _check_origin(done: list[TrialRun], origin: _Origin, now: str | None, out: Path,
+                  allowed: bool, echo: Echo) -> None:
+    """Refuse to add trials of ``now`` (this commit, this device) to a file whose trials came
+    from another, unless ``allowed``; either way say which trials came from where."""
+    here = now or "unknown"
+    by_origin: dict[str, list[str]] = {}
     for t in done:
-        by_commit.setdefault(t.commit or "unknown", []).append(f"{t.arm} seed {t.seed}")
-    if not {c for c in by_commit if c != (now or "unknown")}:
+        by_origin.setdefault(getattr(t, origin.attr) or "unknown", []).append(
+            f"{t.arm} seed {t.seed}")
+    if not {v for v in by_origin if v != here}:
         return
-    listing = "; ".join(f"commit {c[:12]}: {', '.join(v)}" for c, v in by_commit.items())
-    if not allow_code_change:
-        raise GemError(f"{out} holds trials of other code than this commit "
-                       f"({(now or 'unknown')[:12]}): {listing}.",
-                       "Check out their commit to resume, pass --allow-code-change to add "
-                       "trials of this code (each trial records its commit), or --new.")
-    echo(f"resuming {out} with a code change (--allow-code-change): {listing}; new trials "
-         f"train with commit {(now or 'unknown')[:12]}")
+    listing = "; ".join(f"{origin.attr} {v[:origin.shown]}: {', '.join(runs)}"
+                        for v, runs in by_origin.items())
+    if not allowed:
+        raise GemError(f"{out} holds trials {origin.differs} ({here[:origin.shown]}): "
+                       f"{listing}.",
+                       f"Resume it with the {origin.attr} they trained with, pass "
+                       f"{origin.flag} to add trials of this one (each trial records its "
+                       f"{origin.attr}), or --new.")
+    echo(f"resuming {out} with a {origin.change} ({origin.flag}): {listing}; new trials "
+         f"train with {origin.attr} {here[:origin.shown]}")
 
 
 def train_trial(recipe: Recipe, label: str, echo: Echo = print
@@ -110,13 +133,15 @@ def train_trial(recipe: Recipe, label: str, echo: Echo = print
 
 def run_in_process(plan: SweepPlan, out: str | Path, echo: Echo = print,
                    resume: bool = True, allow_code_change: bool = False,
-                   isolate: bool = True, parallel: int = 1) -> list[TrialRun]:
+                   isolate: bool = True, parallel: int = 1,
+                   allow_device_change: bool = False) -> list[TrialRun]:
     """Train every (arm, seed) of ``plan``, in the plan's order (all arms of a seed before
     the next seed, so a cut-short sweep still pairs), each in a fresh process unless
     ``isolate`` is off; ``parallel`` > 1 trains that many at once (each in a fresh process)
     and records it per trial as ``trial/concurrent_trials``. With ``resume``, trials already
     in ``out`` (same sweep name, same recipes) are kept, not retrained; trials of another
-    commit only with ``allow_code_change``."""
+    commit only with ``allow_code_change``, of another device only with
+    ``allow_device_change``."""
     if parallel < 1 or (parallel > 1 and not isolate):
         raise GemError(f"parallel={parallel} with isolate={isolate}: trials run side by side "
                        "only each in its own process.",
@@ -125,13 +150,15 @@ def run_in_process(plan: SweepPlan, out: str | Path, echo: Echo = print,
     from gem_platform.provenance import code_version
 
     out = Path(out)
-    code = code_version()
-    commit = code["commit"]
+    code, env = code_version(), environment()
+    commit, device = code["commit"], env["device"]
     recipes = plan.arm_fingerprints()
     arms: dict[str, Any] = {a.name: a.overrides for a in plan.arms}
     done: list[TrialRun] = []
     if resume and out.exists():
-        done, before = _resumable(plan, out, recipes, commit, allow_code_change, echo)
+        done, before = _resumable(plan, out, recipes)
+        _check_origin(done, _CODE, commit, out, allow_code_change, echo)
+        _check_origin(done, _DEVICE, device, out, allow_device_change, echo)
         recipes = {**before.get("recipes", {}), **recipes}
         arms = {**(before.get("arms") or {}), **arms}
     for arm in {a.recipe.data.path: a for a in plan.arms}.values():
@@ -140,7 +167,7 @@ def run_in_process(plan: SweepPlan, out: str | Path, echo: Echo = print,
     have = {(t.arm, t.seed) for t in done}
     header = {"sweep": plan.name, "spec": plan.spec_path, "base": plan.base_path,
               "baseline": plan.baseline, "seeds": plan.seeds,
-              "arms": arms, "device": environment(),
+              "arms": arms, "device": env,
               "recipes": recipes, "provenance": record}
     todo = []
     for arm, seed in plan.trials():
@@ -155,18 +182,17 @@ def run_in_process(plan: SweepPlan, out: str | Path, echo: Echo = print,
         metrics["train/deterministic"] = float(record["deterministic"][arm])
         done.append(TrialRun(run_id=f"{plan.name}/{arm}/seed{seed}", arm=arm, seed=str(seed),
                              metrics=metrics, sweep_id=plan.name, commit=commit,
-                             history=points))
+                             device=device, history=points))
         write_results(out, header, done)
         echo(TrialDone(f"{arm} seed {seed}", "finished", metrics.get("eval/ne_ctr", math.nan),
                        metrics.get("eval/auc_ctr", math.nan), f"in {out}"))
     return done
 
 
-def _resumable(plan: SweepPlan, out: Path, recipes: dict[str, str], commit: str | None,
-               allow_code_change: bool, echo: Echo) -> tuple[list[TrialRun], dict[str, Any]]:
+def _resumable(plan: SweepPlan, out: Path, recipes: dict[str, str]
+               ) -> tuple[list[TrialRun], dict[str, Any]]:
     """The trials already in ``out`` and its header (its ``recipes`` a mapping), once checked
-    to be this sweep's: same name, the same recipe for every arm both hold, and this commit's
-    trials unless ``allow_code_change``."""
+    to be this sweep's: same name, the same recipe for every arm both hold."""
     earlier, header = load_results(out)
     before = header.get("recipes")
     header = {**header, "recipes": before if isinstance(before, dict) else {}}
@@ -176,7 +202,6 @@ def _resumable(plan: SweepPlan, out: Path, recipes: dict[str, str], commit: str 
         raise GemError(f"{out} holds results of other recipes (sweep "
                        f"{header.get('sweep')!r}, arms {changed or 'all'}) than this run of "
                        f"{plan.name!r}.", "Pass another --out, or --new to overwrite it.")
-    _check_commits(earlier, commit, out, allow_code_change, echo)
     return earlier, header
 
 
@@ -254,6 +279,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--new", action="store_true", help="overwrite --out instead of resuming it")
     p.add_argument("--allow-code-change", action="store_true",
                    help="resume --out although its trials came from another git commit")
+    p.add_argument("--allow-device-change", action="store_true",
+                   help="resume --out although its trials trained on another device")
     p.add_argument("--same-process", action="store_true",
                    help="train every trial in this process (default: each in a fresh one)")
     p.add_argument("--parallel", type=int, default=1, metavar="N",
@@ -269,6 +296,7 @@ def main(argv: list[str] | None = None) -> int:
         plan = narrowed(plan, args.seeds, args.arms)
         run_in_process(plan, args.out, resume=not args.new,
                        allow_code_change=args.allow_code_change,
+                       allow_device_change=args.allow_device_change,
                        isolate=not args.same_process, parallel=args.parallel)
     except GemError as err:
         print(err.as_text(), file=sys.stderr)

@@ -4,8 +4,8 @@ one process per arm and seed sharing a GPU), each writing its own ``--out``.
 Files merge only when they hold the same sweep and baseline, the same recipe for every arm
 they share, and the same datasets. A trial (arm, seed) found in several files is kept once,
 and only when its eval metrics agree bit for bit (deterministic trials do); otherwise the
-merge is refused, naming the trial. Each trial keeps its own commit, so ``gemctl compare``
-still says which trials came from which code.
+merge is refused, naming the trial. Each trial keeps its own commit and device, so ``gemctl
+compare`` still says which trials came from which code and which card.
 """
 
 from __future__ import annotations

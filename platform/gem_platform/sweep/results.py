@@ -37,6 +37,9 @@ class TrialRun:
     sweep_id: str | None = None
     parent_run_id: str | None = None
     commit: str | None = None  # git commit of the code that trained it, where recorded
+    # the accelerator it trained on ("NVIDIA H200", "cpu (2 cores)"), where recorded: the same
+    # seed on another card is another sample, not the same trial
+    device: str | None = None
     # metric -> [(step, value), ...] as the run logged them (results files of in-process
     # sweeps; tracked runs keep theirs in MLflow)
     history: dict[str, list[tuple[int, float]]] | None = None
@@ -59,6 +62,8 @@ def _trial_dict(t: TrialRun) -> dict[str, Any]:
                            "metrics": t.metrics}
     if t.commit:
         out["commit"] = t.commit
+    if t.device:
+        out["device"] = t.device
     if t.history:
         out["history"] = {k: [[int(s), float(v)] for s, v in pts]
                           for k, pts in t.history.items()}
@@ -167,19 +172,24 @@ def _history(raw: Any) -> dict[str, list[tuple[int, float]]] | None:
 
 
 def _sweep_trials(path: Path, body: dict[str, Any]) -> list[TrialRun]:
+    """The file's trials; one written before trials recorded their device takes the header's
+    (the machine that last wrote the file, theirs unless it was resumed on another)."""
     sweep = _text(body.get("sweep", path.stem), "sweep") if "sweep" in body else path.stem
+    written_on = (body.get("device") or {}).get("device") \
+        if isinstance(body.get("device"), dict) else None
     trials = []
     for i, t in enumerate(_listed(body.get("trials", []), "trials")):
         try:
             t = _mapping(t, "the trial")
             arm, seed = _text(t["arm"], "arm"), _text(t["seed"], "seed")
-            commit = t.get("commit")
+            commit, device = t.get("commit"), t.get("device", written_on)
             trials.append(TrialRun(
                 run_id=_text(t.get("run_id") or f"{sweep}/{arm}/seed{seed}", "run_id"),
                 arm=arm, seed=seed, sweep_id=sweep,
                 metrics={k: _number(v, k[:60]) for k, v in _mapping(t["metrics"],
                                                                      "metrics").items()},
                 commit=None if commit is None else _text(commit, "commit"),
+                device=None if device is None else _text(device, "device"),
                 history=_history(t.get("history"))))
         except KeyError as err:
             raise GemError(f"{path}: trial {i} lacks {err}.", _FIX) from None
@@ -200,15 +210,17 @@ def _comparison_trials(path: Path, body: dict[str, Any]) -> list[TrialRun]:
             run_ids = [_text(r, "a run id") for r in _listed(a["run_ids"], "run_ids")]
             values = {k: _listed(v, k[:60]) for k, v in _mapping(a["per_seed"],
                                                                   "per_seed").items()}
-            commits = {k: _text(v, "a commit") for k, v in
-                       _mapping(a.get("commits") or {}, "commits").items()}
+            commits, devices = ({k: _text(v, what) for k, v in
+                                 _mapping(a.get(key) or {}, key).items()}
+                                for key, what in (("commits", "a commit"),
+                                                  ("devices", "a device")))
             sweep = _text(sweeps[0], "sweep id") if isinstance(sweeps, list) and \
                 len(sweeps) == 1 else None
             for i, (seed, run_id) in enumerate(zip(seeds, run_ids, strict=True)):
                 metrics = {k: _number(v[i], k[:60]) for k, v in values.items()
                            if v[i] is not None}
                 trials.append(TrialRun(run_id, arm, seed, metrics, sweep_id=sweep,
-                                       commit=commits.get(seed)))
+                                       commit=commits.get(seed), device=devices.get(seed)))
         except (KeyError, IndexError, ValueError, _Malformed) as err:
             arm_name = a.get("arm") if isinstance(a, dict) else a
             raise GemError(f"{path}: arm {str(arm_name)[:60]!r} lacks seeds, run_ids or "
