@@ -46,7 +46,7 @@ def reference_origin(data_path: str, outcome: Any) -> str:
     ref = outcome.reference
     epochs = int(ref.config.get("epochs", 1)) or 1
     how = ("read from the cache" if outcome.cached else
-           f"trained in {render.duration(ref.fit_s)} ({epochs} epochs of "
+           f"trained in {render.duration(ref.fit_s)} ({epochs} epoch{'s' * (epochs > 1)} of "
            f"{ref.train_samples // epochs:,} samples)")
     where = (f"; cached in {render.esc(outcome.cache_file)}" if outcome.cache_file
              else "; not cached (not a local dataset directory the platform wrote)")

@@ -46,6 +46,25 @@ def test_data_reference_table_then_cached_json(recipe: Path, tmp_path: Path):
     assert set(doc["planted_auc"]) == {"ctr", "cvr"}
 
 
+def test_data_reference_epochs_is_cached_apart_from_the_default(recipe: Path, tmp_path: Path):
+    """Another number of passes is trained and cached in a file of its own: the default
+    reference that runs compare against is neither evicted nor replaced by it."""
+    default = json.loads(gemctl("data", "reference", str(recipe), "--json").stdout)
+    one = gemctl("data", "reference", str(recipe), "--epochs", "1", "--json")
+    assert one.exit_code == 0, one.output
+    doc = json.loads(one.stdout)
+    assert doc["cached"] is False and doc["config"]["epochs"] == 1
+    assert Path(doc["cache_file"]).name.startswith("reference-linear-")
+    assert Path(doc["cache_file"]).name != REFERENCE_NAME
+    assert doc["train_samples"] * 3 == default["train_samples"]  # one pass, not three
+    again = json.loads(gemctl("data", "reference", str(recipe), "--json").stdout)
+    assert again["cached"] is True and again["tasks"] == default["tasks"]
+    assert json.loads(gemctl("data", "reference", str(recipe), "--epochs", "1",
+                             "--json").stdout)["cached"] is True
+    bad = gemctl("data", "reference", str(recipe), "--epochs", "0")
+    assert bad.exit_code == 2 and "Traceback" not in bad.output
+
+
 @pytest.mark.parametrize("args, needle", [
     (["nope.yaml"], "does not exist"),
     (["RECIPE", "--set", "data.source=parquet", "--set", "data.path=/nonexistent/ds"],

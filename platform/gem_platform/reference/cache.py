@@ -1,6 +1,8 @@
 """The linear reference's result and its cache: one JSON file inside the dataset directory,
-keyed by the dataset's digest and the reference's version, so it is computed once per
-dataset and recomputed when either changes.
+keyed by the dataset's digest, the reference's version and its configuration, so it is
+computed once per dataset and recomputed when any changes. The default configuration (what
+runs compare against) is cached in ``reference-linear.json``; any other in a file named by
+its configuration's hash, so trying another setting never evicts the default's.
 
 The file is written atomically (a temporary sibling renamed over it) and only into a local
 dataset directory (one holding the meta.json the platform writes); a file of that name that
@@ -9,6 +11,7 @@ the platform did not write is never replaced. Nothing here imports torch.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -17,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from gem_platform.data.meta import META_FILE
+from gem_platform.reference.config import LinearReferenceConfig
 
 log = logging.getLogger(__name__)
 
@@ -62,13 +66,21 @@ def is_local_dataset(path: str | Path) -> bool:
     return "://" not in str(path) and (Path(path) / META_FILE).is_file()
 
 
+def reference_file(path: str | Path, config: dict[str, Any]) -> Path:
+    """The cache file of the reference of ``config`` in the dataset directory ``path``."""
+    if config == LinearReferenceConfig().as_dict():
+        return Path(path) / REFERENCE_FILE
+    tag = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:12]
+    return Path(path) / f"reference-linear-{tag}.json"
+
+
 def load_cached(path: str | Path, digest: str | None, version: int,
                 config: dict[str, Any]) -> LinearReference | None:
     """The cached reference of this dataset digest, version and config, or None (absent,
     unreadable, stale or not ours)."""
     if digest is None or not is_local_dataset(path):
         return None
-    file = Path(path) / REFERENCE_FILE
+    file = reference_file(path, config)
     try:
         ref = LinearReference.from_json(file.read_text())
     except (OSError, ValueError, TypeError):
@@ -93,7 +105,7 @@ def store(path: str | Path, ref: LinearReference) -> Path | None:
     not be written (not a local dataset directory, a foreign file in the way, read-only)."""
     if ref.dataset_digest is None or not is_local_dataset(path):
         return None
-    file = Path(path) / REFERENCE_FILE
+    file = reference_file(path, ref.config)
     if not _ours_or_absent(file):
         log.warning("%s was not written by the platform; the linear reference is not cached",
                     file)

@@ -11,11 +11,11 @@ from pathlib import Path
 
 from gem_platform.data.meta import DatasetMeta
 from gem_platform.reference.cache import (
-    REFERENCE_FILE,
     TASK_FIELDS,
     LinearReference,
     is_local_dataset,
     load_cached,
+    reference_file,
     store,
 )
 from gem_platform.reference.config import VERSION, LinearReferenceConfig
@@ -62,7 +62,7 @@ def linear_reference(path: str, meta: DatasetMeta, *, force: bool = False,
     if not force:
         hit = load_cached(path, digest, VERSION, cfg.as_dict())
         if hit is not None:
-            return ReferenceOutcome(hit, True, str(Path(path) / REFERENCE_FILE))
+            return ReferenceOutcome(hit, True, str(reference_file(path, cfg.as_dict())))
     from gem_platform.reference.fit import fit_and_score  # torch
 
     started = time.monotonic()
