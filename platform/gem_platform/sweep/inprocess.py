@@ -82,7 +82,8 @@ class _History:
 @dataclass(frozen=True)
 class _Origin:
     """Where a trial came from that a resumed file's trials must share: the same seed of other
-    code or on another card trains to other bits (docs/quality), so mixing them is explicit."""
+    code or on another card can train to other bits (docs/quality), so mixing them is
+    explicit."""
 
     attr: str  # the TrialRun field
     differs: str  # "trials {differs} ({this run's value})"
