@@ -200,11 +200,22 @@ def test_trials_trained_side_by_side_say_so_and_their_qps_is_not_gated(swept):
     assert "gates INCONCLUSIVE (no gate failed)" in text
 
 
-def test_resume_across_commits_needs_allow_code_change(swept, tmp_path, monkeypatch):
+@pytest.mark.parametrize("field, other, refusal, allow, change", [
+    ("commit", "0123456789abcdef0123456789abcdef01234567", "of other code than this commit",
+     "allow_code_change", "with a code change"),
+    ("device", "NVIDIA H200", "trained on another device than this one",
+     "allow_device_change", "with a device change"),
+])
+def test_resume_from_another_commit_or_device_needs_allowing(swept, tmp_path, monkeypatch,
+                                                             field, other, refusal, allow,
+                                                             change):
+    """Each trial records its commit and its device; the same seed of other code or on another
+    card can train to other bits, so a file is resumed with either only when asked, and
+    compare lists where each trial came from."""
     monkeypatch.chdir(swept)
     body = json.loads((swept / "results.json").read_text())
-    other = "0123456789abcdef0123456789abcdef01234567"
-    body["trials"][0]["commit"] = other  # as if its first trial ran at another commit
+    assert {t["device"] for t in body["trials"]} == {body["device"]["device"]}
+    body["trials"][0][field] = other  # as if its first trial ran at another commit / card
     path = tmp_path / "mixed.json"
     path.write_text(json.dumps(body))
     plan = load_sweep("prec.yaml")
@@ -212,38 +223,15 @@ def test_resume_across_commits_needs_allow_code_change(swept, tmp_path, monkeypa
     with pytest.raises(GemError) as err:
         run_in_process(plan, path)
     text = f"{err.value.problem} {err.value.fix}"
-    assert f"commit {other[:12]}: {first['arm']} seed {first['seed']}" in text
-    assert "--allow-code-change" in text
+    assert refusal in text and f"--{allow.replace('_', '-')}" in text
+    assert f"{field} {other[:12]}" in text and f"{first['arm']} seed {first['seed']}" in text
     lines: list[str] = []
-    kept = run_in_process(plan, path, echo=lines.append, allow_code_change=True)
-    assert len(kept) == 4 and any("with a code change" in ln for ln in lines)
-    assert [t.commit for t in kept] == [t["commit"] for t in body["trials"]]  # kept as were
-
-
-def test_resume_on_another_device_needs_allow_device_change(swept, tmp_path, monkeypatch):
-    """Each trial records its device; the same seed on another card trains to other bits, so a
-    file is resumed on another device only when asked, and compare says where each ran."""
-    monkeypatch.chdir(swept)
-    body = json.loads((swept / "results.json").read_text())
-    here = body["device"]["device"]
-    assert {t["device"] for t in body["trials"]} == {here}
-    body["trials"][0]["device"] = "NVIDIA H200"  # as if its first trial trained on a GPU
-    path = tmp_path / "mixed.json"
-    path.write_text(json.dumps(body))
-    plan = load_sweep("prec.yaml")
-    first = body["trials"][0]
-    with pytest.raises(GemError) as err:
-        run_in_process(plan, path)
-    text = f"{err.value.problem} {err.value.fix}"
-    assert f"trained on another device than this one ({here})" in text
-    assert f"device NVIDIA H200: {first['arm']} seed {first['seed']}" in text
-    assert "--allow-device-change" in text
-    lines: list[str] = []
-    kept = run_in_process(plan, path, echo=lines.append, allow_device_change=True)
-    assert len(kept) == 4 and any("with a device change" in ln for ln in lines)
-    assert [t.device for t in kept] == [t["device"] for t in body["trials"]]  # kept as were
+    kept = run_in_process(plan, path, echo=lines.append, **{allow: True})
+    assert len(kept) == 4 and any(change in ln for ln in lines)
+    assert [getattr(t, field) for t in kept] == [t[field] for t in body["trials"]]  # as were
     out = gemctl_in_process("compare", str(path), "--no-plot", cwd=tmp_path)
-    assert "runs from 2 devices" in out.stdout and "NVIDIA H200: " in out.stdout
+    assert f"runs from 2 {field}s" in " ".join(out.stdout.split())
+    assert f"{other[:10]}" in out.stdout  # commits shown by their first 10 characters
 
 
 def test_a_trial_written_before_devices_were_recorded_takes_the_files(swept, tmp_path):
