@@ -47,7 +47,7 @@ def write(spec_dir: Path, text: str) -> Path:
     ("recall_h200", ["full", "sliding", "block64", "full_token_keys", "full_no_rope",
                      "block64_no_rope", "full_newest", "block64_newest", "full_rope_newest",
                      "block64_rope_newest", "sliding_newest"],
-     "full_newest", [0, 1]),
+     "full_newest", [0, 1, 2, 3]),
 ])
 def test_shipped_ablations_resolve(name, arms, baseline, seeds, monkeypatch):
     monkeypatch.chdir(REPO)
