@@ -21,6 +21,7 @@ from gem_platform.errors import ClusterError, GemError, RecipeError
 from gem_platform.interrupts import interrupt_in
 from gem_platform.net import parse_url, require_reachable
 from gem_platform.progress import Echo, Event, StepProgress, drain_while
+from gem_platform.provenance import TAG_DEVICE
 from gem_platform.recipe import Recipe
 from gem_platform.topology import Placement
 from gem_platform.topology.table_bounds import check_meta_tables
@@ -494,6 +495,8 @@ def submit(recipe: Recipe, *, local: bool = False, address: str | None = None,
         summary.update(_linear_reference(recipe, meta, tracker, echo))
         tracker.log_json(summary, "summary.json")
         tracker.set_tag("gem.learning_warnings", learning_tag(summary))
+        if isinstance(summary.get("device"), str):
+            tracker.set_tag(TAG_DEVICE, summary["device"])
         tracker.finish(ok=True)
         return RunOutcome(tracker.run_id, uri, summary)
     except BaseException as err:

@@ -30,6 +30,7 @@ SOURCE_ROOT = Path(__file__).resolve().parents[2]
 LIBRARIES = ("torch", "triton", "torchrec", "fbgemm-gpu", "fbgemm-gpu-cpu", "torchmetrics",
              "numpy", "pyarrow", "ray", "mlflow")
 TAG_COMMIT, TAG_DIRTY, TAG_DATASET = "gem.git_commit", "gem.git_dirty", "gem.dataset_digest"
+TAG_DEVICE = "gem.device"  # the accelerator rank 0 trained on (the run summary's "device")
 _SHARD_SUMS: dict[tuple[str, int, int], str] = {}
 
 
@@ -99,12 +100,22 @@ def environment() -> dict[str, Any]:
                            "libraries": libs}
     import torch
 
+    out["device"] = device_name()
     if torch.cuda.is_available():
-        out["device"] = torch.cuda.get_device_name()
         out["cuda"] = torch.version.cuda
-    else:
-        out["device"] = f"cpu ({os.cpu_count()} cores)"
     return out
+
+
+def device_name(device: Any = None) -> str:
+    """The accelerator ``device`` (a torch.device; default this process's) names itself by
+    ("NVIDIA H200"), or "cpu (N cores)": the same seed on another card is another sample."""
+    import torch
+
+    if device is None:
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu ({os.cpu_count()} cores)"
 
 
 def provenance(data_path: str | Path | None = None) -> dict[str, Any]:

@@ -66,6 +66,8 @@ def test_a_run_records_code_data_environment_and_system_metrics(sweep_dir, monke
     run = c.get_run(outcome.run_id)
     tags = run.data.tags
     assert in_history(tags["gem.git_commit"]) and tags["gem.git_dirty"] in ("true", "false")
+    assert tags["gem.device"].startswith("cpu (") and outcome.summary["device"] == \
+        tags["gem.device"]  # what rank 0 trained on
     digest = dataset_fingerprint(sweep_dir / "data")["digest"]
     assert tags["gem.dataset_digest"] == digest
     (inp,) = run.inputs.dataset_inputs

@@ -137,6 +137,7 @@ def test_one_parent_four_children_with_tags(swept):
     for child in children:
         assert child.data.tags["gem.dataset_digest"] == tags["gem.dataset_digest"]
         assert len(child.data.tags["gem.git_commit"]) == 40
+        assert child.data.tags["gem.device"].startswith("cpu (")
         assert child.data.params["train.deterministic"] == "True"  # sweeps default it on
         assert child.inputs.dataset_inputs[0].dataset.digest == tags["gem.dataset_digest"]
     # the comparison on the parent: baseline means, the other arm's delta and its verdict
@@ -157,6 +158,9 @@ def test_compare_table_json_and_gates(swept):
     assert body["baseline"] == "padded" and body["sweep_ids"] == [sweep_id]
     means = {a["arm"]: a["metrics"]["eval/ne_ctr"]["mean"] for a in body["arms"]}
     assert all(a["metrics"]["eval/ne_ctr"]["n"] == 2 for a in body["arms"])
+    # each trial's device, from its run's tag (one device here: no runs-by-device line)
+    assert all(set(a["devices"]) == set(a["seeds"]) and a["devices"][a["seeds"][0]]
+               .startswith("cpu (") for a in body["arms"])
     # Gate against the better arm, so the observed difference is a regression of the other.
     better, worse = sorted(means, key=means.get)
     observed = (means[worse] - means[better]) / means[better] * 100

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gem_platform.data.ceilings import BLIND_AUC_METRIC
-from gem_platform.provenance import TAG_COMMIT
+from gem_platform.provenance import TAG_COMMIT, TAG_DEVICE
 from gem_platform.sweep import store
 from gem_platform.sweep.config import SweepError
 from gem_platform.sweep.gates import (
@@ -129,6 +129,7 @@ def _as_trial(run: Run, sweep_id: str | None, parent: str | None) -> TrialRun:
         sweep_id=sweep_id or tags.get(store.TAG_SWEEP),
         parent_run_id=parent or tags.get(store.TAG_PARENT),
         commit=tags.get(TAG_COMMIT),
+        device=tags.get(TAG_DEVICE),
     )
 
 

@@ -63,6 +63,7 @@ from gem_platform.model.flops import FlopMeter
 from gem_platform.parallel import Parallelized, parallelize
 from gem_platform.parallel.fused_state import fill_fused_state
 from gem_platform.progress import Echo, Event, StepProgress
+from gem_platform.provenance import device_name
 from gem_platform.recipe import Recipe, TrainConfig
 from gem_platform.train.compile_watch import CompileWatch
 from gem_platform.train.determinism import deterministic_mode
@@ -97,8 +98,9 @@ from gem_platform.train.shared_grads import separate_shared_grads
 from gem_platform.train.state import CheckpointExtras, LoopState, Totals
 
 MetricSink = Callable[[dict[str, float], int], None]
-# The run summary: metrics (floats) plus "peak_source", where the MFU peak came from, and the
-# learning curve and warnings (lists; gem_platform.train.learning_report).
+# The run summary: metrics (floats) plus "peak_source", where the MFU peak came from, "device",
+# what rank 0 trained on, and the learning curve and warnings (lists;
+# gem_platform.train.learning_report).
 RunSummary = dict[str, float | str | list]
 
 # The cosine schedule ends at this fraction of the base learning rate, not at zero, so the last
@@ -822,7 +824,7 @@ def _train(run: Run, report: Reporter, checkpoints: CheckpointStore | None,
     metrics = {**summarize(run, state, report), **compiles}
     # the curve and warnings (lists) stay in the summary; the sink takes numbers
     report.publish({k: v for k, v in metrics.items() if isinstance(v, int | float)}, state.step)
-    return {**metrics, "peak_source": run.peak.source}
+    return {**metrics, "peak_source": run.peak.source, "device": device_name(run.device)}
 
 
 __all__ = ["CheckpointStore", "MetricSink", "RankInfo", "Reporter", "Run", "RunSummary",
