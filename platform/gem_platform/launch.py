@@ -432,6 +432,31 @@ def learning_tag(summary: dict[str, Any]) -> str:
     return ",".join(fired) or "none"
 
 
+def _prepared_and_checked(recipe: Recipe, local: bool, address: str | None
+                          ) -> tuple[DatasetMeta, int]:
+    """The run's dataset (prepared once: the ranks receive this meta) and its world size,
+    once everything the store, the cluster or the data would refuse has been refused, before
+    a run exists."""
+    if address and not local:
+        check_address(address)
+    check_reachable(resolve_tracking_uri(recipe.tracking.uri))
+    check_run_inputs(recipe.tracking.experiment, recipe.tracking.run_name, recipe.flat(),
+                     recipe.tracking.tags)
+    from gem_platform.data.prepare import prepare_dataset  # generator: torch, TorchRec
+
+    meta = prepare_dataset(recipe.data)
+    world = 1 if local else recipe.parallel.workers
+    check_world_size(recipe, meta, world)
+    if not local and not address:
+        check_embedded_capacity(recipe)
+    check_meta_tables(meta, recipe.model.d_model, recipe.model.sparse_dim,
+                      f"{recipe.data.path}/meta.json")
+    recipe.parallel.validate_against_world(world)
+    if not local:
+        recipe.parallel.check_host_split_trained()
+    return meta, world
+
+
 def submit(recipe: Recipe, *, local: bool = False, address: str | None = None,
            echo: Echo = print, resume: str | None = None) -> RunOutcome:
     """Validate, open the MLflow run, train, record the summary, close the run.
@@ -446,25 +471,7 @@ def submit(recipe: Recipe, *, local: bool = False, address: str | None = None,
     so a resume refused for torn checkpoints leaves a FINISHED run FINISHED.
     """
     address = address or os.environ.get("RAY_ADDRESS") or None
-    if address and not local:
-        check_address(address)
-    # What the store would refuse is refused now, before the data is prepared or a run exists.
-    check_reachable(resolve_tracking_uri(recipe.tracking.uri))
-    check_run_inputs(recipe.tracking.experiment, recipe.tracking.run_name, recipe.flat(),
-                     recipe.tracking.tags)
-    from gem_platform.data.prepare import prepare_dataset  # generator: torch, TorchRec
-
-    meta = prepare_dataset(recipe.data)  # once per run: the ranks receive this meta
-    world = 1 if local else recipe.parallel.workers
-    check_world_size(recipe, meta, world)
-    if not local and not address:
-        check_embedded_capacity(recipe)
-    check_meta_tables(meta, recipe.model.d_model, recipe.model.sparse_dim,
-                      f"{recipe.data.path}/meta.json")
-    recipe.parallel.validate_against_world(world)
-    if not local:
-        recipe.parallel.check_host_split_trained()
-
+    meta, world = _prepared_and_checked(recipe, local, address)
     uri = resolve_tracking_uri(recipe.tracking.uri)
     tags = {"gem.mode": "local" if local else "ray", "gem.recipe": recipe.name,
             "gem.data_source": meta.source,

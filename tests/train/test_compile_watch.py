@@ -58,6 +58,8 @@ def test_totals_time_each_triton_compile_and_pass_on_the_chained_skip_answer():
             totals = watch.totals()
         assert totals.triton_kernels == 1 and 0.05 <= totals.triton_s < 5
         assert totals.summary(2.5) == {"perf/compile_s_torch": totals.torch_s,
+                                       "perf/torch_graphs_compiled":
+                                       float(totals.dynamo_graphs),
                                        "perf/compile_s_triton": totals.triton_s,
                                        "perf/triton_kernels_compiled": 1.0,
                                        "perf/tuning_s_gdpa": 2.5}

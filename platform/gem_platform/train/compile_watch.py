@@ -56,7 +56,9 @@ class CompileTotals:
 
     def summary(self, tuning_s: float) -> dict[str, float]:
         """Run-summary metrics; ``tuning_s``: the kernels' own tuning (GDPA's launch plans)."""
-        return {"perf/compile_s_torch": self.torch_s, "perf/compile_s_triton": self.triton_s,
+        return {"perf/compile_s_torch": self.torch_s,
+                "perf/torch_graphs_compiled": float(self.dynamo_graphs),
+                "perf/compile_s_triton": self.triton_s,
                 "perf/triton_kernels_compiled": float(self.triton_kernels),
                 "perf/tuning_s_gdpa": tuning_s}
 
