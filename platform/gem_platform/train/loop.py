@@ -65,6 +65,7 @@ from gem_platform.parallel.fused_state import fill_fused_state
 from gem_platform.progress import Echo, Event, StepProgress
 from gem_platform.provenance import device_name
 from gem_platform.recipe import Recipe, TrainConfig
+from gem_platform.train.compile_cache import own_compile_cache
 from gem_platform.train.compile_watch import CompileWatch
 from gem_platform.train.determinism import deterministic_mode
 from gem_platform.train.device_memory import explained_out_of_memory
@@ -746,7 +747,8 @@ def train(recipe: Recipe, sink: MetricSink | None = None,
     (a profiler's clock; the model's gradients are that step's until the next forward, once
     the device has finished it). With ``train.deterministic`` the run trains inside
     ``determinism.deterministic_mode(train.seed)``; the summary's ``train/deterministic`` says
-    whether it did (1.0) or not (0.0). The device running out of memory raises
+    whether it did (1.0) or not (0.0), and Inductor's cache is the recipe's own
+    (``compile_cache.own_compile_cache``). The device running out of memory raises
     ``DeviceMemoryError``, which names the recipe fields that lower the peak. ``meta``: the
     dataset as the run's driver prepared it (launch.submit prepares each dataset once per run
     and hands its meta to every rank); None prepares it here, for a run started in this
@@ -757,7 +759,10 @@ def train(recipe: Recipe, sink: MetricSink | None = None,
     report = Reporter(info.is_chief, sink, echo, published_through)
     mode = (deterministic_mode(recipe.train.seed, device)
             if recipe.train.deterministic else contextlib.nullcontext())
-    with mode:
+    compiles = compile_enabled(recipe.train.compile, device)
+    with mode, own_compile_cache(recipe, info.rank, compiles) as cache:
+        if cache is not None:
+            report.line(f"compile cache of this recipe: {cache}")
         with explained_out_of_memory(recipe, device, "while setting up the run"):
             run = setup(recipe, info, device, meta)
         plan = run.regions if run.regions.budget_gb is not None else None
