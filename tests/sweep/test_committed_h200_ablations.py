@@ -53,6 +53,31 @@ def test_the_recipe_trains_to_the_same_bits_in_another_call():
         assert odd[0][1] != t.history["train/loss"][0][1]
 
 
+def test_the_card_not_the_commit_moved_a_seed():
+    """determinism_bf16_s0_{15f2470,d078bc5}_h100.json: precision's bf16 seed 0 trained on one
+    H100 from commit 15f2470's tree and from d078bc5's, side by side, on the same dataset:
+    the same bits at every logged step; the committed H200 trial of commit 15f2470 differs.
+    So a seed on another card is another sample, and the precision file's pairs share a card."""
+    old, old_header = load_results(QUALITY / "determinism_bf16_s0_15f2470_h100.json")
+    new, new_header = load_results(QUALITY / "determinism_bf16_s0_d078bc5_h100.json")
+    precision, header = load_results(QUALITY / "ablation_precision_h200.json")
+    (old,), (new,) = old, new
+    h200 = next(t for t in precision if (t.arm, t.seed) == ("bf16", "0"))
+    assert old.commit.startswith("15f2470") and new.commit.startswith("d078bc5")
+    assert h200.commit == old.commit and h200.device == "NVIDIA H200"
+    assert {old.device, new.device} == {"NVIDIA H100 80GB HBM3"}
+    digests = {next(iter(h["provenance"]["datasets"].values()))["digest"]
+               for h in (old_header, new_header, header)}
+    assert len(digests) == 1
+    assert old.history == new.history and old.metrics["eval/ne_ctr"] == new.metrics["eval/ne_ctr"]
+    assert abs(h200.metrics["eval/ne_ctr"] - old.metrics["eval/ne_ctr"]) > 0.004
+    assert h200.history["train/loss"][0] != old.history["train/loss"][0]
+    pairs = {}
+    for t in precision:
+        pairs.setdefault(t.seed, set()).add(t.device)
+    assert all(len(devices) == 1 for devices in pairs.values())  # both arms of a seed, one card
+
+
 def test_compare_answers_only_the_named_arms(tmp_path):
     """`gemctl compare FILE --baseline block64 --arms sliding`: full (+0.52% CTR NE against
     block64) FAILs the gate when every arm is compared; named arms alone decide the exit code,
