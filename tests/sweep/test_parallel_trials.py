@@ -1,5 +1,6 @@
 """Trials of an in-process sweep trained side by side (``--parallel N``): a failed trial stops
-new ones without losing those that finished, and the option's refusals. (Real trials trained
+new ones without losing those that finished, one out of memory beside others trains again
+with fewer at a time, and the option's refusals. (Real trials trained
 side by side, bit for bit the same as alone, and the QPS gate that knows they shared the
 machine: tests/sweep/test_inprocess.py.)"""
 
@@ -15,7 +16,8 @@ from gem_platform.errors import GemError
 from gem_platform.sweep import inprocess
 from gem_platform.sweep.config import load_sweep
 from gem_platform.sweep.inprocess import narrowed, run_in_process
-from gem_platform.sweep.results import load_results
+from gem_platform.sweep.results import CONCURRENT_TRIALS, load_results
+from gem_platform.train.device_memory import DeviceMemoryError
 from tests.conftest import gemctl_in_process
 from tests.sweep.test_spec import BASE
 
@@ -78,6 +80,61 @@ def test_a_failed_trial_starts_no_other_and_a_rerun_trains_only_the_missing(swee
     assert sorted(started) == [("bf16", 0), ("bf16", 1), ("bf16", 2), ("fp32", 1),
                                ("fp32", 2)]
     assert len(_eval_metrics(out)) == 6
+
+
+def _fake_trials(out_of_memory: set[tuple[str, int]], times: int):
+    """A stand-in for one trial's process that records how many trials ran when each
+    started, and runs out of memory ``times`` times for the trials named."""
+    lock = threading.Lock()
+    log: dict[str, list] = {"starts": [], "running": [0]}
+
+    def fake_train(plan, arm, seed, isolate, echo):
+        with lock:
+            log["running"][0] += 1
+            log["starts"].append((arm, seed, log["running"][0]))
+            failing = (arm, seed) in out_of_memory and sum(
+                1 for a, s, _ in log["starts"] if (a, s) == (arm, seed)) <= times
+        try:
+            time.sleep(0.2)
+            if failing:
+                raise DeviceMemoryError("Recipe 'r' ran out of device memory while training",
+                                        "lower the batch")
+            return {"eval/ne_ctr": 0.9, "eval/auc_ctr": 0.7}, {}, 0.1
+        finally:
+            with lock:
+                log["running"][0] -= 1
+
+    return fake_train, log
+
+
+def test_a_trial_out_of_memory_beside_others_trains_again_with_one_fewer_at_a_time(
+        sweep_dir, monkeypatch):
+    plan = narrowed(load_sweep("side.yaml"), [0, 1, 2], None)
+    fake_train, log = _fake_trials({("bf16", 0)}, times=1)
+    monkeypatch.setattr(inprocess, "_train", fake_train)
+    lines: list = []
+    out = sweep_dir / "retried.json"
+    run_in_process(plan, out, echo=lines.append, parallel=3)
+    assert len(_eval_metrics(out)) == 6  # nothing lost, nothing left out
+    bf16_0 = [i for i, (a, s, _) in enumerate(log["starts"]) if (a, s) == ("bf16", 0)]
+    assert len(bf16_0) == 2
+    assert all(n <= 2 for _, _, n in log["starts"][bf16_0[1]:])  # two at a time from then on
+    assert "trial bf16 seed 0 ran out of memory beside other trials: it trains again, 2 " \
+           "trial(s) at a time from now on" in [str(x) for x in lines]
+    trials, _ = load_results(out)
+    company = {(t.arm, t.seed): t.metrics[CONCURRENT_TRIALS] for t in trials}
+    assert company[("fp32", "0")] == 3 and company[("bf16", "0")] == 2
+
+
+def test_a_trial_out_of_memory_alone_fails_the_sweep(sweep_dir, monkeypatch):
+    plan = narrowed(load_sweep("side.yaml"), [0], None)
+    fake_train, log = _fake_trials({("bf16", 0)}, times=2)
+    monkeypatch.setattr(inprocess, "_train", fake_train)
+    out = sweep_dir / "alone.json"
+    with pytest.raises(GemError, match="Trial bf16 seed 0 failed: DeviceMemoryError"):
+        run_in_process(plan, out, echo=lambda _: None, parallel=2)
+    assert [(a, s) for a, s, _ in log["starts"]].count(("bf16", 0)) == 2  # then alone: fails
+    assert sorted(_eval_metrics(out)) == [("fp32", "0")]
 
 
 def test_parallel_needs_a_process_per_trial_and_an_in_process_sweep(sweep_dir):

@@ -22,6 +22,12 @@ def refuse(echo) -> None:
     raise GemError("no such recipe field 'x'", "Drop --set x=1.")
 
 
+def run_out_of_memory(echo) -> None:
+    from gem_platform.train.device_memory import DeviceMemoryError
+
+    raise DeviceMemoryError("Recipe 'r' ran out of device memory while training", "lower N")
+
+
 class Unpicklable(Exception):
     def __init__(self, handle) -> None:
         super().__init__("holds a lock")
@@ -51,6 +57,10 @@ def test_errors_are_raised_here():
     with pytest.raises(GemError, match="no such recipe field") as err:
         call_in_fresh_process(refuse, echo=lines.append)
     assert err.value.fix == "Drop --set x=1." and lines == ["about to fail"]
+    # a parallel sweep retries a trial on this type (a MemoryError), so it must arrive as itself
+    with pytest.raises(MemoryError, match="ran out of device memory") as oom:
+        call_in_fresh_process(run_out_of_memory, echo=lines.append)
+    assert type(oom.value).__name__ == "DeviceMemoryError" and oom.value.fix == "lower N"
     with pytest.raises(RuntimeError, match="Unpicklable: holds a lock"):
         call_in_fresh_process(raise_unpicklable, echo=lines.append)
     with pytest.raises(RuntimeError, match="exited with code 3 before returning"):

@@ -22,13 +22,16 @@ only with ``--allow-device-change``. Nothing here imports Ray or MLflow.
         --out gem_runs/precision_h200.json
 
 ``--parallel N`` trains N trials at once, each in its own fresh process, sharing the machine's
-GPU. A deterministic trial is meant to give the same NE bit for bit whatever company it keeps;
-the committed H200 ablations show it for most trials, with one exception whose cause is not
-found (docs/quality/README.md). A small model leaves most of an H200 idle between its kernels
-(start-up, compilation, evaluation), so N trials finish sooner than one after another; N is
-bounded by the device's memory. Their QPS and MFU are shares of the device, not speed figures:
-each trial records ``trial/concurrent_trials``, and ``gemctl compare`` says so and holds a QPS
-gate inconclusive for them.
+GPU; a trial that runs out of memory beside others trains again with one fewer at a time. A
+deterministic trial is meant to give the same NE bit for bit whatever company it keeps; the
+committed H200 ablations show it for most trials, with one exception (docs/quality/README.md):
+a compile cache shared with another recipe's trials is the mechanism found since, so a
+deterministic run now compiles into its recipe's own (gem_platform.train.compile_cache). A
+small model leaves most of an H200 idle between its kernels (start-up, compilation,
+evaluation), so N trials finish sooner than one after another; N is bounded by the device's
+memory. Their QPS and MFU are shares of the device, not speed figures: each trial records
+``trial/concurrent_trials`` (the trials at a time when it started), and ``gemctl compare``
+says so and holds a QPS gate inconclusive for them.
 
 Results files of separate runs (other machines, or ``--arms A --seeds S --out part.json``
 each) become one file with ``python -m gem_platform.sweep.inprocess --merge part*.json --out
@@ -42,6 +45,7 @@ import math
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
@@ -176,10 +180,11 @@ def run_in_process(plan: SweepPlan, out: str | Path, echo: Echo = print,
             echo(TrialDone(f"{arm} seed {seed}", "kept", where=str(out)))
         else:
             todo.append((arm, seed))
-    for arm, seed, (summary, points, wall_s) in _trained(plan, todo, isolate, parallel, echo):
+    for arm, seed, (summary, points, wall_s), company in _trained(plan, todo, isolate, parallel,
+                                                                   echo):
         metrics = finite_metrics(summary)
         metrics["trial/wall_s"] = wall_s
-        metrics[CONCURRENT_TRIALS] = float(min(parallel, len(todo)))
+        metrics[CONCURRENT_TRIALS] = float(min(company, len(todo)))
         metrics["train/deterministic"] = float(record["deterministic"][arm])
         done.append(TrialRun(run_id=f"{plan.name}/{arm}/seed{seed}", arm=arm, seed=str(seed),
                              metrics=metrics, sweep_id=plan.name, commit=commit,
@@ -217,16 +222,25 @@ def _train(plan: SweepPlan, arm: str, seed: int, isolate: bool, echo: Echo
 
 
 def _trained(plan: SweepPlan, todo: list[tuple[str, int]], isolate: bool, parallel: int,
-             echo: Echo) -> Iterator[tuple[str, int, Any]]:
-    """(arm, seed, _train's result) for each trial of ``todo`` as it finishes: one after
-    another, or ``parallel`` at a time (threads, each waiting on the trial's own process;
-    their progress events reach ``echo`` one at a time; the next trial starts as one ends).
-    Once a trial fails no other starts; those running finish and are yielded, then the
-    failure is raised as a GemError."""
+             echo: Echo) -> Iterator[tuple[str, int, Any, int]]:
+    """(arm, seed, _train's result, trials at a time when it started) for each trial of
+    ``todo`` as it finishes: one after another, or up to ``parallel`` at a time
+    (``_side_by_side``)."""
     if parallel <= 1:
         for arm, seed in todo:
-            yield arm, seed, _train(plan, arm, seed, isolate, echo)
+            yield arm, seed, _train(plan, arm, seed, isolate, echo), 1
         return
+    yield from _side_by_side(plan, todo, parallel, echo)
+
+
+def _side_by_side(plan: SweepPlan, todo: list[tuple[str, int]], parallel: int, echo: Echo
+                  ) -> Iterator[tuple[str, int, Any, int]]:
+    """``_trained`` with up to ``parallel`` trials at a time: threads, each waiting on the
+    trial's own process; their progress events reach ``echo`` one at a time; the next trial
+    starts as one ends. A trial that runs out of memory beside others trains again later, and
+    from then on one trial fewer runs at a time (at one at a time, its failure stands). Once
+    a trial fails no other starts; those running finish and are yielded, then the failure is
+    raised as a GemError."""
     lock = threading.Lock()
 
     def one_at_a_time(event: Any) -> None:
@@ -234,35 +248,44 @@ def _trained(plan: SweepPlan, todo: list[tuple[str, int]], isolate: bool, parall
             echo(event)
 
     failed: tuple[str, int, BaseException] | None = None
-    queued = iter(todo)
+    queued, limit = deque(todo), parallel
+    running: dict[Future, tuple[str, int, int]] = {}
     with ThreadPoolExecutor(parallel, thread_name_prefix="trial") as pool:
-        running: dict[Future, tuple[str, int]] = {}
 
-        def start_next() -> None:
-            trial = next(queued, None)
-            if trial is not None:
-                running[pool.submit(_train, plan, *trial, True, one_at_a_time)] = trial
+        def fill() -> None:
+            while failed is None and queued and len(running) < limit:
+                arm, seed = queued.popleft()
+                future = pool.submit(_train, plan, arm, seed, True, one_at_a_time)
+                running[future] = (arm, seed, limit)
 
-        for _ in range(parallel):
-            start_next()
+        fill()
         while running:
             finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            done = []
             for future in finished:
-                arm, seed = running.pop(future)
+                arm, seed, company = running.pop(future)
                 err = future.exception()
                 if err is None:
-                    if failed is None:
-                        start_next()
-                    yield arm, seed, future.result()
+                    done.append((arm, seed, future.result(), company))
+                elif isinstance(err, MemoryError) and limit > 1 and failed is None:
+                    limit -= 1
+                    queued.appendleft((arm, seed))
+                    one_at_a_time(f"trial {arm} seed {seed} ran out of memory beside other "
+                                  f"trials: it trains again, {limit} trial(s) at a time from "
+                                  "now on")
                 elif failed is None:
                     failed = (arm, seed, err)
+            fill()
+            yield from done
     if failed is not None:
         arm, seed, err = failed
         raise GemError(f"Trial {arm} seed {seed} failed: {type(err).__name__}: {err}",
                        "The trials that finished are in the results file; the same command "
                        "trains only the missing ones. Out of GPU memory with --parallel N: "
                        "lower N (each trial holds its own model, batches and compiled "
-                       "graphs on the one device).") from err
+                       "graphs on the one device; a trial out of memory beside others is "
+                       "tried again with fewer at a time, one out of memory alone needs the "
+                       "recipe's fixes).") from err
 
 
 def main(argv: list[str] | None = None) -> int:
