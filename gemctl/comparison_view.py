@@ -168,6 +168,12 @@ def render_comparison(cmp, uri: str, plot: Path | None, as_json: bool,
         if len(origins) > 1:
             console.print(f"[yellow]runs from {len(origins)} {what}[/]: "
                           + render.esc(_runs_by(cmp, what, shown)), highlight=False)
+    apart = [f"{arm.arm} {'seeds' if len(arm.unpaired_across_devices) > 1 else 'seed'} "
+             f"{seed_spans(arm.unpaired_across_devices)}"
+             for arm in cmp.arms if arm.unpaired_across_devices]
+    if apart:
+        console.print(f"[yellow]not paired with {cmp.baseline}'s run of the seed, which trained "
+                      "on another device[/]: " + render.esc("; ".join(apart)), highlight=False)
     if cmp.skipped:
         console.print(f"[yellow]left out {len(cmp.skipped)} unfinished run(s)[/]: "
                       + render.esc(", ".join(cmp.skipped)), highlight=False)

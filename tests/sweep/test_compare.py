@@ -144,6 +144,25 @@ def test_pairs_by_seed_only_when_both_arms_ran_the_same_seeds():
     assert compare_trials(base + twice, "base").arms[1].deltas["eval/ne_ctr"].method == "welch"
 
 
+def test_a_seed_trained_on_two_devices_is_not_paired():
+    """The same seed on another card is another sample (its NE moved 0.58% on the committed
+    H200/H100 pair, more than a 0.2% gate): a seed whose arm and baseline runs name different
+    devices leaves the pairs, and the comparison lists it; unknown devices still pair."""
+    from dataclasses import replace
+
+    base = [replace(run("base", s, 0.80 + 0.02 * s, 0.75, 1000), device="H200") for s in range(4)]
+    arm = [replace(run("arm", s, 0.801 + 0.02 * s, 0.75, 1000), device="H200") for s in range(3)]
+    arm.append(replace(run("arm", 3, 0.80 + 0.06 + 0.005, 0.75, 1000), device="H100"))
+    result = compare_trials(base + arm, "base").arms[1]
+    assert result.unpaired_across_devices == ["3"]
+    d = result.deltas["eval/ne_ctr"]
+    assert d.method == "paired" and d.n == 3  # seeds 0-2, not 3
+    assert d.value == pytest.approx(0.001 / 0.82 * 100)
+    unknown = [replace(r, device=None) for r in arm]
+    again = compare_trials(base + unknown, "base").arms[1]
+    assert again.unpaired_across_devices == [] and again.deltas["eval/ne_ctr"].n == 4
+
+
 def test_quality_markdown(cmp):
     """The report: a verdict column per task only where an NE gate was judged, FAIL and PASS
     in bold, the baseline's row without deltas, a pipe in an arm's name escaped."""

@@ -232,6 +232,11 @@ def test_resume_from_another_commit_or_device_needs_allowing(swept, tmp_path, mo
     out = gemctl_in_process("compare", str(path), "--no-plot", cwd=tmp_path)
     assert f"runs from 2 {field}s" in " ".join(out.stdout.split())
     assert f"{other[:10]}" in out.stdout  # commits shown by their first 10 characters
+    # a seed whose arm and baseline runs trained on different cards is left out of the pairs
+    flat = " ".join(out.stdout.split())
+    assert ("which trained on another device: " in flat) == (field == "device")
+    if field == "device":
+        assert "seed 0" in flat.split("which trained on another device: ")[1]
 
 
 def test_a_trial_written_before_devices_were_recorded_takes_the_files(swept, tmp_path):
