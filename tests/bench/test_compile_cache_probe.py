@@ -5,10 +5,15 @@ shows on CUDA: docs/bench/compile_cache_probe_h100.json)."""
 from __future__ import annotations
 
 import json
+import shutil
+
+import pytest
 
 from gem_bench.compile_cache_probe import main
 
 
+@pytest.mark.skipif(not (shutil.which("c++") or shutil.which("g++")),
+                    reason="Inductor on CPU needs a C++ compiler")
 def test_the_probe_compares_a_shared_cache_with_an_own_one_on_cpu(tmp_path, capsys):
     assert main(["--device", "cpu", "--small", "100", "--large", "5000",
                  "--out", str(tmp_path)]) == 0

@@ -4,6 +4,7 @@ compiled at other sizes can't change its bits."""
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -69,6 +70,10 @@ def test_a_folder_the_user_chose_is_kept(tmp_path, default_dir, monkeypatch):
         assert path is None and os.environ[CACHE_ENV] == chosen
 
 
+NO_COMPILER = not (shutil.which("c++") or shutil.which("g++"))
+
+
+@pytest.mark.skipif(NO_COMPILER, reason="Inductor on CPU needs a C++ compiler")
 def test_a_compiled_deterministic_run_writes_its_graphs_into_its_own_folder(
         tmp_path, default_dir):
     """Real training, compiled by Inductor on CPU: its graphs land in the recipe's folder, the
