@@ -239,6 +239,30 @@ def test_resume_from_another_commit_or_device_needs_allowing(swept, tmp_path, mo
         assert "seed 0" in flat.split("which trained on another device: ")[1]
 
 
+def test_a_trial_its_baseline_ran_elsewhere_is_named_before_it_trains(swept, tmp_path,
+                                                                       monkeypatch):
+    """Resuming on another device, a new trial whose seed the baseline ran on the old one
+    would train only to be left out of the pairs: the sweep says so before training it, and
+    compare names it too."""
+    monkeypatch.chdir(swept)
+    body = json.loads((swept / "results.json").read_text())
+    body["trials"] = [t for t in body["trials"] if (t["arm"], t["seed"]) != ("bf16", "1")]
+    for t in body["trials"]:
+        if (t["arm"], t["seed"]) == ("fp32", "1"):
+            t["device"] = "NVIDIA H200"
+    path = tmp_path / "elsewhere.json"
+    path.write_text(json.dumps(body))
+    lines: list[str] = []
+    run_in_process(load_sweep("prec.yaml"), path, echo=lambda e: lines.append(str(e)),
+                   isolate=False, allow_code_change=True, allow_device_change=True)
+    warning = next(ln for ln in lines if ln.startswith("warning: "))
+    assert "bf16 seed 1 will train on" in warning and "will not pair them" in warning
+    assert "seed 0" not in warning  # its baseline trained here
+    out = gemctl_in_process("compare", str(path), "--no-plot", cwd=tmp_path)
+    flat = " ".join(out.stdout.split())
+    assert "which trained on another device: bf16 seed 1" in flat
+
+
 def test_a_trial_written_before_devices_were_recorded_takes_the_files(swept, tmp_path):
     body = json.loads((swept / "results.json").read_text())
     for t in body["trials"]:

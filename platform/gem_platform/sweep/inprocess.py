@@ -180,6 +180,7 @@ def run_in_process(plan: SweepPlan, out: str | Path, echo: Echo = print,
             echo(TrialDone(f"{arm} seed {seed}", "kept", where=str(out)))
         else:
             todo.append((arm, seed))
+    _warn_unpairable(todo, done, plan.baseline, device, echo)
     for arm, seed, (summary, points, wall_s), company in _trained(plan, todo, isolate, parallel,
                                                                    echo):
         metrics = finite_metrics(summary)
@@ -193,6 +194,22 @@ def run_in_process(plan: SweepPlan, out: str | Path, echo: Echo = print,
         echo(TrialDone(f"{arm} seed {seed}", "finished", metrics.get("eval/ne_ctr", math.nan),
                        metrics.get("eval/auc_ctr", math.nan), f"in {out}"))
     return done
+
+
+def _warn_unpairable(todo: list[tuple[str, int]], done: list[TrialRun], baseline: str,
+                     device: str, echo: Echo) -> None:
+    """Say before training which new trials ``gemctl compare`` will not pair with their seed's
+    partner (the baseline's run, or for a baseline trial the other arms' runs), because that
+    run trained on another device than this one (``compare.cross_device_seeds``)."""
+    ran_on = {(t.arm, t.seed): t.device for t in done if t.device}
+    apart = [f"{arm} seed {seed}" for arm, seed in todo
+             if any(d != device for (a, s), d in ran_on.items()
+                    if s == str(seed) and a != arm and baseline in (a, arm))]
+    if apart:
+        echo(f"warning: {', '.join(apart)} will train on {device}, but the run it is compared "
+             "with (the same seed of the baseline or of the other arms) trained on another "
+             "device, so gemctl compare will not pair them; to pair them, train both arms of "
+             "those seeds on one device (another --out)")
 
 
 def _resumable(plan: SweepPlan, out: Path, recipes: dict[str, str]
