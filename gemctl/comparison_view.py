@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gem_platform.sweep.gates import effective
+from gem_platform.sweep.results import cross_device_seeds
 from gem_platform.sweep.stats import delta_text, mean_sd
 from gemctl import render
 
@@ -168,9 +169,9 @@ def render_comparison(cmp, uri: str, plot: Path | None, as_json: bool,
         if len(origins) > 1:
             console.print(f"[yellow]runs from {len(origins)} {what}[/]: "
                           + render.esc(_runs_by(cmp, what, shown)), highlight=False)
-    apart = [f"{arm.arm} {'seeds' if len(arm.unpaired_across_devices) > 1 else 'seed'} "
-             f"{seed_spans(arm.unpaired_across_devices)}"
-             for arm in cmp.arms if arm.unpaired_across_devices]
+    base = next(arm for arm in cmp.arms if arm.arm == cmp.baseline)
+    apart = [_arm_seeds(arm.arm, seeds) for arm in cmp.arms if arm is not base
+             and (seeds := cross_device_seeds(arm.devices, base.devices))]
     if apart:
         console.print(f"[yellow]not paired with {cmp.baseline}'s run of the seed, which trained "
                       "on another device[/]: " + render.esc("; ".join(apart)), highlight=False)
@@ -206,11 +207,14 @@ def _runs_by(cmp, what: str, shown: int) -> str:
         for seed, origin in getattr(arm, what).items():
             by_origin.setdefault(origin, {}).setdefault(arm.arm, []).append(seed)
 
-    def entry(arm: str, seeds: list[str]) -> str:
-        return f"{arm} {'seeds' if len(seeds) > 1 else 'seed'} {seed_spans(seeds)}"
-
-    return "; ".join(f"{origin[:shown]}: " + ", ".join(entry(*item) for item in arms.items())
+    return "; ".join(f"{origin[:shown]}: " + ", ".join(_arm_seeds(*item)
+                                                       for item in arms.items())
                      for origin, arms in by_origin.items())
+
+
+def _arm_seeds(arm: str, seeds: list[str]) -> str:
+    """'ARM seed 3' or 'ARM seeds 0-4, 6'."""
+    return f"{arm} {'seeds' if len(seeds) > 1 else 'seed'} {seed_spans(seeds)}"
 
 
 def default_plot(ids: list[str], arms: list[str] | None = None) -> Path:

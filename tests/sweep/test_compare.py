@@ -17,6 +17,7 @@ from gem_platform.sweep.compare import (
 )
 from gem_platform.sweep.config import SweepError
 from gem_platform.sweep.report import quality_markdown
+from gem_platform.sweep.results import cross_device_seeds
 from gem_platform.sweep.stats import (
     paired_delta,
     relative,
@@ -153,14 +154,16 @@ def test_a_seed_trained_on_two_devices_is_not_paired():
     base = [replace(run("base", s, 0.80 + 0.02 * s, 0.75, 1000), device="H200") for s in range(4)]
     arm = [replace(run("arm", s, 0.801 + 0.02 * s, 0.75, 1000), device="H200") for s in range(3)]
     arm.append(replace(run("arm", 3, 0.80 + 0.06 + 0.005, 0.75, 1000), device="H100"))
-    result = compare_trials(base + arm, "base").arms[1]
-    assert result.unpaired_across_devices == ["3"]
+    cmp = compare_trials(base + arm, "base")
+    result = cmp.arms[1]
+    assert cross_device_seeds(result.devices, cmp.arms[0].devices) == ["3"]
     d = result.deltas["eval/ne_ctr"]
     assert d.method == "paired" and d.n == 3  # seeds 0-2, not 3
     assert d.value == pytest.approx(0.001 / 0.82 * 100)
     unknown = [replace(r, device=None) for r in arm]
-    again = compare_trials(base + unknown, "base").arms[1]
-    assert again.unpaired_across_devices == [] and again.deltas["eval/ne_ctr"].n == 4
+    again = compare_trials(base + unknown, "base")
+    assert cross_device_seeds(again.arms[1].devices, again.arms[0].devices) == []
+    assert again.arms[1].deltas["eval/ne_ctr"].n == 4
 
 
 def test_quality_markdown(cmp):

@@ -6,6 +6,7 @@ fails on."""
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +26,7 @@ from gem_platform.sweep.results import (
     COMPARISON_FORMAT,
     CONCURRENT_TRIALS,
     TrialRun,
+    cross_device_seeds,
     is_results_file,
     load_results,
 )
@@ -65,8 +67,6 @@ class ArmResult:
     commits: dict[str, str] = field(default_factory=dict)
     # seed -> the device its run trained on, where recorded
     devices: dict[str, str] = field(default_factory=dict)
-    # seeds not paired with the baseline's: the two runs trained on different devices
-    unpaired_across_devices: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -293,26 +293,17 @@ def _by_seed(runs: list[TrialRun], name: str) -> dict[str, float] | None:
     return by_seed if len(by_seed) == len(pairs) else None
 
 
-def cross_device_seeds(runs: list[TrialRun], base_runs: list[TrialRun]) -> list[str]:
-    """The seeds whose run here and whose baseline run trained on different devices (both
-    recorded): such a pair is not one trial twice with one change, since the same seed and
-    commit train to other bits on another card (docs/quality: NE 0.8816 on an H100, 0.8765
-    on an H200), so it is not paired."""
-    base = {r.seed: r.device for r in base_runs if r.device}
-    return [r.seed for r in runs if r.device and base.get(r.seed, r.device) != r.device]
-
-
 def delta_to_baseline(runs: list[TrialRun], base_runs: list[TrialRun], name: str,
-                      percent: bool = False) -> Delta:
+                      percent: bool = False, apart: Collection[str] = ()) -> Delta:
     """Paired over the seeds both arms ran (at least two, each once) on one device, else
     Welch over the two sets of runs; with ``percent``, in percent of the baseline's mean over
     the same runs. Pairing on the common seeds matters when one arm ran fewer: a cut-short
     sweep, or arms from two sweeps. Seed-to-seed spread is often larger than the effect, so a
-    difference of means over different seeds measures mostly which seeds each arm got. A seed
-    the two arms ran on different devices is left out of the pairs (``cross_device_seeds``)."""
+    difference of means over different seeds measures mostly which seeds each arm got. The
+    seeds ``apart`` (the two arms ran them on different devices: ``cross_device_seeds``) are
+    left out of the pairs."""
     arm, base = _by_seed(runs, name), _by_seed(base_runs, name)
-    apart = set(cross_device_seeds(runs, base_runs))
-    seeds = sorted((arm.keys() & base.keys()) - apart) if arm and base else []
+    seeds = sorted((arm.keys() & base.keys()) - set(apart)) if arm and base else []
     if len(seeds) >= 2:
         d = paired_delta([arm[s] for s in seeds], [base[s] for s in seeds])
         base_values = [base[s] for s in seeds]
@@ -348,20 +339,22 @@ def compare_trials(trials: list[TrialRun], baseline: str | None = None,
     def values(runs: list[TrialRun], name: str) -> list[float]:
         return [r.metrics[name] for r in runs if name in r.metrics]
 
+    def devices(runs: list[TrialRun]) -> dict[str, str]:
+        return {r.seed: r.device for r in runs if r.device}
+
     results = []
     for arm, runs in arms.items():
         runs = sorted(runs, key=lambda r: _seed_order(r.seed))
         res = ArmResult(arm, [r.run_id for r in runs], [r.seed for r in runs],
                         commits={r.seed: r.commit for r in runs if r.commit},
-                        devices={r.seed: r.device for r in runs if r.device},
-                        unpaired_across_devices=(cross_device_seeds(runs, arms[base])
-                                                 if arm != base else []))
+                        devices=devices(runs))
+        apart = cross_device_seeds(res.devices, devices(arms[base]))
         for name in names:
             res.metrics[name] = summarize(values(runs, name))
             res.per_seed[name] = [r.metrics.get(name) for r in runs]
             if arm != base and name not in context:
                 res.deltas[name] = delta_to_baseline(runs, arms[base], name,
-                                                     percent=_relative_metric(name))
+                                                     percent=_relative_metric(name), apart=apart)
         results.append(res)
     results.sort(key=lambda r: r.arm != base)
     sweeps = sorted({t.sweep_id for t in trials if t.sweep_id})

@@ -61,6 +61,7 @@ from gem_platform.sweep.config import SweepPlan, load_sweep
 from gem_platform.sweep.results import (
     CONCURRENT_TRIALS,
     TrialRun,
+    cross_device_seeds,
     finite_metrics,
     load_results,
     write_results,
@@ -200,11 +201,18 @@ def _warn_unpairable(todo: list[tuple[str, int]], done: list[TrialRun], baseline
                      device: str, echo: Echo) -> None:
     """Say before training which new trials ``gemctl compare`` will not pair with their seed's
     partner (the baseline's run, or for a baseline trial the other arms' runs), because that
-    run trained on another device than this one (``compare.cross_device_seeds``)."""
-    ran_on = {(t.arm, t.seed): t.device for t in done if t.device}
+    run trained on another device than this one (``results.cross_device_seeds``)."""
+    ran_on: dict[str, dict[str, str]] = {}
+    for t in done:
+        if t.device:
+            ran_on.setdefault(t.arm, {})[t.seed] = t.device
+
+    def partners(arm: str) -> list[dict[str, str]]:
+        return ([ran_on.get(baseline, {})] if arm != baseline else
+                [seeds for other, seeds in ran_on.items() if other != baseline])
+
     apart = [f"{arm} seed {seed}" for arm, seed in todo
-             if any(d != device for (a, s), d in ran_on.items()
-                    if s == str(seed) and a != arm and baseline in (a, arm))]
+             if any(cross_device_seeds({str(seed): device}, p) for p in partners(arm))]
     if apart:
         echo(f"warning: {', '.join(apart)} will train on {device}, but the run it is compared "
              "with (the same seed of the baseline or of the other arms) trained on another "
