@@ -18,13 +18,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from gem_platform.fresh_process import call_in_fresh_process
+from gem_platform.train.compile_cache import CACHE_ENV
 
 DIM = 256
 
@@ -40,9 +41,16 @@ def _run_once(rows: int, device: str, out: str) -> None:
 
 
 def _in_process(rows: int, device: str, out: Path, cache: Path) -> None:
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache)}
-    subprocess.run([sys.executable, "-m", "gem_bench.compile_cache_probe", "--once", str(rows),
-                    "--device", device, "--save", str(out)], env=env, check=True)
+    """``_run_once`` in a fresh process whose Inductor cache is ``cache``."""
+    before = os.environ.get(CACHE_ENV)
+    os.environ[CACHE_ENV] = str(cache)  # the spawned process starts with this environment
+    try:
+        call_in_fresh_process(_run_once, rows, device, str(out))
+    finally:
+        if before is None:
+            os.environ.pop(CACHE_ENV, None)
+        else:
+            os.environ[CACHE_ENV] = before
 
 
 def measure(device: str, small: int, large: int) -> dict[str, Any]:
@@ -66,12 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--small", type=int, default=1_000)
     p.add_argument("--large", type=int, default=400_000)
     p.add_argument("--out", type=Path, default=Path("."))
-    p.add_argument("--once", type=int, help=argparse.SUPPRESS)
-    p.add_argument("--save", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.once is not None:
-        _run_once(args.once, args.device, args.save)
-        return 0
     result = measure(args.device, args.small, args.large)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "compile_cache_probe.json").write_text(json.dumps(result, indent=2) + "\n")
