@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ from typing import Any
 import torch
 
 from gem_platform.fresh_process import call_in_fresh_process
-from gem_platform.train.compile_cache import CACHE_ENV
+from gem_platform.train.compile_cache import inductor_cache_at
 
 DIM = 256
 
@@ -42,15 +41,8 @@ def _run_once(rows: int, device: str, out: str) -> None:
 
 def _in_process(rows: int, device: str, out: Path, cache: Path) -> None:
     """``_run_once`` in a fresh process whose Inductor cache is ``cache``."""
-    before = os.environ.get(CACHE_ENV)
-    os.environ[CACHE_ENV] = str(cache)  # the spawned process starts with this environment
-    try:
+    with inductor_cache_at(str(cache)):  # the spawned process starts with this environment
         call_in_fresh_process(_run_once, rows, device, str(out))
-    finally:
-        if before is None:
-            os.environ.pop(CACHE_ENV, None)
-        else:
-            os.environ[CACHE_ENV] = before
 
 
 def measure(device: str, small: int, large: int) -> dict[str, Any]:

@@ -58,17 +58,10 @@ def _chosen_by_user(value: str | None, default: str) -> bool:
 
 
 @contextmanager
-def own_compile_cache(recipe: Recipe, rank: int, compiles: bool) -> Iterator[str | None]:
-    """For a deterministic run that ``compiles`` regions, point Inductor's cache at the
-    recipe's own folder for the block's duration (yields it; None where the run is not
-    deterministic, compiles nothing, or the user chose a folder). The variable returns to what
-    it was on exit."""
+def inductor_cache_at(path: str) -> Iterator[str]:
+    """Inductor's cache is ``path`` for the block's duration (this process, and processes it
+    starts); the variable returns to what it was on exit."""
     before = os.environ.get(CACHE_ENV)
-    default = _inductor_default()
-    if not (recipe.train.deterministic and compiles) or _chosen_by_user(before, default):
-        yield None
-        return
-    path = os.path.join(default, cache_name(recipe, rank))
     os.environ[CACHE_ENV] = path
     try:
         yield path
@@ -77,3 +70,17 @@ def own_compile_cache(recipe: Recipe, rank: int, compiles: bool) -> Iterator[str
             os.environ.pop(CACHE_ENV, None)
         else:
             os.environ[CACHE_ENV] = before
+
+
+@contextmanager
+def own_compile_cache(recipe: Recipe, rank: int, compiles: bool) -> Iterator[str | None]:
+    """For a deterministic run that ``compiles`` regions, point Inductor's cache at the
+    recipe's own folder for the block's duration (yields it; None where the run is not
+    deterministic, compiles nothing, or the user chose a folder)."""
+    default = _inductor_default()
+    if not (recipe.train.deterministic and compiles) or _chosen_by_user(
+            os.environ.get(CACHE_ENV), default):
+        yield None
+        return
+    with inductor_cache_at(os.path.join(default, cache_name(recipe, rank))) as path:
+        yield path
