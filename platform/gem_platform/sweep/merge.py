@@ -74,8 +74,7 @@ def merge_results(paths: list[str | Path], out: str | Path) -> list[TrialRun]:
                                "Keep one of the two files' trial; deterministic trials of "
                                "the same code agree bit for bit.")
         _union_header(header, more_header)
-    header["seeds"] = sorted({int(s) for _, s in kept}, key=int)
-    header.setdefault("provenance", {})["seeds"] = header["seeds"]
+    header.setdefault("provenance", {})["seeds"] = sorted({int(s) for _, s in kept})
     merged = list(kept.values())
     write_results(out, header, merged)
     return merged
