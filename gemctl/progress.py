@@ -45,6 +45,16 @@ class _Clock:
     def __init__(self) -> None:
         self.start = time.monotonic()
         self.first: tuple[float, int] | None = None
+        self.last = 0
+
+    def started_over(self, step: int) -> bool:
+        """Whether ``step`` is below the last one reported (a sweep trial that trains again
+        after running out of memory beside others); then the clock starts again."""
+        again = step < self.last
+        if again:
+            self.__init__()
+        self.last = step
+        return again
 
     def eta(self, step: int, total: int) -> float | None:
         now = time.monotonic()
@@ -129,7 +139,7 @@ class TrainingProgress:
 
     def _step(self, key: str, event: StepProgress, prefix: str) -> None:
         # A run's clock starts with the command; a sweep trial's with its first event.
-        clock = self.clock if key == self.label else self._clocks.setdefault(key, _Clock())
+        clock = self.clock if key == self.label else self._trial_clock(key, event.step)
         eta = clock.eta(event.step, event.total)
         stats = step_stats(event, self._held_out.get(key))
         if self._bars is None:
@@ -141,6 +151,13 @@ class TrainingProgress:
             self._tasks[key] = self._bars.add_task(key, total=event.total, stats="")
         self._bars.update(self._tasks[key], completed=event.step, total=event.total,
                           stats=stats)
+
+    def _trial_clock(self, key: str, step: int) -> _Clock:
+        """A sweep trial's clock (and bar), started again when the trial trains again."""
+        clock = self._clocks.setdefault(key, _Clock())
+        if clock.started_over(step) and self._bars is not None and key in self._tasks:
+            self._bars.reset(self._tasks[key])
+        return clock
 
     def _trial_done(self, key: str) -> None:
         if key in self._done:

@@ -109,6 +109,27 @@ def test_sweep_trials_and_overall():
     assert "trials 1/2 done" in text and "trials 2/2 done" in text
 
 
+def test_a_trial_trained_again_restarts_its_clock(monkeypatch):
+    """A trial that trains again (out of memory beside others) reports step 1 after step 5:
+    its elapsed time and ETA count from the new attempt, not the first one's start."""
+    now = [0.0]
+    monkeypatch.setattr("gemctl.progress.time.monotonic", lambda: now[0])
+    out = io.StringIO()
+    with TrainingProgress(Console(file=out, width=200), "sweep", trials=1, plain=True) as progress:
+        for t, n in ((0, 1), (100, 5), (200, 1), (204, 5)):  # 25 s a step, then 1 s a step
+            now[0] = t
+            progress.echo(TrialProgress("fp8 seed 3", step(n)))
+    last = out.getvalue().strip().splitlines()[-1]
+    assert last.startswith("[fp8 seed 3] step  5/10") and last.endswith("elapsed 0:04  eta 0:05")
+    bars = TrainingProgress(Console(file=io.StringIO(), width=200), "sweep", trials=1,
+                            plain=False)
+    with bars:
+        for n in (1, 5, 1):
+            bars.echo(TrialProgress("fp8 seed 3", step(n)))
+        task = bars._bars.tasks[-1]  # the trial's bar starts again too
+        assert task.completed == 1 and len(task._progress) == 1  # one sample: its own
+
+
 def test_the_loop_sends_typed_events(tmp_path):
     """A real in-process run: one StepProgress per logged step and an EvalProgress per
     evaluation reach the callback as objects, not text."""
