@@ -113,12 +113,20 @@ def verdict_table(cmp) -> Table:
                 f" (~{v.seeds_needed} seeds for a FAIL)" if v.seeds_needed else "")
             if v.unlearned else
             "a finite value in every run" if v.unmeasured else
-            f"~{v.seeds_needed} seeds" if v.seeds_needed else
+            _seeds_to_settle(v) if v.seeds_needed else
             "needs 2+ seeds" if math.isnan(v.low) else "unknown")
         t.add_row(render.esc(v.arm), render.esc(v.metric.removeprefix("eval/")), reg,
                   f"{v.limit:g}{v.unit}" if math.isfinite(v.limit) else "-",
                   _verdict_cell(v), str(v.seeds), settle)
     return t
+
+
+def _seeds_to_settle(v) -> str:
+    """The seeds per arm an inconclusive verdict asks, with their trials' cost where known."""
+    if v.settle_cost is None:
+        return f"~{v.seeds_needed} seeds"
+    more, hours = v.settle_cost
+    return f"~{v.seeds_needed} seeds: {more} more trials, ~{hours:.1f} h"
 
 
 def _verdict_cell(v) -> str:

@@ -71,6 +71,30 @@ def test_seeds_to_settle_from_the_observed_spread(tmp_path: Path):
     assert v.seeds_needed == seeds_to_settle(v.regression, cmp.arms[1].deltas["eval/ne_ctr"].sd,
                                              0.1)
     assert seeds_to_settle(0.5, float("nan"), 0.1) is None  # one seed: no spread to go on
+    assert v.settle_cost is None  # no run recorded its wall time: no cost to state
+
+
+def test_the_seeds_to_settle_come_with_their_cost(tmp_path: Path):
+    """Where the runs recorded their wall time (in-process sweeps), an inconclusive verdict
+    says what its missing trials would take: both arms' trials beyond those run, at the
+    median pace of a trial (its wall time over the trials sharing its machine)."""
+    path = results_file(tmp_path / "s.json", CASES["straddles"][0])
+    trials, header = load_results(path)
+    for i, t in enumerate(trials):  # 60 s two at a time, one run alone at 300 s (not the median)
+        t.metrics.update({"trial/wall_s": 300.0 if i == 0 else 60.0,
+                          "trial/concurrent_trials": 1.0 if i == 0 else 2.0})
+    write_results(path, header, trials)
+    cmp = compare("", [str(path)], gates=Gates(max_ne_regression_pct=0.1))
+    (v,) = cmp.verdicts
+    more = 2 * (v.seeds_needed - 4)
+    assert v.settle_cost == (more, pytest.approx(more * 30 / 3600))
+    assert f"(~{more} more trials, ~{more * 30 / 3600:.1f} h of machine time" in v.message
+    proc = gemctl_in_process("compare", "s.json", "--max-ne-regression", "0.1%", "--no-plot",
+                             cwd=tmp_path)
+    assert f"~{v.seeds_needed} seeds: {more} more trials" in " ".join(proc.stdout.split())
+    body = json.loads(gemctl_in_process("compare", "s.json", "--max-ne-regression", "0.1%",
+                                        "--no-plot", "--json", cwd=tmp_path).stdout)
+    assert body["verdicts"][0]["settle_cost"][0] == more
 
 
 def test_compare_reads_its_own_json_back(tmp_path: Path):

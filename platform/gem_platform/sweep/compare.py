@@ -25,6 +25,7 @@ from gem_platform.sweep.gates import (
 from gem_platform.sweep.results import (
     COMPARISON_FORMAT,
     CONCURRENT_TRIALS,
+    TRIAL_WALL_S,
     TrialRun,
     cross_device_seeds,
     is_results_file,
@@ -273,8 +274,8 @@ def _tasks(trials: list[TrialRun], declared: list[str] | tuple[str, ...] = ()) -
 
 def _context_names(tasks: list[str]) -> list[str]:
     """Facts of each run that the gates read but no arm is compared on: how many trials shared
-    its machine, and its dataset's ceiling without the world's own term."""
-    return [CONCURRENT_TRIALS] + [BLIND_AUC_METRIC.format(task=t) for t in tasks]
+    its machine, how long it took, and its dataset's ceiling without the world's own term."""
+    return [CONCURRENT_TRIALS, TRIAL_WALL_S] + [BLIND_AUC_METRIC.format(task=t) for t in tasks]
 
 
 def _metric_names(tasks: list[str]) -> list[str]:

@@ -8,7 +8,8 @@ worse):
 - fail: the whole interval lies beyond it (its best end > limit);
 - inconclusive: the interval straddles the limit, or there is no interval (one seed). The
   verdict then says how many seeds the observed spread would need to settle it, if the mean
-  and spread stayed as they are.
+  and spread stayed as they are, and, where the runs recorded their wall time (in-process
+  sweeps), what the missing trials would cost at the pace these ones trained.
 
 A gate is never dropped because its metric can't be measured. Where a run of the arm or of the
 baseline holds NaN, an infinity or no value at all for the gated metric (a diverged model; an
@@ -48,7 +49,7 @@ from typing import Literal, Protocol
 
 from gem_platform.data.ceilings import BLIND_AUC_METRIC
 from gem_platform.errors import GemError
-from gem_platform.sweep.results import CONCURRENT_TRIALS
+from gem_platform.sweep.results import CONCURRENT_TRIALS, TRIAL_WALL_S
 from gem_platform.sweep.stats import Delta, seeds_to_settle
 
 
@@ -156,6 +157,9 @@ class Verdict:
     unjudged: str | None = None
     # the verdict a control expects here (None: not a control's)
     expected: str | None = None
+    # the trials ``seeds_needed`` asks beyond those run (both arms) and the machine hours they
+    # would take at these trials' pace (None: settled, or no wall time recorded)
+    settle_cost: tuple[int, float] | None = None
 
 
 def judge(arm: str, metric: str, delta: Delta, limit: float, worse_if: Literal[1, -1],
@@ -257,6 +261,35 @@ def judge_unmeasured(res: GatedArm, base: GatedArm | None, metric: str, limit: f
                    unmeasured)
 
 
+def settle_cost(res: GatedArm, base: GatedArm, needed: int) -> tuple[int, float] | None:
+    """The trials that ``needed`` seeds per arm add to ``res`` and ``base``, and the machine
+    hours they take at the median pace of their recorded trials (a trial's wall time over the
+    trials it shared the machine with); None where no run recorded its wall time."""
+    paces = []
+    for arm in (res, base):
+        walls = arm.per_seed.get(TRIAL_WALL_S) or []
+        shared = arm.per_seed.get(CONCURRENT_TRIALS) or [None] * len(walls)
+        paces += [w / (c or 1.0) for w, c in zip(walls, shared, strict=True) if w is not None]
+    if not paces:
+        return None
+    more = max(needed - len(res.seeds), 0) + max(needed - len(base.seeds), 0)
+    pace = sorted(paces)[len(paces) // 2]
+    return more, more * pace / 3600
+
+
+def with_cost(verdict: Verdict, res: GatedArm, base: GatedArm | None) -> Verdict:
+    """``verdict`` with what its ``seeds_needed`` would cost (``settle_cost``), in its fields
+    and its message, where it asks seeds and the runs recorded their wall time."""
+    cost = settle_cost(res, base, verdict.seeds_needed) \
+        if verdict.seeds_needed and base is not None else None
+    if cost is None:
+        return verdict
+    more, hours = cost
+    return replace(verdict, settle_cost=cost, message=verdict.message +
+                   f" (~{more} more trials, ~{hours:.1f} h of machine time at these trials' "
+                   "pace)")
+
+
 def sharing(res: GatedArm) -> int:
     """The most trials any run of ``res`` trained beside (itself included): above 1 its QPS
     is a share of a machine, not a speed figure; 1 where no run recorded it."""
@@ -347,8 +380,9 @@ def check_gates(cmp: GatedComparison, gates: Gates) -> list[Verdict]:
                                    f"difference to the baseline ({option} {limit:g}{unit})",
                                    "no finite difference to the baseline"))
             else:
-                out.append(judge_unlearned(judge(res.arm, metric, delta, limit, worse_if, unit,
-                                                 label, option), base))
+                out.append(with_cost(judge_unlearned(judge(res.arm, metric, delta, limit,
+                                                           worse_if, unit, label, option),
+                                                     base), res, base))
     return out + unfinished
 
 

@@ -60,6 +60,7 @@ from gem_platform.recipe import Recipe
 from gem_platform.sweep.config import SweepPlan, load_sweep
 from gem_platform.sweep.results import (
     CONCURRENT_TRIALS,
+    TRIAL_WALL_S,
     TrialRun,
     cross_device_seeds,
     finite_metrics,
@@ -185,7 +186,7 @@ def run_in_process(plan: SweepPlan, out: str | Path, echo: Echo = print,
     for arm, seed, (summary, points, wall_s), company in _trained(plan, todo, isolate, parallel,
                                                                    echo):
         metrics = finite_metrics(summary)
-        metrics["trial/wall_s"] = wall_s
+        metrics[TRIAL_WALL_S] = wall_s
         metrics[CONCURRENT_TRIALS] = float(min(company, len(todo)))
         metrics["train/deterministic"] = float(record["deterministic"][arm])
         done.append(TrialRun(run_id=f"{plan.name}/{arm}/seed{seed}", arm=arm, seed=str(seed),

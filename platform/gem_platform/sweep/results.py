@@ -25,6 +25,7 @@ COMPARISON_FORMAT = "gem-comparison/1"
 # How many trials trained at once on the trial's machine (in-process sweeps, --parallel): above
 # 1 its QPS and MFU are a share of the machine, not a speed figure.
 CONCURRENT_TRIALS = "trial/concurrent_trials"
+TRIAL_WALL_S = "trial/wall_s"  # seconds a trial took, start-up included
 
 
 @dataclass(frozen=True)
