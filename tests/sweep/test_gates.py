@@ -76,19 +76,20 @@ def test_seeds_to_settle_from_the_observed_spread(tmp_path: Path):
 
 def test_the_seeds_to_settle_come_with_their_cost(tmp_path: Path):
     """Where the runs recorded their wall time (in-process sweeps), an inconclusive verdict
-    says what its missing trials would take: both arms' trials beyond those run, at the
-    median pace of a trial (its wall time over the trials sharing its machine)."""
+    says what its missing trials would take: both arms' trials beyond those run, each arm's at
+    the median pace of its trials (a trial's wall time over the trials sharing its machine)."""
     path = results_file(tmp_path / "s.json", CASES["straddles"][0])
     trials, header = load_results(path)
-    for i, t in enumerate(trials):  # 60 s two at a time, one run alone at 300 s (not the median)
-        t.metrics.update({"trial/wall_s": 300.0 if i == 0 else 60.0,
-                          "trial/concurrent_trials": 1.0 if i == 0 else 2.0})
+    for t in trials:  # the arm's trials 60 s two at a time, the baseline's 20 s alone
+        t.metrics.update({"trial/wall_s": 60.0 if t.arm == "arm" else 20.0,
+                          "trial/concurrent_trials": 2.0 if t.arm == "arm" else 1.0})
+    trials[0].metrics["trial/wall_s"] = 900.0  # one slow start: not the median
     write_results(path, header, trials)
     cmp = compare("", [str(path)], gates=Gates(max_ne_regression_pct=0.1))
     (v,) = cmp.verdicts
-    more = 2 * (v.seeds_needed - 4)
-    assert v.settle_cost == (more, pytest.approx(more * 30 / 3600))
-    assert f"(~{more} more trials, ~{more * 30 / 3600:.1f} h of machine time" in v.message
+    more, hours = 2 * (v.seeds_needed - 4), (v.seeds_needed - 4) * (30 + 20) / 3600
+    assert v.settle_cost == (more, pytest.approx(hours))
+    assert f"(~{more} more trials, ~{hours:.1f} h of machine time" in v.message
     proc = gemctl_in_process("compare", "s.json", "--max-ne-regression", "0.1%", "--no-plot",
                              cwd=tmp_path)
     assert f"~{v.seeds_needed} seeds: {more} more trials" in " ".join(proc.stdout.split())

@@ -261,20 +261,26 @@ def judge_unmeasured(res: GatedArm, base: GatedArm | None, metric: str, limit: f
                    unmeasured)
 
 
+def _pace(arm: GatedArm) -> float | None:
+    """The median machine seconds of one of ``arm``'s trials: its wall time over the trials it
+    shared the machine with; None where no run recorded its wall time."""
+    walls = arm.per_seed.get(TRIAL_WALL_S) or []
+    shared = arm.per_seed.get(CONCURRENT_TRIALS) or [None] * len(walls)
+    paces = sorted(w / (c or 1.0) for w, c in zip(walls, shared, strict=True) if w is not None)
+    return paces[len(paces) // 2] if paces else None
+
+
 def settle_cost(res: GatedArm, base: GatedArm, needed: int) -> tuple[int, float] | None:
     """The trials that ``needed`` seeds per arm add to ``res`` and ``base``, and the machine
-    hours they take at the median pace of their recorded trials (a trial's wall time over the
-    trials it shared the machine with); None where no run recorded its wall time."""
-    paces = []
-    for arm in (res, base):
-        walls = arm.per_seed.get(TRIAL_WALL_S) or []
-        shared = arm.per_seed.get(CONCURRENT_TRIALS) or [None] * len(walls)
-        paces += [w / (c or 1.0) for w, c in zip(walls, shared, strict=True) if w is not None]
-    if not paces:
+    hours they take, each arm's at its own pace (``_pace``: an FP8 arm's trials may take twice
+    the baseline's; an arm with none recorded takes the other's); None where neither has."""
+    paces = {arm.arm: _pace(arm) for arm in (res, base)}
+    known = [p for p in paces.values() if p is not None]
+    if not known:
         return None
-    more = max(needed - len(res.seeds), 0) + max(needed - len(base.seeds), 0)
-    pace = sorted(paces)[len(paces) // 2]
-    return more, more * pace / 3600
+    more = {arm.arm: max(needed - len(arm.seeds), 0) for arm in (res, base)}
+    seconds = sum(n * (paces[a] if paces[a] is not None else known[0]) for a, n in more.items())
+    return sum(more.values()), seconds / 3600
 
 
 def with_cost(verdict: Verdict, res: GatedArm, base: GatedArm | None) -> Verdict:
