@@ -78,6 +78,21 @@ def test_the_card_not_the_commit_moved_a_seed():
     assert all(len(devices) == 1 for devices in pairs.values())  # both arms of a seed, one card
 
 
+def test_a_shared_compile_cache_moved_a_whole_trial():
+    """compile_cache_trial_{shared,own}_h100.json: h200's bf16 seed 0 on one H100 after a
+    4x-shorter-history world compiled first; from a cache folder shared with that world it
+    trained to other bits (0.9% of CTR NE), from the recipe's own folder to the bits it gives
+    alone from two commits' trees (determinism_bf16_s0_*_h100.json)."""
+    (shared,), shared_header = load_results(QUALITY / "compile_cache_trial_shared_h100.json")
+    (own,), own_header = load_results(QUALITY / "compile_cache_trial_own_h100.json")
+    (alone,), alone_header = load_results(QUALITY / "determinism_bf16_s0_d078bc5_h100.json")
+    assert {shared.device, own.device, alone.device} == {"NVIDIA H100 80GB HBM3"}
+    assert shared_header["recipes"] == own_header["recipes"] == alone_header["recipes"]
+    assert own.history == alone.history and own.metrics["eval/ne_ctr"] == \
+        alone.metrics["eval/ne_ctr"] == pytest.approx(0.8815614)
+    assert shared.metrics["eval/ne_ctr"] / own.metrics["eval/ne_ctr"] - 1 < -0.009
+
+
 def test_compare_answers_only_the_named_arms(tmp_path):
     """`gemctl compare FILE --baseline block64 --arms sliding`: full (+0.52% CTR NE against
     block64) FAILs the gate when every arm is compared; named arms alone decide the exit code,
