@@ -45,19 +45,11 @@ class _Clock:
     def __init__(self) -> None:
         self.start = time.monotonic()
         self.first: tuple[float, int] | None = None
-        self.last = 0
-
-    def started_over(self, step: int) -> bool:
-        """Whether ``step`` is below the last one reported (a sweep trial that trains again
-        after running out of memory beside others); then the clock starts again."""
-        again = step < self.last
-        if again:
-            self.__init__()
-        self.last = step
-        return again
+        self.last = 0  # the step last reported
 
     def eta(self, step: int, total: int) -> float | None:
         now = time.monotonic()
+        self.last = step
         if self.first is None:
             self.first = (now, step)
             done, spent = step, now - self.start
@@ -153,10 +145,13 @@ class TrainingProgress:
                           stats=stats)
 
     def _trial_clock(self, key: str, step: int) -> _Clock:
-        """A sweep trial's clock (and bar), started again when the trial trains again."""
-        clock = self._clocks.setdefault(key, _Clock())
-        if clock.started_over(step) and self._bars is not None and key in self._tasks:
-            self._bars.reset(self._tasks[key])
+        """A sweep trial's clock, new at its first report and again (its bar reset) when its
+        step goes back: the trial trains again after running out of memory beside others."""
+        clock = self._clocks.get(key)
+        if clock is None or step < clock.last:
+            if clock is not None and self._bars is not None and key in self._tasks:
+                self._bars.reset(self._tasks[key])
+            clock = self._clocks[key] = _Clock()
         return clock
 
     def _trial_done(self, key: str) -> None:
