@@ -30,6 +30,7 @@ from gem_platform.sweep.results import (
     cross_device_seeds,
     is_results_file,
     load_results,
+    seed_devices,
 )
 from gem_platform.sweep.stats import (
     Delta,
@@ -340,16 +341,13 @@ def compare_trials(trials: list[TrialRun], baseline: str | None = None,
     def values(runs: list[TrialRun], name: str) -> list[float]:
         return [r.metrics[name] for r in runs if name in r.metrics]
 
-    def devices(runs: list[TrialRun]) -> dict[str, str]:
-        return {r.seed: r.device for r in runs if r.device}
-
-    results = []
+    results, base_devices = [], seed_devices(arms[base])
     for arm, runs in arms.items():
         runs = sorted(runs, key=lambda r: _seed_order(r.seed))
         res = ArmResult(arm, [r.run_id for r in runs], [r.seed for r in runs],
                         commits={r.seed: r.commit for r in runs if r.commit},
-                        devices=devices(runs))
-        apart = cross_device_seeds(res.devices, devices(arms[base]))
+                        devices=seed_devices(runs))
+        apart = cross_device_seeds(res.devices, base_devices)
         for name in names:
             res.metrics[name] = summarize(values(runs, name))
             res.per_seed[name] = [r.metrics.get(name) for r in runs]

@@ -65,6 +65,7 @@ from gem_platform.sweep.results import (
     cross_device_seeds,
     finite_metrics,
     load_results,
+    seed_devices,
     write_results,
 )
 
@@ -203,10 +204,7 @@ def _warn_unpairable(todo: list[tuple[str, int]], done: list[TrialRun], baseline
     """Say before training which new trials ``gemctl compare`` will not pair with their seed's
     partner (the baseline's run, or for a baseline trial the other arms' runs), because that
     run trained on another device than this one (``results.cross_device_seeds``)."""
-    ran_on: dict[str, dict[str, str]] = {}
-    for t in done:
-        if t.device:
-            ran_on.setdefault(t.arm, {})[t.seed] = t.device
+    ran_on = {arm: seed_devices(t for t in done if t.arm == arm) for arm in {t.arm for t in done}}
 
     def partners(arm: str) -> list[dict[str, str]]:
         return ([ran_on.get(baseline, {})] if arm != baseline else

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,6 +62,11 @@ def write_results(path: str | Path, header: dict[str, Any], trials: list[TrialRu
     if trials:
         body["seeds"] = sorted({int(t.seed) for t in trials})
     return write_json(path, body)
+
+
+def seed_devices(runs: Iterable[TrialRun]) -> dict[str, str]:
+    """Seed -> the device its run trained on, for the runs that recorded one."""
+    return {r.seed: r.device for r in runs if r.device}
 
 
 def cross_device_seeds(devices: Mapping[str, str], partner: Mapping[str, str]) -> list[str]:
