@@ -290,7 +290,7 @@ def register(app: typer.Typer) -> None:
     bench.command("quality-targets", help="A bench quality result read at several target "
                   "NEs, no training: each arm's seconds and samples to each, and the run length "
                   "beyond which ours is ahead.", epilog=epilog(
-                      "gemctl bench quality-targets docs/quality/quality_h200_gem_h100.json",
+                      "gemctl bench quality-targets docs/quality/quality_h200_gem.json",
                       "gemctl bench quality-targets RESULT.json --target-ne 0.9 "
                       "--target-ne 0.88"))(user_errors(_quality_targets))
     bench.command("kernels", help=bench_kernels.HELP, epilog=epilog(*bench_kernels.EXAMPLES))(

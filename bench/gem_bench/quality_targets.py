@@ -7,7 +7,7 @@ and samples to it, and for each arm the run length beyond which ours has trained
 samples in less time: the start-up difference over the per-sample time difference, from each
 arm's start-up and steady samples/s.
 
-    gemctl bench quality-targets docs/quality/quality_h200_gem_h100.json
+    gemctl bench quality-targets docs/quality/quality_h200_gem.json
     gemctl bench quality-targets RESULT.json --target-ne 0.9 --target-ne 0.88 --json
 """
 
