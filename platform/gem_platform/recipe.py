@@ -398,6 +398,18 @@ class Recipe(_Strict):
         batcher's cost model always matches the network it balances for."""
         return self.loader.model_copy(update={"model_dim": self.model.d_model})
 
+    def planned_epochs(self, world_size: int | None = None) -> float | None:
+        """Passes over the training split that train.steps take at the global batch (the local
+        batch on each of ``world_size`` ranks: parallel.workers unless given, 1 for a run in
+        one process), known before any data exists for generated data only (None otherwise).
+        Past 1, deep CTR models commonly memorize the per-id rows they saw, so an ablation's
+        verdicts there compare overfitted arms."""
+        if self.data.source != "synthetic":
+            return None
+        ranks = self.parallel.workers if world_size is None else world_size
+        global_batch = self.loader.local_batch_size * ranks
+        return self.train.steps * global_batch / self.data.synthetic.num_train
+
     def flat(self) -> dict[str, Any]:
         """Dotted keys -> values: what MLflow records as run params."""
         return flatten(self.model_dump(mode="json"))

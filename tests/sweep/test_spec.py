@@ -96,6 +96,50 @@ def test_shipped_ablations_resolve(name, arms, baseline, seeds, monkeypatch):
     assert plan.trial_recipe(arms[0], 1).train.seed == 1
 
 
+SHIPPED_SPECS = sorted([*(REPO / "recipes" / "ablations").glob("*.yaml"),
+                        *(REPO / "deploy" / "sweeps").glob("*.yaml")])
+
+
+@pytest.mark.parametrize("spec", SHIPPED_SPECS, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_shipped_specs_train_within_one_epoch(spec, monkeypatch):
+    """Past one pass over its training split a recommendation model memorizes its per-id
+    rows, and a gate then compares memorized arms: no shipped ablation goes there (the deploy
+    sweeps at 8 ranks once trained 6.8 epochs of recipes/h200.yaml's data)."""
+    monkeypatch.chdir(REPO)
+    plan = load_sweep(spec)
+    assert plan.past_one_epoch() == {}
+    assert all(0 < (a.recipe.planned_epochs() or 0) <= 1 for a in plan.arms)
+
+
+def test_a_sweep_past_one_epoch_is_named_before_any_trial(spec_dir, monkeypatch):
+    """train.steps x local batch x ranks over the generated training split: an arm of 40
+    steps of 16 samples on each of 2 workers passes 2.4 times over 540 training samples (1.2
+    times in one process, as an --in-process trial trains); `gemctl sweep` prints the line
+    before its first trial, with the figure of the mode it runs in."""
+    from gemctl.sweep import _epochs_warning
+
+    text = """
+name: long
+base: base.yaml
+set: [parallel.workers=2, loader.local_batch_size=16, loader.batching=sequential]
+arms:
+  short: [train.steps=15]
+  long: [train.steps=40]
+"""
+    plan = load_sweep(write(spec_dir, text))
+    assert plan.arms[0].recipe.planned_epochs() == pytest.approx(15 * 32 / 540)
+    assert plan.past_one_epoch() == {"long": pytest.approx(40 * 32 / 540)}
+    line = _epochs_warning(plan, in_process=False)
+    assert line.startswith("warning:") and "long 2.4" in line and "short" not in line
+    assert "parallel.workers" in line and "data.synthetic.num_samples" in line
+    assert "long 1.2" in _epochs_warning(plan, in_process=True)
+    assert _epochs_warning(load_sweep(write(spec_dir, text.replace("steps=40", "steps=16"))),
+                           in_process=False) is None
+    from gem_platform.recipe import Recipe
+    parquet = Recipe.model_validate({"data": {"source": "parquet", "path": "x"}})
+    assert parquet.planned_epochs() is None  # its size is known once it is read
+
+
 def test_grid_expands_to_product(spec_dir):
     plan = load_sweep(write(spec_dir, """
 name: g

@@ -192,6 +192,12 @@ class SweepPlan:
         """The baseline of this plan's own runs (``--arms`` may leave the spec's out)."""
         return self.baseline_among({a.name for a in self.arms})
 
+    def past_one_epoch(self, world_size: int | None = None) -> dict[str, float]:
+        """Arms whose trials would train more than one pass over their training split -> the
+        passes (generated data only; ``world_size`` as for Recipe.planned_epochs)."""
+        planned = {a.name: a.recipe.planned_epochs(world_size) for a in self.arms}
+        return {name: e for name, e in planned.items() if e is not None and e > 1.0}
+
     def trial_recipe(self, arm: str, seed: int) -> Recipe:
         tree = self.arm(arm).recipe.model_dump(mode="json")
         tree["train"]["seed"] = seed
