@@ -11,7 +11,8 @@
 #      that would settle it are printed)
 #
 #   deploy/scripts/nightly-ablations.sh recipes/ablations/attention.yaml ...
-#   MAX_NE_REGRESSION=0.1% (default) sets the gate.
+#   MAX_NE_REGRESSION=0.1% (default) sets the gate of every spec without a
+#   gates.max_ne_regression of its own (a control's expected verdicts hold at its own).
 set -uo pipefail
 
 MAX_NE_REGRESSION="${MAX_NE_REGRESSION:-0.1%}"
@@ -54,6 +55,23 @@ for arm, metrics in expect.items():
 PY
 }
 
+# spec_gate SPEC DEFAULT: the spec's own gates.max_ne_regression, else DEFAULT.
+spec_gate() {
+  python3 - "$1" "$2" <<'PY'
+import sys
+
+import yaml
+
+try:
+    with open(sys.argv[1]) as f:
+        spec = yaml.safe_load(f) or {}
+except (OSError, yaml.YAMLError):
+    spec = {}
+gates = (spec.get("gates") or {}) if isinstance(spec, dict) else {}
+print(gates.get("max_ne_regression") or sys.argv[2])
+PY
+}
+
 # verdicts FILE: one line per gate of a `gemctl compare --json` document:
 # "ARM METRIC VERDICT" (+ "needs ~N seeds" when inconclusive and the spread says how many;
 # + "(expected X)" for a control's verdict).
@@ -90,10 +108,11 @@ main() {
     echo "usage: $0 SWEEP_SPEC..." >&2
     return 2
   fi
-  local status=0 spec sweep_json cmp_json id code rc
+  local status=0 spec sweep_json cmp_json id code rc gate
   local -a expect
   for spec in "$@"; do
     mapfile -t expect < <(expect_args "${spec}")
+    gate="$(spec_gate "${spec}" "${MAX_NE_REGRESSION}")"
     sweep_json="$(mktemp)"
     cmp_json="$(mktemp)"
     echo "== gemctl sweep --new ${spec} --json"
@@ -106,8 +125,8 @@ main() {
       continue
     fi
     echo "sweep ${id}: $(json_field "${sweep_json}" status)"
-    echo "== gemctl compare ${id} --max-ne-regression ${MAX_NE_REGRESSION} ${expect[*]} --json"
-    gemctl compare "${id}" --max-ne-regression "${MAX_NE_REGRESSION}" "${expect[@]}" \
+    echo "== gemctl compare ${id} --max-ne-regression ${gate} ${expect[*]} --json"
+    gemctl compare "${id}" --max-ne-regression "${gate}" "${expect[@]}" \
       --no-plot --json > "${cmp_json}"
     rc=$?
     verdicts "${cmp_json}"

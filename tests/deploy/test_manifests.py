@@ -219,13 +219,13 @@ def test_raycronjob_runs_the_nightly_ablations_and_gate() -> None:
     assert words[:3] == ["MAX_NE_REGRESSION=0.1%", "bash", "deploy/scripts/nightly-ablations.sh"]
     specs = words[3:]
     assert {Path(s).stem for s in specs} == {"attention_gpu", "precision_gpu", "loader_gpu",
-                                               "activations_gpu"}
+                                               "activations_gpu", "recall_gpu"}
     for s in specs:
         check_gpu_sweep(s, template["rayClusterSpec"])
     assert "COPY --chown=ray:users deploy/sweeps" in (DEPLOY / "Dockerfile").read_text()
     script = (REPO / words[2]).read_text()
     assert 'gemctl sweep --new "${spec}"' in script
-    assert 'gemctl compare "${id}" --max-ne-regression "${MAX_NE_REGRESSION}"' in script
+    assert 'gemctl compare "${id}" --max-ne-regression "${gate}"' in script
     assert "COPY --chown=ray:users deploy/scripts" in (DEPLOY / "Dockerfile").read_text()
     check_cluster_spec(template["rayClusterSpec"])
 
@@ -261,6 +261,36 @@ def test_nightly_script_reads_sweep_id_and_verdicts_as_json(tmp_path: Path) -> N
     assert [call("worse", *p) for p in (("0", "3"), ("3", "1"), ("0", "0"))] == ["3", "1", "0"]
     usage = subprocess.run(["bash", str(script)], capture_output=True, text=True)
     assert usage.returncode == 2 and "usage" in usage.stderr
+
+
+def test_the_nightly_positive_control_is_the_one_gpu_control() -> None:
+    """deploy/sweeps/recall_gpu.yaml trains the one-GPU control's arms (recall_h200.yaml) with
+    the same data, model and schedule, spread over 8 ranks at the same global batch, and keeps
+    its expected verdicts and 0.2% gate, which the nightly script takes over its default."""
+    from gem_platform.sweep.config import load_sweep
+
+    nightly = load_sweep(SWEEPS / "recall_gpu.yaml")
+    control = load_sweep(REPO / "recipes/ablations/recall_h200.yaml")
+    assert nightly.baseline == control.baseline and nightly.seeds == control.seeds
+    assert nightly.gates.expect == control.gates.expect
+    assert nightly.gates.max_ne_regression_pct == control.gates.max_ne_regression_pct == 0.2
+    assert {e.arm for e in nightly.gates.expect} | {nightly.baseline} == {
+        a.name for a in nightly.arms}
+    for arm in nightly.arms:
+        ours, theirs = (r.model_dump(mode="json", exclude={"parallel", "loader", "tracking"})
+                        for r in (arm.recipe, control.arm(arm.name).recipe))
+        for tree in (ours, theirs):
+            for key in ("storage", "checkpoint_every"):
+                tree["train"].pop(key)
+        assert ours == theirs, arm.name
+        assert arm.recipe.loader.local_batch_size * arm.recipe.parallel.workers == \
+            control.arm(arm.name).recipe.loader.local_batch_size
+    script = DEPLOY / "scripts" / "nightly-ablations.sh"
+    gate = {spec: subprocess.run(
+        ["bash", "-c", f'source "{script}"; spec_gate "{SWEEPS / spec}" 0.1%'],
+        capture_output=True, text=True, check=True).stdout.strip()
+        for spec in ("recall_gpu.yaml", "attention_gpu.yaml")}
+    assert gate == {"recall_gpu.yaml": "0.2%", "attention_gpu.yaml": "0.1%"}
 
 
 @pytest.mark.parametrize("bad", ["0 2 * *", "61 2 * * *", "0 24 * * *", "x 2 * * *"])
