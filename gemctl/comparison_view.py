@@ -183,6 +183,13 @@ def render_comparison(cmp, uri: str, plot: Path | None, as_json: bool,
     if apart:
         console.print(f"[yellow]not paired with {cmp.baseline}'s run of the seed, which trained "
                       "on another device[/]: " + render.esc("; ".join(apart)), highlight=False)
+    if past := cmp.past_one_epoch:
+        console.print("[yellow]trained past one epoch of the training split[/] (most epochs "
+                      "of a run): " + render.esc(", ".join(f"{a} {e:.1f}" for a, e in
+                                                          past.items()))
+                      + ". From a second pass, per-id rows recall the labels they saw: these "
+                      "NEs can measure memorization as much as the arms' difference.",
+                      highlight=False, soft_wrap=True)
     if cmp.skipped:
         console.print(f"[yellow]left out {len(cmp.skipped)} unfinished run(s)[/]: "
                       + render.esc(", ".join(cmp.skipped)), highlight=False)

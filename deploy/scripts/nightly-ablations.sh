@@ -74,7 +74,7 @@ PY
 
 # verdicts FILE: one line per gate of a `gemctl compare --json` document:
 # "ARM METRIC VERDICT" (+ "needs ~N seeds" when inconclusive and the spread says how many;
-# + "(expected X)" for a control's verdict).
+# + "(expected X)" for a control's verdict), then a warning per arm trained past one epoch.
 verdicts() {
   python3 - "$1" <<'PY'
 import json
@@ -92,6 +92,9 @@ for v in body.get("verdicts") or []:
     if v.get("expected"):
         line += f" (expected {v['expected'].upper()})"
     print(line)
+for arm, epochs in (body.get("past_one_epoch") or {}).items():
+    print(f"warning: {arm} trained {epochs:.1f} epochs of its training split: its NE can "
+          "measure memorization")
 PY
 }
 

@@ -4,6 +4,7 @@ the GPU image pins the same versions as the CPU stack the tests run on."""
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import subprocess
@@ -258,6 +259,10 @@ def test_nightly_script_reads_sweep_id_and_verdicts_as_json(tmp_path: Path) -> N
     assert call("json_field", str(tmp_path / "cmp.json"), "exit_code") == "3"
     assert call("verdicts", str(tmp_path / "cmp.json")).startswith(
         "arm eval/ne_ctr INCONCLUSIVE needs ~")
+    doc = json.loads(proc.stdout)
+    (tmp_path / "long.json").write_text(json.dumps({**doc, "past_one_epoch": {"arm": 2.4}}))
+    assert call("verdicts", str(tmp_path / "long.json")).endswith(
+        "warning: arm trained 2.4 epochs of its training split: its NE can measure memorization")
     assert [call("worse", *p) for p in (("0", "3"), ("3", "1"), ("0", "0"))] == ["3", "1", "0"]
     usage = subprocess.run(["bash", str(script)], capture_output=True, text=True)
     assert usage.returncode == 2 and "usage" in usage.stderr

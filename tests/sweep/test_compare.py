@@ -181,3 +181,28 @@ def test_quality_markdown(cmp):
     assert rows["| same"][4] == "INCONCLUSIVE, ~6 seeds"
     piped = compare_trials([run("a|b", 0, 0.8, 0.75, 1), run("base", 0, 0.8, 0.75, 1)], "base")
     assert "| a\\|b | 1 |" in quality_markdown(piped)
+
+
+def test_arms_trained_past_one_epoch_are_named(tmp_path):
+    """Runs record the epochs they trained (train/epochs); a comparison names the arms with a
+    run past one, in its JSON and in words, since their NEs can measure memorization. Runs
+    that did not record it (older ones) name nothing."""
+    import json
+
+    from gem_platform.sweep.results import write_results
+    from tests.conftest import gemctl_in_process
+
+    trials = [run("base", s, 0.80 + s / 1000, 0.75, 1000) for s in range(2)]
+    trials += [run("long", s, 0.81 + s / 1000, 0.74, 1000) for s in range(2)]
+    assert compare_trials(trials, "base").past_one_epoch == {}
+    for t in trials:
+        t.metrics["train/epochs"] = 0.85 if t.arm == "base" else 1.0 + 1.4 * int(t.seed)
+    cmp = compare_trials(trials, "base")
+    assert cmp.past_one_epoch == {"long": pytest.approx(2.4)}
+    assert cmp.to_dict()["past_one_epoch"] == {"long": pytest.approx(2.4)}
+    write_results(tmp_path / "r.json", {"sweep": "r", "baseline": "base"}, trials)
+    shown = gemctl_in_process("compare", "r.json", "--no-plot", cwd=tmp_path)
+    assert "trained past one epoch of the training split" in shown.stdout
+    assert "long 2.4" in shown.stdout and "base 0.8" not in shown.stdout
+    as_json = gemctl_in_process("compare", "r.json", "--no-plot", "--json", cwd=tmp_path)
+    assert json.loads(as_json.stdout)["past_one_epoch"] == {"long": pytest.approx(2.4)}

@@ -143,6 +143,9 @@ def test_stop_at_target_ends_training_at_the_first_evaluation_that_reaches_it(tm
     summary = train(recipe_from_dict(tree), echo=lambda event: lines.append(str(event)),
                     sink=lambda m, s: losses.append(s) if "train/loss" in m else None)
     assert summary["train/steps"] == 2.0
+    recipe = recipe_from_dict(tree)  # one rank: an epoch is its train split in local batches
+    per_epoch = recipe.data.synthetic.num_train // recipe.loader.local_batch_size
+    assert summary["train/epochs"] == pytest.approx(2 / per_epoch)
     # the final evaluation (on eval_max_samples) takes the stopping step's place in the curve
     assert [p["step"] for p in summary["quality/eval_curve"]] == [2]
     assert summary["quality/reached_target"] == 1.0

@@ -40,6 +40,7 @@ from gem_platform.sweep.stats import (
     summarize,
     welch_delta,
 )
+from gem_platform.train.learning import TRAINED_EPOCHS
 
 if TYPE_CHECKING:  # MLflow loads only when tracked runs are collected
     from mlflow.entities import Run
@@ -87,6 +88,18 @@ class Comparison:
     def failures(self) -> list[Verdict]:
         return [v for v in self.verdicts if v.verdict == FAIL]
 
+    @property
+    def past_one_epoch(self) -> dict[str, float]:
+        """Arms with a run that trained past one epoch of its training split -> the most
+        epochs any of them took (runs that recorded it): their NE can measure memorization."""
+        out = {}
+        for arm in self.arms:
+            epochs = [e for e in arm.per_seed.get(TRAINED_EPOCHS) or []
+                      if isinstance(e, int | float) and e > 1.0]
+            if epochs:
+                out[arm.arm] = max(epochs)
+        return out
+
     def to_dict(self) -> dict[str, Any]:
         """JSON form (``gemctl compare --json``); ``results.load_results`` reads it back.
         Strict JSON: a run's non-finite value is the string "nan" / "inf" / "-inf", any other
@@ -106,7 +119,7 @@ class Comparison:
             arm["per_seed"] = {k: [v if v is None or math.isfinite(v) else str(v) for v in vs]
                                for k, vs in arm["per_seed"].items()}
         return {"format": COMPARISON_FORMAT, **clean(body),
-                "exit_code": exit_code(self.verdicts)}
+                "past_one_epoch": self.past_one_epoch, "exit_code": exit_code(self.verdicts)}
 
 
 def parse_percent(text: str) -> float:
@@ -276,7 +289,8 @@ def _tasks(trials: list[TrialRun], declared: list[str] | tuple[str, ...] = ()) -
 def _context_names(tasks: list[str]) -> list[str]:
     """Facts of each run that the gates read but no arm is compared on: how many trials shared
     its machine, how long it took, and its dataset's ceiling without the world's own term."""
-    return [CONCURRENT_TRIALS, TRIAL_WALL_S] + [BLIND_AUC_METRIC.format(task=t) for t in tasks]
+    return [CONCURRENT_TRIALS, TRIAL_WALL_S, TRAINED_EPOCHS] + [
+        BLIND_AUC_METRIC.format(task=t) for t in tasks]
 
 
 def _metric_names(tasks: list[str]) -> list[str]:

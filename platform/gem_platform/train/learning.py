@@ -16,6 +16,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal, NamedTuple
 
+# Passes over its training split a run took (its steps over the steps of one epoch): past 1,
+# its held-out scores can measure memorized per-id rows as much as the model, and a comparison
+# of such runs says so.
+TRAINED_EPOCHS = "train/epochs"
+
 WarningCode = Literal["ne_above_one", "memorization", "miscalibrated"]
 # The task whose train NE the loop tracks (the memorization check compares the two curves).
 TRAIN_NE_TASK = "ctr"

@@ -70,6 +70,7 @@ from gem_platform.train.compile_watch import CompileWatch
 from gem_platform.train.determinism import deterministic_mode
 from gem_platform.train.device_memory import explained_out_of_memory
 from gem_platform.train.launched import LaunchedStep, StepClock, StepResult
+from gem_platform.train.learning import TRAINED_EPOCHS
 from gem_platform.train.learning_report import (
     epochs_line,
     eval_metrics,
@@ -717,6 +718,7 @@ def summarize(run: Run, state: LoopState, report: Reporter) -> RunSummary:
         "perf/world_size": float(run.info.world_size),
         "train/final_loss": state.last_loss,
         "train/steps": float(state.step),
+        TRAINED_EPOCHS: state.step / max(len(run.batcher), 1),
         **_memory(run),
         "train/deterministic": float(run.recipe.train.deterministic),
         "data/truncated_histories": _truncated_histories(run),
