@@ -6,15 +6,20 @@ from gem_platform.sweep.results import TrialRun, load_results, write_results
 
 
 def test_a_resumed_file_lists_every_seed_it_holds(tmp_path: Path):
-    """A sweep resumed for seeds 2-3 writes its header with its own plan's seeds; the file
-    holds seeds 0-3 (the earlier call's too), and its header says so."""
-    trials = [TrialRun(f"{arm}{seed}", arm, str(seed), {"eval/ne_ctr": 0.9})
+    """A sweep resumed for seeds 2-3 writes its header with its own plan's seeds and device;
+    the file holds seeds 0-3 (the earlier call's too) from two cards and commits, and its
+    header says so."""
+    trials = [TrialRun(f"{arm}{seed}", arm, str(seed), {"eval/ne_ctr": 0.9},
+                       commit="b2" if seed in (2, 3) else "a1",
+                       device="NVIDIA H200" if seed in (2, 3) else "NVIDIA H100 80GB HBM3")
               for seed in (0, 1, 10, 2, 3) for arm in ("base", "arm")]
     header = {"sweep": "s", "baseline": "base", "seeds": [2, 3],
               "provenance": {"seeds": [2, 3], "fingerprint": "f00d"}}
     write_results(tmp_path / "r.json", header, trials)
     kept, written = load_results(tmp_path / "r.json")
     assert written["seeds"] == [0, 1, 2, 3, 10] and len(kept) == 10
+    assert written["devices"] == ["NVIDIA H100 80GB HBM3", "NVIDIA H200"]
+    assert written["commits"] == ["a1", "b2"]
     assert written["provenance"] == header["provenance"]  # the last call's own record
     empty = json.loads(write_results(tmp_path / "empty.json", header, []).read_text())
     assert empty["seeds"] == [2, 3]  # nothing trained yet: the plan's

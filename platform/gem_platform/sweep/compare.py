@@ -287,8 +287,9 @@ def _tasks(trials: list[TrialRun], declared: list[str] | tuple[str, ...] = ()) -
 
 
 def _context_names(tasks: list[str]) -> list[str]:
-    """Facts of each run that the gates read but no arm is compared on: how many trials shared
-    its machine, how long it took, and its dataset's ceiling without the world's own term."""
+    """Facts of each run that the gates and notes read but no arm is compared on: how many
+    trials shared its machine, how long it took, how many epochs it trained, and its dataset's
+    ceiling without the world's own term."""
     return [CONCURRENT_TRIALS, TRIAL_WALL_S, TRAINED_EPOCHS] + [
         BLIND_AUC_METRIC.format(task=t) for t in tasks]
 

@@ -55,12 +55,14 @@ def finite_metrics(summary: dict[str, Any]) -> dict[str, float]:
 
 def write_results(path: str | Path, header: dict[str, Any], trials: list[TrialRun]) -> Path:
     """Write (atomically: a partial file never replaces a good one) the header and trials.
-    The header's seeds are those its trials hold, whichever call trained them (a resumed or
-    merged file lists them all; its ``provenance`` stays the record of the call that wrote it
-    last)."""
+    The header's seeds, and the devices and commits its trials trained on, are those its
+    trials hold, whichever call trained them (a resumed or merged file lists them all; its
+    ``device`` and ``provenance`` stay the record of the call that wrote it last)."""
     body = {"format": FORMAT, **header, "trials": [_trial_dict(t) for t in trials]}
     if trials:
         body["seeds"] = sorted({int(t.seed) for t in trials})
+        body["devices"] = sorted({t.device for t in trials if t.device})
+        body["commits"] = sorted({t.commit for t in trials if t.commit})
     return write_json(path, body)
 
 
