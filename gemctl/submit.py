@@ -50,8 +50,10 @@ def submit(
         r.tracking.uri = tracking_uri
     con = render.progress_console(as_json)
     workers = 1 if local else r.parallel.workers
+    epochs = r.planned_epochs(workers)
     con.print(f"[bold]gemctl submit[/] {render.esc(recipe)}: {workers} worker(s), attention="
-              f"{r.model.attention}, precision={r.precision.mode}, {r.train.steps} steps",
+              f"{r.model.attention}, precision={r.precision.mode}, {r.train.steps} steps"
+              + ("" if epochs is None else f" ({epochs:.2f} epochs of the training split)"),
               highlight=False, soft_wrap=True)
     started = time.monotonic()
     with LibraryOutput(r.name, verbose) as lib:

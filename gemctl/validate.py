@@ -63,22 +63,33 @@ def validate(
         if as_json:
             render.print_json({"kind": "sweep", "valid": True, "name": plan.name,
                                "arms": [a.name for a in plan.arms], "seeds": plan.seeds,
-                               "baseline": plan.baseline})
+                               "baseline": plan.baseline,
+                               "past_one_epoch": plan.past_one_epoch()})
             return
         render.console.print(
             f"[green]ok[/] {render.esc(recipe)}: sweep '{render.esc(plan.name)}' is valid "
             f"({len(plan.arms)} arms x {len(plan.seeds)} seeds, baseline "
             f"'{render.esc(plan.baseline)}'; every arm's recipe checked).", highlight=False,
             soft_wrap=True)
+        if past := plan.past_one_epoch():
+            render.console.print(
+                "[yellow]arms past one epoch of their training split[/] (epochs on "
+                "parallel.workers ranks): " + render.esc(", ".join(
+                    f"{name} {epochs:.1f}" for name, epochs in past.items()))
+                + "; their gate would compare memorized models.", highlight=False,
+                soft_wrap=True)
         return
     r = load_recipe(recipe, set_ or [])
     if as_json:
         render.print_json({"kind": "recipe", "valid": True, "name": r.name,
-                           "recipe": r.model_dump(mode="json")})
+                           "recipe": r.model_dump(mode="json"),
+                           "planned_epochs": r.planned_epochs()})
         return
+    epochs = r.planned_epochs()
     render.console.print(f"[green]ok[/] {render.esc(recipe)}: recipe '{render.esc(r.name)}' is "
                          f"valid ({r.parallel.workers} workers, attention={r.model.attention}, "
-                         f"precision={r.precision.mode}, loader={r.loader.batching}).",
+                         f"precision={r.precision.mode}, loader={r.loader.batching}"
+                         + ("" if epochs is None else f", {epochs:.2f} epochs") + ").",
                          highlight=False, soft_wrap=True)
 
 

@@ -89,6 +89,15 @@ def test_validate_and_schema_json(gemctl):
     result = gemctl("validate", str(REPO / "recipes/demo.yaml"), "--json")
     clean_exit(result)
     assert json.loads(result.stdout)["recipe"]["name"] == "demo"
+    # 350 steps of 2 x 256 over the 180,000 generated training samples
+    assert json.loads(result.stdout)["planned_epochs"] == pytest.approx(350 * 512 / 180_000)
+    spec = gemctl("validate", str(REPO / "recipes/ablations/attention.yaml"), "--json")
+    clean_exit(spec)
+    assert json.loads(spec.stdout)["past_one_epoch"] == {}
+    long = gemctl("validate", str(REPO / "recipes/ablations/attention.yaml"), "--set",
+                  "train.steps=700")
+    clean_exit(long)
+    assert "arms past one epoch" in long.stdout and "full 2.0" in long.stdout
     schema = gemctl("validate", "--schema", "--json")
     clean_exit(schema)
     body = json.loads(schema.stdout)
