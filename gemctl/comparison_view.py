@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from gem_platform.sweep.gates import effective
+from gem_platform.sweep.gates import cost_words, effective
 from gem_platform.sweep.results import cross_device_seeds
 from gem_platform.sweep.stats import delta_text, mean_sd
 from gemctl import render
@@ -125,8 +125,7 @@ def _seeds_to_settle(v) -> str:
     """The seeds per arm an inconclusive verdict asks, with their trials' cost where known."""
     if v.settle_cost is None:
         return f"~{v.seeds_needed} seeds"
-    more, hours = v.settle_cost
-    return f"~{v.seeds_needed} seeds: {more} more trials, ~{hours:.1f} h"
+    return f"~{v.seeds_needed} seeds: {cost_words(v.settle_cost)}"
 
 
 def _verdict_cell(v) -> str:

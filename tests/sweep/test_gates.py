@@ -96,6 +96,14 @@ def test_the_seeds_to_settle_come_with_their_cost(tmp_path: Path):
     body = json.loads(gemctl_in_process("compare", "s.json", "--max-ne-regression", "0.1%",
                                         "--no-plot", "--json", cwd=tmp_path).stdout)
     assert body["verdicts"][0]["settle_cost"][0] == more
+    # the markdown table's cell too; under an hour in minutes
+    from gem_platform.sweep.gates import cost_words
+    from gem_platform.sweep.report import quality_markdown
+
+    assert f"~{v.seeds_needed} seeds ({more} more trials, ~{hours:.1f} h)" in \
+        quality_markdown(cmp)
+    assert cost_words((10, 0.1)) == "10 more trials, ~6 min"
+    assert cost_words((912, 10.0)) == "912 more trials, ~10.0 h"
 
 
 def test_compare_reads_its_own_json_back(tmp_path: Path):

@@ -283,6 +283,13 @@ def settle_cost(res: GatedArm, base: GatedArm, needed: int) -> tuple[int, float]
     return sum(more.values()), seconds / 3600
 
 
+def cost_words(cost: tuple[int, float]) -> str:
+    """``settle_cost``'s trials and machine time in words: minutes under an hour."""
+    more, hours = cost
+    return f"{more} more trials, ~" + (f"{hours * 60:.0f} min" if hours < 1 else
+                                       f"{hours:.1f} h")
+
+
 def with_cost(verdict: Verdict, res: GatedArm, base: GatedArm | None) -> Verdict:
     """``verdict`` with what its ``seeds_needed`` would cost (``settle_cost``), in its fields
     and its message, where it asks seeds and the runs recorded their wall time."""
@@ -290,10 +297,8 @@ def with_cost(verdict: Verdict, res: GatedArm, base: GatedArm | None) -> Verdict
         if verdict.seeds_needed and base is not None else None
     if cost is None:
         return verdict
-    more, hours = cost
     return replace(verdict, settle_cost=cost, message=verdict.message +
-                   f" (~{more} more trials, ~{hours:.1f} h of machine time at these trials' "
-                   "pace)")
+                   f" (~{cost_words(cost)} of machine time at these trials' pace)")
 
 
 def sharing(res: GatedArm) -> int:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from gem_platform.sweep.compare import ArmResult, Comparison
-from gem_platform.sweep.gates import FAIL, INCONCLUSIVE, PASS, Verdict
+from gem_platform.sweep.gates import FAIL, INCONCLUSIVE, PASS, Verdict, cost_words
 from gem_platform.sweep.stats import Delta, Summary, delta_text, mean_sd
 
 
@@ -23,11 +23,13 @@ def _mean_sd(s: Summary | None) -> str:
 
 def _verdict(v: Verdict | None, delta: Delta | None) -> str:
     """PASS / FAIL in bold ("better" where the whole NE interval is below zero), an
-    inconclusive one with the seeds that would settle it."""
+    inconclusive one with the seeds that would settle it and, where the runs recorded their
+    time, what those trials cost."""
     if v is None:
         return ""
     if v.verdict == INCONCLUSIVE:
-        return "INCONCLUSIVE" + (f", ~{v.seeds_needed} seeds" if v.seeds_needed else "")
+        cost = "" if v.settle_cost is None else f" ({cost_words(v.settle_cost)})"
+        return "INCONCLUSIVE" + (f", ~{v.seeds_needed} seeds{cost}" if v.seeds_needed else "")
     better = v.verdict == PASS and delta is not None and delta.high < 0
     word = {PASS: "PASS", FAIL: "FAIL"}[v.verdict]
     expected = ("" if v.expected is None else " (as expected)" if v.expected == v.verdict
