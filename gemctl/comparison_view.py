@@ -184,10 +184,9 @@ def render_comparison(cmp, uri: str, plot: Path | None, as_json: bool,
                       "on another device[/]: " + render.esc("; ".join(apart)), highlight=False)
     if past := cmp.past_one_epoch:
         console.print("[yellow]trained past one epoch of the training split[/] (most epochs "
-                      "of a run): " + render.esc(", ".join(f"{a} {e:.1f}" for a, e in
-                                                          past.items()))
-                      + ". From a second pass, per-id rows recall the labels they saw: these "
-                      "NEs can measure memorization as much as the arms' difference.",
+                      f"of a run): {render.epochs_by_arm(past)}. From a second pass, per-id rows "
+                      "recall the labels they saw: these NEs can measure memorization as much "
+                      "as the arms' difference.",
                       highlight=False, soft_wrap=True)
     if cmp.skipped:
         console.print(f"[yellow]left out {len(cmp.skipped)} unfinished run(s)[/]: "

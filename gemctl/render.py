@@ -70,6 +70,11 @@ def print_json(obj: Any) -> None:
     stream.flush()
 
 
+def epochs_by_arm(epochs: dict[str, float]) -> str:
+    """Arms with the epochs they train(ed), escaped for markup: "full 2.0, block64 2.0"."""
+    return esc(", ".join(f"{arm} {n:.1f}" for arm, n in epochs.items()))
+
+
 def duration(seconds: float) -> str:
     """``1:02:03`` / ``2:03`` style wall time."""
     seconds = max(0, int(round(seconds)))

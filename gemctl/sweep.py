@@ -150,9 +150,8 @@ def _epochs_warning(plan, in_process: bool) -> str | None:
     past = plan.past_one_epoch(1 if in_process else None)
     if not past:
         return None
-    arms = ", ".join(f"{render.esc(name)} {epochs:.1f}" for name, epochs in past.items())
     return (f"warning: these arms train past one epoch of their training split (epochs: "
-            f"{arms}; train.steps x loader.local_batch_size x "
+            f"{render.epochs_by_arm(past)}; train.steps x loader.local_batch_size x "
             + ("one rank here" if in_process else "parallel.workers")
             + " over the generated training samples). Recommendation models often memorize "
             "from their second epoch, and the gate would compare memorized arms. Lower "

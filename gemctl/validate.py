@@ -74,9 +74,8 @@ def validate(
         if past := plan.past_one_epoch():
             render.console.print(
                 "[yellow]arms past one epoch of their training split[/] (epochs on "
-                "parallel.workers ranks): " + render.esc(", ".join(
-                    f"{name} {epochs:.1f}" for name, epochs in past.items()))
-                + "; their gate would compare memorized models.", highlight=False,
+                f"parallel.workers ranks): {render.epochs_by_arm(past)}; their gate would "
+                "compare memorized models.", highlight=False,
                 soft_wrap=True)
         return
     r = load_recipe(recipe, set_ or [])
