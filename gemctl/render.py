@@ -75,6 +75,23 @@ def epochs_by_arm(epochs: dict[str, float]) -> str:
     return esc(", ".join(f"{arm} {n:.1f}" for arm, n in epochs.items()))
 
 
+def epochs_warning(plan, in_process: bool) -> str | None:
+    """A warning before any trial of a sweep (``gemctl sweep``, ``gemctl validate``) when arms
+    train past one epoch: their held-out NE then measures memorization as much as the ablated
+    choice, so a gate can pass or fail on it. A trial in this process trains on one rank; on
+    Ray, on parallel.workers."""
+    past = plan.past_one_epoch(1 if in_process else None)
+    if not past:
+        return None
+    return (f"warning: arms past one epoch of their training split (epochs: "
+            f"{epochs_by_arm(past)}; train.steps x loader.local_batch_size x "
+            + ("one rank here" if in_process else "parallel.workers")
+            + " over the generated training samples). Recommendation models often memorize "
+            "from their second epoch, and the gate would compare memorized arms. Lower "
+            "train.steps or the global batch, or generate more samples "
+            "(data.synthetic.num_samples).")
+
+
 def duration(seconds: float) -> str:
     """``1:02:03`` / ``2:03`` style wall time."""
     seconds = max(0, int(round(seconds)))

@@ -131,7 +131,7 @@ def sweep(
               + ("" if plan.own_baseline == plan.baseline else
                  f" (not among --arms: compared against it where the results hold it, else "
                  f"against '{render.esc(plan.own_baseline)}')"), highlight=False, soft_wrap=True)
-    if line := _epochs_warning(plan, in_process):
+    if line := render.epochs_warning(plan, in_process):
         con.print(line, style="yellow", highlight=False, soft_wrap=True)
     if in_process:
         _sweep_in_process(plan, out or Path("gem_runs/sweeps") / f"{plan.name}.json", new,
@@ -141,22 +141,6 @@ def sweep(
                                                     allow_code_change=allow_code_change,
                                                     verbose=verbose)
     _report_sweep(plan, outcome, cmp, wall_s, log_path, con, as_json)
-
-
-def _epochs_warning(plan, in_process: bool) -> str | None:
-    """A warning before any trial when arms train past one epoch: their held-out NE then
-    measures memorization as much as the ablated choice, so a gate can pass or fail on it.
-    A trial in this process trains on one rank; on Ray, on parallel.workers."""
-    past = plan.past_one_epoch(1 if in_process else None)
-    if not past:
-        return None
-    return (f"warning: these arms train past one epoch of their training split (epochs: "
-            f"{render.epochs_by_arm(past)}; train.steps x loader.local_batch_size x "
-            + ("one rank here" if in_process else "parallel.workers")
-            + " over the generated training samples). Recommendation models often memorize "
-            "from their second epoch, and the gate would compare memorized arms. Lower "
-            "train.steps or the global batch, or generate more samples "
-            "(data.synthetic.num_samples).")
 
 
 def _refuse_options_of_the_other_mode(in_process: bool, cluster: str | None, parallel: int,

@@ -71,12 +71,8 @@ def validate(
             f"({len(plan.arms)} arms x {len(plan.seeds)} seeds, baseline "
             f"'{render.esc(plan.baseline)}'; every arm's recipe checked).", highlight=False,
             soft_wrap=True)
-        if past := plan.past_one_epoch():
-            render.console.print(
-                "[yellow]arms past one epoch of their training split[/] (epochs on "
-                f"parallel.workers ranks): {render.epochs_by_arm(past)}; their gate would "
-                "compare memorized models.", highlight=False,
-                soft_wrap=True)
+        if line := render.epochs_warning(plan, in_process=False):
+            render.console.print(line, style="yellow", highlight=False, soft_wrap=True)
         return
     r = load_recipe(recipe, set_ or [])
     if as_json:

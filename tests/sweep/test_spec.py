@@ -116,7 +116,7 @@ def test_a_sweep_past_one_epoch_is_named_before_any_trial(spec_dir, monkeypatch)
     steps of 16 samples on each of 2 workers passes 2.4 times over 540 training samples (1.2
     times in one process, as an --in-process trial trains); `gemctl sweep` prints the line
     before its first trial, with the figure of the mode it runs in."""
-    from gemctl.sweep import _epochs_warning
+    from gemctl.render import epochs_warning
 
     text = """
 name: long
@@ -129,11 +129,11 @@ arms:
     plan = load_sweep(write(spec_dir, text))
     assert plan.arms[0].recipe.planned_epochs() == pytest.approx(15 * 32 / 540)
     assert plan.past_one_epoch() == {"long": pytest.approx(40 * 32 / 540)}
-    line = _epochs_warning(plan, in_process=False)
+    line = epochs_warning(plan, in_process=False)
     assert line.startswith("warning:") and "long 2.4" in line and "short" not in line
     assert "parallel.workers" in line and "data.synthetic.num_samples" in line
-    assert "long 1.2" in _epochs_warning(plan, in_process=True)
-    assert _epochs_warning(load_sweep(write(spec_dir, text.replace("steps=40", "steps=16"))),
+    assert "long 1.2" in epochs_warning(plan, in_process=True)
+    assert epochs_warning(load_sweep(write(spec_dir, text.replace("steps=40", "steps=16"))),
                            in_process=False) is None
     from gem_platform.recipe import Recipe
     parquet = Recipe.model_validate({"data": {"source": "parquet", "path": "x"}})
