@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from gem_platform.sweep.gates import cost_words, effective
+from gem_platform.sweep.gates import cost_words, effective, seeds_asked
 from gem_platform.sweep.results import cross_device_seeds
 from gem_platform.sweep.stats import delta_text, mean_sd
 from gemctl import render
@@ -122,10 +122,10 @@ def verdict_table(cmp) -> Table:
 
 
 def _seeds_to_settle(v) -> str:
-    """The seeds per arm an inconclusive verdict asks, with their trials' cost where known."""
-    if v.settle_cost is None:
-        return f"~{v.seeds_needed} seeds"
-    return f"~{v.seeds_needed} seeds: {cost_words(v.settle_cost)}"
+    """The seeds per arm an inconclusive verdict asks (and as many a mean one standard error
+    closer to the limit would ask), with their trials' cost where known."""
+    text = seeds_asked(v)
+    return text if v.settle_cost is None else f"{text}: {cost_words(v.settle_cost)}"
 
 
 def _verdict_cell(v) -> str:

@@ -89,6 +89,8 @@ for v in body.get("verdicts") or []:
     line = f"{v['arm']} {v['metric']} {v['verdict'].upper()}"
     if v["verdict"] == "inconclusive" and v.get("seeds_needed"):
         line += f" needs ~{v['seeds_needed']} seeds"
+        if v.get("seeds_needed_closer"):
+            line += f" (~{v['seeds_needed_closer']} if the mean moves 1 SE closer)"
     if v.get("expected"):
         line += f" (expected {v['expected'].upper()})"
     print(line)

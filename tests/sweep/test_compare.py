@@ -178,7 +178,7 @@ def test_quality_markdown(cmp):
     rows = {r.split(" | ")[0]: r.split(" | ") for r in quality_markdown(cmp).splitlines()}
     assert rows["| arm"][4] == "verdict"
     assert rows["| worse"][4] == "**FAIL**" and rows["| worse"][3].startswith("+1.248% [")
-    assert rows["| same"][4] == "INCONCLUSIVE, ~6 seeds"
+    assert rows["| same"][4] == "INCONCLUSIVE, ~6 seeds (~24 if the mean moves 1 SE closer)"
     piped = compare_trials([run("a|b", 0, 0.8, 0.75, 1), run("base", 0, 0.8, 0.75, 1)], "base")
     assert "| a\\|b | 1 |" in quality_markdown(piped)
 

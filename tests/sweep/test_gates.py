@@ -13,7 +13,7 @@ import pytest
 from gem_platform.sweep.compare import compare
 from gem_platform.sweep.gates import Gates
 from gem_platform.sweep.results import TrialRun, load_results, write_results
-from gem_platform.sweep.stats import seeds_to_settle
+from gem_platform.sweep.stats import seeds_to_settle, seeds_to_settle_closer
 from tests.conftest import REPO, gemctl_in_process
 
 BASE_NE = [0.900, 0.910, 0.920, 0.930]
@@ -72,6 +72,20 @@ def test_seeds_to_settle_from_the_observed_spread(tmp_path: Path):
                                              0.1)
     assert seeds_to_settle(0.5, float("nan"), 0.1) is None  # one seed: no spread to go on
     assert v.settle_cost is None  # no run recorded its wall time: no cost to state
+    # one standard error (0.27 / 2) up puts the mean past the limit: no count is sure
+    assert v.seeds_needed_closer is None and "no count of seeds is sure" in v.message
+
+
+def test_the_ask_says_how_far_it_grows_as_the_mean_moves():
+    """More seeds move the mean by about a standard error; near the limit that changes the ask
+    several-fold, so the verdict gives the ask of a mean one standard error closer too."""
+    # 100 seeds at sd 0.27: a standard error of 0.027, toward the limit from either side
+    assert seeds_to_settle_closer(0.0, 0.27, 100, 0.1) == seeds_to_settle(0.027, 0.27, 0.1)
+    assert seeds_to_settle_closer(0.3, 0.27, 100, 0.1) == seeds_to_settle(0.273, 0.27, 0.1)
+    assert seeds_to_settle(0.0, 0.27, 0.1) < seeds_to_settle_closer(0.0, 0.27, 100, 0.1)
+    assert seeds_to_settle_closer(0.09, 0.27, 100, 0.1) is None  # the step crosses the limit
+    assert seeds_to_settle_closer(0.0, 0.27, 1, 0.1) is None  # no spread from one seed
+    assert seeds_to_settle_closer(0.0, float("nan"), 5, 0.1) is None
 
 
 def test_the_seeds_to_settle_come_with_their_cost(tmp_path: Path):
@@ -89,10 +103,12 @@ def test_the_seeds_to_settle_come_with_their_cost(tmp_path: Path):
     (v,) = cmp.verdicts
     more, hours = 2 * (v.seeds_needed - 4), (v.seeds_needed - 4) * (30 + 20) / 3600
     assert v.settle_cost == (more, pytest.approx(hours))
-    assert f"(~{more} more trials, ~{hours:.1f} h of machine time" in v.message
+    assert f"; {v.seeds_needed} seeds: {more} more trials, ~{hours:.1f} h of machine time" \
+        in v.message
     proc = gemctl_in_process("compare", "s.json", "--max-ne-regression", "0.1%", "--no-plot",
                              cwd=tmp_path)
-    assert f"~{v.seeds_needed} seeds: {more} more trials" in " ".join(proc.stdout.split())
+    assert f"~{v.seeds_needed} seeds" in proc.stdout
+    assert f"{more} more trials" in " ".join(proc.stdout.split())
     body = json.loads(gemctl_in_process("compare", "s.json", "--max-ne-regression", "0.1%",
                                         "--no-plot", "--json", cwd=tmp_path).stdout)
     assert body["verdicts"][0]["settle_cost"][0] == more
@@ -100,8 +116,8 @@ def test_the_seeds_to_settle_come_with_their_cost(tmp_path: Path):
     from gem_platform.sweep.gates import cost_words
     from gem_platform.sweep.report import quality_markdown
 
-    assert f"~{v.seeds_needed} seeds ({more} more trials, ~{hours:.1f} h)" in \
-        quality_markdown(cmp)
+    assert (f"~{v.seeds_needed} seeds (no sure count if the mean moves 1 SE closer): "
+            f"{more} more trials, ~{hours:.1f} h |") in quality_markdown(cmp)
     assert cost_words((10, 0.1)) == "10 more trials, ~6 min"
     assert cost_words((912, 10.0)) == "912 more trials, ~10.0 h"
 

@@ -9,7 +9,10 @@ worse):
 - inconclusive: the interval straddles the limit, or there is no interval (one seed). The
   verdict then says how many seeds the observed spread would need to settle it, if the mean
   and spread stayed as they are, and, where the runs recorded their wall time (in-process
-  sweeps), what the missing trials would cost at the pace these ones trained.
+  sweeps), what the missing trials would cost at the pace these ones trained. More seeds move
+  the mean by about a standard error, so it also says how many a mean one standard error
+  closer to the limit would need: near the limit the first count is fragile (at 35 seeds a
+  mean 0.16% from a 0.2% limit asked 36; the next two seeds moved it and the ask became 53).
 
 A gate is never dropped because its metric can't be measured. Where a run of the arm or of the
 baseline holds NaN, an infinity or no value at all for the gated metric (a diverged model; an
@@ -50,7 +53,7 @@ from typing import Literal, Protocol
 from gem_platform.data.ceilings import BLIND_AUC_METRIC
 from gem_platform.errors import GemError
 from gem_platform.sweep.results import CONCURRENT_TRIALS, TRIAL_WALL_S
-from gem_platform.sweep.stats import Delta, seeds_to_settle
+from gem_platform.sweep.stats import Delta, seeds_to_settle, seeds_to_settle_closer
 
 
 class GatedArm(Protocol):
@@ -145,6 +148,9 @@ class Verdict:
     seeds: int
     seeds_needed: int | None
     message: str
+    # ``seeds_needed`` had the mean sat one standard error closer to the limit (None: that
+    # step reaches the limit, or no seeds are asked): how far the ask can grow as seeds come
+    seeds_needed_closer: int | None = None
     # the runs whose value is NaN, infinite or missing, in words (None: every value finite)
     unmeasured: str | None = None
     # for a speed gate: the arms whose trials shared a machine, in words (None: each alone)
@@ -174,7 +180,7 @@ def judge(arm: str, metric: str, delta: Delta, limit: float, worse_if: Literal[1
     if math.isfinite(low) and math.isfinite(high):
         shown += f" [95% CI {low:+.{digits}f}, {high:+.{digits}f}]"
     bound = f"{option} {limit:g}{unit}"
-    needed = None
+    needed = closer = None
     if math.isfinite(low) and high <= limit:
         word: VerdictWord = PASS
         why = f"within {bound}"
@@ -184,15 +190,26 @@ def judge(arm: str, metric: str, delta: Delta, limit: float, worse_if: Literal[1
     else:
         word = INCONCLUSIVE
         needed = seeds_to_settle(reg, delta.sd, limit)
+        closer = seeds_to_settle_closer(reg, delta.sd, delta.n, limit) if needed else None
         if not math.isfinite(low):
             why = (f"no interval from {delta.n} seed(s) of this arm against the baseline; "
                    "run at least 2 seeds per arm")
         else:
-            why = f"the interval straddles {bound}"
-            why += (f"; about {needed} seeds per arm would settle it at this spread"
-                    if needed else "; the mean sits on the limit, more seeds may not settle it")
+            why = f"the interval straddles {bound}" + (
+                _seeds_words(needed, closer, delta.sd / math.sqrt(delta.n), digits, unit)
+                if needed else "; the mean sits on the limit, more seeds may not settle it")
     return Verdict(arm, metric, word, reg, low, high, limit, unit, delta.n, needed,
-                   f"arm '{arm}': {shown}: {word.upper()}, {why}")
+                   f"arm '{arm}': {shown}: {word.upper()}, {why}", seeds_needed_closer=closer)
+
+
+def _seeds_words(needed: int, closer: int | None, se: float, digits: int, unit: str) -> str:
+    """The seeds an inconclusive gate asks, and how far the ask grows if the mean, which more
+    seeds move by about a standard error, moves that much toward the limit."""
+    step = f"one standard error ({se:.{digits}f}{unit}) toward the limit"
+    return (f"; about {needed} seeds per arm would settle it at this spread if the mean held"
+            + (f", about {closer} if it moved {step}" if closer else
+               f"; moved {step}, it would sit on the limit, where no count of seeds is sure "
+               "to settle it"))
 
 
 def _gate_checks(tasks: Sequence[str], gates: Gates
@@ -283,6 +300,13 @@ def settle_cost(res: GatedArm, base: GatedArm, needed: int) -> tuple[int, float]
     return sum(more.values()), seconds / 3600
 
 
+def seeds_asked(v: Verdict) -> str:
+    """'~36 seeds (~147 if the mean moves 1 SE closer)': an inconclusive verdict's ask for a
+    table cell, with how far it grows if the mean moves one standard error toward the limit."""
+    closer = f"~{v.seeds_needed_closer}" if v.seeds_needed_closer else "no sure count"
+    return f"~{v.seeds_needed} seeds ({closer} if the mean moves 1 SE closer)"
+
+
 def cost_words(cost: tuple[int, float]) -> str:
     """``settle_cost``'s trials and machine time in words: minutes under an hour."""
     more, hours = cost
@@ -298,7 +322,8 @@ def with_cost(verdict: Verdict, res: GatedArm, base: GatedArm | None) -> Verdict
     if cost is None:
         return verdict
     return replace(verdict, settle_cost=cost, message=verdict.message +
-                   f" (~{cost_words(cost)} of machine time at these trials' pace)")
+                   f"; {verdict.seeds_needed} seeds: {cost_words(cost)} of machine time at "
+                   "these trials' pace")
 
 
 def sharing(res: GatedArm) -> int:

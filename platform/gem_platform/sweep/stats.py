@@ -114,6 +114,20 @@ def seeds_to_settle(mean: float, sd: float, limit: float, confidence: float = 0.
     return None
 
 
+def seeds_to_settle_closer(mean: float, sd: float, n: int, limit: float) -> int | None:
+    """``seeds_to_settle`` had the mean moved one standard error (sd / sqrt(n)) toward
+    ``limit``: how far that estimate can run when the mean is within noise of the limit, as
+    more seeds move it. None where that step reaches the limit (no count is sure to do) or the
+    spread is unknown."""
+    if n < 2 or not math.isfinite(sd):
+        return None
+    step = sd / math.sqrt(n)
+    closer = mean + step if mean < limit else mean - step
+    if (closer - limit) * (mean - limit) <= 0:
+        return None
+    return seeds_to_settle(closer, sd, limit)
+
+
 def mean_sd(mean: float, std: float, digits: int = 4) -> str:
     """'mean±std' ('-' for no mean, the mean alone for no spread): one number of a table."""
     if math.isnan(mean):
