@@ -257,9 +257,12 @@ def test_nightly_script_reads_sweep_id_and_verdicts_as_json(tmp_path: Path) -> N
     assert proc.returncode == 3, proc.stderr  # inconclusive: the interval straddles 0.1%
     (tmp_path / "cmp.json").write_text(proc.stdout)
     assert call("json_field", str(tmp_path / "cmp.json"), "exit_code") == "3"
-    assert call("verdicts", str(tmp_path / "cmp.json")).startswith(
-        "arm eval/ne_ctr INCONCLUSIVE needs ~")
     doc = json.loads(proc.stdout)
+    (v,) = doc["verdicts"]
+    assert v["seeds_needed_closer"] > v["seeds_needed"]
+    assert call("verdicts", str(tmp_path / "cmp.json")) == (
+        f"arm eval/ne_ctr INCONCLUSIVE needs ~{v['seeds_needed']} seeds "
+        f"(~{v['seeds_needed_closer']} if the mean moves 1 SE closer)")
     (tmp_path / "long.json").write_text(json.dumps({**doc, "past_one_epoch": {"arm": 2.4}}))
     assert call("verdicts", str(tmp_path / "long.json")).endswith(
         "warning: arm trained 2.4 epochs of its training split: its NE can measure memorization")

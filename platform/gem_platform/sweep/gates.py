@@ -11,8 +11,8 @@ worse):
   and spread stayed as they are, and, where the runs recorded their wall time (in-process
   sweeps), what the missing trials would cost at the pace these ones trained. More seeds move
   the mean by about a standard error, so it also says how many a mean one standard error
-  closer to the limit would need: near the limit the first count is fragile (at 35 seeds a
-  mean 0.16% from a 0.2% limit asked 36; the next two seeds moved it and the ask became 53).
+  closer to the limit would need: near the limit the first count is fragile, and the second
+  says how far it may grow.
 
 A gate is never dropped because its metric can't be measured. Where a run of the arm or of the
 baseline holds NaN, an infinity or no value at all for the gated metric (a diverged model; an
