@@ -189,6 +189,29 @@ def _terms(
     raise typer.Exit(main(argv))
 
 
+def _looks(
+    results: Annotated[str, typer.Argument(help="A sweep results file (or gemctl compare "
+                                                "--json output).")],
+    arm: Annotated[str, typer.Option(help="The gated arm.")],
+    looks: Annotated[str, typer.Option(
+        help="Comma-separated seed counts at which the gate was read before (the file's own "
+             "count is the last look).")] = "",
+    metric: Annotated[str, typer.Option(help="The NE metric gated.")] = "ne_ctr",
+    baseline: Annotated[str | None, typer.Option(
+        help="Baseline arm (default: the file's).")] = None,
+    max_regression: Annotated[str, typer.Option(
+        help="The gate's limit, in % of the baseline's NE.")] = "0.2%",
+    out: Annotated[str, typer.Option(help="Folder for looks_bench.json.",
+                                         callback=out_folder)] = "bench_results",
+) -> None:
+    from gem_bench.looks import main
+
+    argv = [results, "--arm", arm, "--looks", looks, "--metric", metric,
+            "--max-regression", max_regression, "--out", out]
+    argv += ["--baseline", baseline] if baseline else []
+    raise typer.Exit(main(argv))
+
+
 def _probe_init(value: str) -> str:
     if value not in ("unit", "normal"):
         raise typer.BadParameter(f"{value[:50]!r}: pass unit or normal.")
@@ -293,6 +316,12 @@ def register(app: typer.Typer) -> None:
                       "gemctl bench quality-targets docs/quality/quality_h200_gem.json",
                       "gemctl bench quality-targets RESULT.json --target-ne 0.9 "
                       "--target-ne 0.88"))(user_errors(_quality_targets))
+    bench.command("looks", help="A gate read at several seed counts, no training: how "
+                  "often such looks pass a regression at the limit at 95% each, and the "
+                  "verdict at the one level for all looks that holds that to 2.5%.",
+                  epilog=epilog("gemctl bench looks docs/quality/ablation_precision_h200.json "
+                                "--arm fp8_b32 --looks 5,8,20,23,30,35,37,40"))(
+        user_errors(_looks))
     bench.command("kernels", help=bench_kernels.HELP, epilog=epilog(*bench_kernels.EXAMPLES))(
         user_errors(bench_kernels.kernels))
     app.add_typer(bench, name="bench")
