@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from gem_platform.sweep.compare import compare
-from gem_platform.sweep.gates import Gates
+from gem_platform.sweep.gates import LOOKS_ADVICE, Gates
 from gem_platform.sweep.results import TrialRun, load_results, write_results
 from gem_platform.sweep.stats import seeds_to_settle, seeds_to_settle_closer
 from tests.conftest import REPO, gemctl_in_process
@@ -105,6 +105,8 @@ def test_the_seeds_to_settle_come_with_their_cost(tmp_path: Path):
     assert v.settle_cost == (more, pytest.approx(hours))
     assert f"; {v.seeds_needed} seeds: {more} more trials, ~{hours:.1f} h of machine time" \
         in v.message
+    # and, after its price, why to fix that count before running it
+    assert v.message.endswith(LOOKS_ADVICE) and "`gemctl bench looks`" in LOOKS_ADVICE
     proc = gemctl_in_process("compare", "s.json", "--max-ne-regression", "0.1%", "--no-plot",
                              cwd=tmp_path)
     assert f"~{v.seeds_needed} seeds" in proc.stdout
@@ -120,6 +122,15 @@ def test_the_seeds_to_settle_come_with_their_cost(tmp_path: Path):
             f"{more} more trials, ~{hours:.1f} h |") in quality_markdown(cmp)
     assert cost_words((10, 0.1)) == "10 more trials, ~6 min"
     assert cost_words((912, 10.0)) == "912 more trials, ~10.0 h"
+
+
+def test_only_an_ask_for_seeds_advises_fixing_their_count(tmp_path: Path):
+    """A settled verdict, or one with no spread to size an ask from, carries no advice about
+    how to add seeds."""
+    for name in ("within", "beyond", "one_seed"):
+        path = results_file(tmp_path / f"{name}.json", CASES[name][0])
+        (v,) = compare("", [str(path)], gates=Gates(max_ne_regression_pct=0.1)).verdicts
+        assert v.seeds_needed is None and LOOKS_ADVICE not in v.message
 
 
 def test_compare_reads_its_own_json_back(tmp_path: Path):

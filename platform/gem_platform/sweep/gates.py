@@ -314,16 +314,23 @@ def cost_words(cost: tuple[int, float]) -> str:
                                        f"{hours:.1f} h")
 
 
+# An ask for seeds invites reading the gate again after each batch, and each look is another
+# chance for the interval to clear the limit by luck.
+LOOKS_ADVICE = (". Fix the count before running them: a gate read again after each batch passes "
+                "by luck more often (`gemctl bench looks` reads it at the level for all its "
+                "looks)")
+
+
 def with_cost(verdict: Verdict, res: GatedArm, base: GatedArm | None) -> Verdict:
     """``verdict`` with what its ``seeds_needed`` would cost (``settle_cost``), in its fields
-    and its message, where it asks seeds and the runs recorded their wall time."""
-    cost = settle_cost(res, base, verdict.seeds_needed) \
-        if verdict.seeds_needed and base is not None else None
-    if cost is None:
+    and its message where the runs recorded their wall time, and, where it asks seeds, the
+    advice to fix their count in advance."""
+    if not verdict.seeds_needed:
         return verdict
-    return replace(verdict, settle_cost=cost, message=verdict.message +
-                   f"; {verdict.seeds_needed} seeds: {cost_words(cost)} of machine time at "
-                   "these trials' pace")
+    cost = settle_cost(res, base, verdict.seeds_needed) if base is not None else None
+    priced = (f"; {verdict.seeds_needed} seeds: {cost_words(cost)} of machine time at these "
+              "trials' pace") if cost else ""
+    return replace(verdict, settle_cost=cost, message=verdict.message + priced + LOOKS_ADVICE)
 
 
 def sharing(res: GatedArm) -> int:
