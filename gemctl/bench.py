@@ -193,9 +193,10 @@ def _looks(
     results: Annotated[str, typer.Argument(help="A sweep results file (or gemctl compare "
                                                 "--json output).")],
     arm: Annotated[str, typer.Option(help="The gated arm.")],
-    looks: Annotated[str, typer.Option(
-        help="Comma-separated seed counts at which the gate was read before (the file's own "
-             "count is the last look).")] = "",
+    looks: Annotated[str | None, typer.Option(
+        help="Comma-separated seed counts at which the gate was read before (default: the "
+             "paired counts after each call the file records; its own count is the last "
+             "look).")] = None,
     metric: Annotated[str, typer.Option(help="The NE metric gated.")] = "ne_ctr",
     baseline: Annotated[str | None, typer.Option(
         help="Baseline arm (default: the file's).")] = None,
@@ -206,9 +207,10 @@ def _looks(
 ) -> None:
     from gem_bench.looks import main
 
-    argv = [results, "--arm", arm, "--looks", looks, "--metric", metric,
-            "--max-regression", max_regression, "--out", out]
-    argv += ["--baseline", baseline] if baseline else []
+    argv = [results, "--arm", arm, "--metric", metric, "--max-regression", max_regression,
+            "--out", out]
+    argv += (["--baseline", baseline] if baseline else []) + (["--looks", looks] if looks
+                                                              is not None else [])
     raise typer.Exit(main(argv))
 
 

@@ -4,7 +4,9 @@
 seeds. Adding seeds until the verdict settles looks several times, and each look is another
 chance for the interval to clear the limit by luck: with a true regression exactly at the
 limit, a PASS at 2.5% per look comes more often over several looks. This tool takes the seed
-counts at which the gate was read (the last one the file's own) and reports, for one arm and
+counts at which the gate was read (by default those the file's ``rounds`` record: the paired
+counts after each call that trained into it; the last is the file's own) and reports, for one
+arm and
 NE metric of a results file (the gate's relative regression):
 
 - how often looks at those counts give a false PASS (or FAIL) at 95% each, with the true
@@ -37,7 +39,14 @@ from rich.table import Table
 
 from gem_platform.errors import GemError
 from gem_platform.sweep.compare import parse_percent
-from gem_platform.sweep.results import load_results
+from gem_platform.sweep.results import (
+    TrialRun,
+    cross_device_seeds,
+    load_results,
+    looks_of,
+    rounds_of,
+    seed_devices,
+)
 from gem_platform.sweep.stats import Delta, paired_delta, relative, t_quantile
 
 ALPHA = 0.025  # one side of the gate's 95% interval
@@ -101,21 +110,26 @@ def _reading(rule: str, level: float, arm: list[float], base: list[float], limit
     return Reading(rule, confidence, d.value, d.low, d.high, verdict)
 
 
-def _paired(path: str, arm: str, baseline: str, metric: str) -> tuple[list[float], list[float]]:
-    trials, _ = load_results(path)
+def _paired(path: str, trials: list[TrialRun], arm: str, baseline: str, metric: str
+            ) -> tuple[list[str], list[float], list[float]]:
+    """(seeds, arm's values, baseline's values) of the seeds both hold, on one device (as
+    the gate pairs them)."""
     key = metric if "/" in metric else f"eval/{metric}"
     if not key.startswith("eval/ne_"):
         raise GemError(f"bench looks reads NE gates (a regression in % of the baseline); "
                        f"got --metric {metric}.", "Pass --metric ne_ctr or another task's NE.")
     values = {(t.arm, t.seed): t.metrics.get(key) for t in trials}
     seeds = sorted({s for a, s in values if a == arm and (baseline, s) in values})
+    apart = set(cross_device_seeds(seed_devices(t for t in trials if t.arm == arm),
+                                   seed_devices(t for t in trials if t.arm == baseline)))
+    seeds = [s for s in seeds if values[arm, s] is not None and values[baseline, s] is not None
+             and s not in apart]
     pairs = [(values[arm, s], values[baseline, s]) for s in seeds]
-    pairs = [(a, b) for a, b in pairs if a is not None and b is not None]
     if len(pairs) < 2:
         raise GemError(f"{path}: {len(pairs)} seed(s) of arm {arm!r} pair with {baseline!r} on "
                        f"{key}; a gate's interval needs 2 or more.",
                        "Name an arm and metric the file holds (gemctl compare FILE lists them).")
-    return [a for a, _ in pairs], [b for _, b in pairs]
+    return seeds, [a for a, _ in pairs], [b for _, b in pairs]
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -124,7 +138,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--arm", required=True)
     p.add_argument("--baseline", default=None)
     p.add_argument("--metric", default="ne_ctr")
-    p.add_argument("--looks", default="", help="earlier seed counts, comma-separated")
+    p.add_argument("--looks", default=None,
+                   help="earlier seed counts, comma-separated (default: the file's rounds)")
     p.add_argument("--max-regression", default="0.2%")
     p.add_argument("--out", default="bench_results")
     return p
@@ -132,21 +147,27 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    _, header = load_results(args.results)
+    trials, header = load_results(args.results)
     baseline = args.baseline or header.get("baseline")
     limit = parse_percent(args.max_regression)
-    try:
-        earlier = [int(x) for x in args.looks.split(",") if x.strip()]
-    except ValueError:
-        raise GemError(f"--looks {args.looks!r} is not a comma-separated list of seed counts.",
-                       "Write e.g. --looks 5,8,20.") from None
-    arm, base = _paired(args.results, args.arm, baseline, args.metric)
+    seeds, arm, base = _paired(args.results, trials, args.arm, baseline, args.metric)
+    if args.looks is None:
+        earlier = looks_of(rounds_of(header, trials), args.arm, baseline, seeds)
+    else:
+        try:
+            earlier = [int(x) for x in args.looks.split(",") if x.strip()]
+        except ValueError:
+            raise GemError(f"--looks {args.looks!r} is not a comma-separated list of seed "
+                           "counts.", "Write e.g. --looks 5,8,20.") from None
     looks = sorted({n for n in earlier if 2 <= n < len(arm)} | {len(arm)})
     level, nominal = sequential_level(looks)
     readings = [_reading(rule, lv, arm, base, limit) for rule, lv in (
         ("one look (the gate)", 1 - ALPHA), (f"{len(looks)} looks, one level for all", level),
         (f"{len(looks)} looks, Bonferroni", 1 - ALPHA / len(looks)))]
     _show(args, baseline, looks, nominal, readings)
+    if args.looks is None and len(looks) == 1 and "rounds" not in header:
+        Console().print("the file records no rounds (written before they were): pass the seed "
+                        "counts at which its gate was read as --looks")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "looks_bench.json").write_text(json.dumps({

@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from gem_bench.looks import _t_statistics, false_claim_rate, sequential_level
 from gem_platform.errors import GemError
+from gem_platform.sweep.results import load_results, write_results
 from gemctl.main import app
 from tests.conftest import REPO
 
@@ -75,3 +76,26 @@ def test_bad_arguments_name_what_is_wrong(tmp_path, args, words):
                                       "--out", str(tmp_path)])
     assert result.exit_code == 2 and words in result.output
     assert not (tmp_path / "looks_bench.json").exists()
+
+
+def test_the_looks_default_to_the_files_rounds(tmp_path):
+    """Without --looks the paired counts after each of the file's rounds are the looks: the
+    committed file with the rounds its fp8_b32 seeds came in reads as with them passed by
+    hand; the committed file itself predates rounds, and the command says to pass them."""
+    trials, header = load_results(PRECISION)
+    header.pop("format")
+    batches = [range(a, b) for a, b in zip([0, *FP8_B32_LOOKS[:-1]], FP8_B32_LOOKS, strict=True)]
+    header["rounds"] = [[f"{arm}/{s}" for s in batch for arm in ("bf16", "fp8_b32")]
+                        for batch in batches]
+    rounded = tmp_path / "rounded.json"
+    write_results(rounded, header, trials)
+    result = CliRunner().invoke(app, ["bench", "looks", str(rounded), "--arm", "fp8_b32",
+                                      "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    body = json.loads((tmp_path / "looks_bench.json").read_text())
+    assert body["looks"] == FP8_B32_LOOKS
+    assert body["readings"] == _looks(tmp_path, "--arm", "fp8_b32", "--looks",
+                                      "5,8,20,23,30,35,37,40")["readings"]
+    bare = CliRunner().invoke(app, ["bench", "looks", str(PRECISION), "--arm", "fp8_b32",
+                                    "--out", str(tmp_path)])
+    assert "records no rounds" in " ".join(bare.output.split())

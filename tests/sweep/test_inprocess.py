@@ -18,7 +18,13 @@ from gem_platform.errors import GemError
 from gem_platform.sweep.config import load_sweep
 from gem_platform.sweep.inprocess import run_in_process
 from gem_platform.sweep.merge import merge_results
-from gem_platform.sweep.results import CONCURRENT_TRIALS, load_results, write_results
+from gem_platform.sweep.results import (
+    CONCURRENT_TRIALS,
+    load_results,
+    looks_of,
+    rounds_of,
+    write_results,
+)
 from tests.conftest import gemctl_in_process, run_gemctl
 from tests.sweep.test_provenance import in_history
 from tests.sweep.test_spec import BASE
@@ -78,6 +84,14 @@ def test_results_hold_every_trial_once(swept):
         assert 0 < t.metrics["eval/ne_ctr"] < 2 and 0 <= t.metrics["eval/auc_ctr"] <= 1
         assert t.metrics["perf/qps"] > 0 and t.metrics["trial/wall_s"] > 0
     assert not (swept / "mlflow.db").exists()  # nothing tracked
+
+
+def test_each_call_that_trains_is_a_round(swept):
+    """The file records which trials each call added: the points at which its gates could
+    have been read (seed 0's pair, then seed 1's), which `gemctl bench looks` reads."""
+    trials, header = load_results(swept / "results.json")
+    assert [sorted(r) for r in header["rounds"]] == [["bf16/0", "fp32/0"], ["bf16/1", "fp32/1"]]
+    assert looks_of(rounds_of(header, trials), "bf16", "fp32", ["0", "1"]) == [2]
 
 
 def test_compare_reads_the_file_and_pairs_by_seed(swept):
@@ -279,6 +293,7 @@ def test_results_of_parallel_processes_merge_into_one_file(swept, tmp_path):
     trials and verdicts; a disagreeing duplicate or another sweep is refused, nothing written."""
     trials, header = load_results(swept / "results.json")
     header.pop("format")
+    header.pop("rounds")  # parts as written before rounds were recorded: each is one round
     parts = []
     for i, t in enumerate(trials):
         part = tmp_path / f"part{i}.json"
@@ -292,6 +307,7 @@ def test_results_of_parallel_processes_merge_into_one_file(swept, tmp_path):
     assert sorted(again, key=lambda t: (t.arm, t.seed)) == \
         sorted(trials, key=lambda t: (t.arm, t.seed))  # the repeated part is kept once
     assert merged_header["seeds"] == [0, 1] and merged_header["recipes"] == header["recipes"]
+    assert merged_header["rounds"] == [[f"{t.arm}/{t.seed}"] for t in trials]
 
     bent = replace(trials[0], metrics={**trials[0].metrics, "eval/ne_ctr": 0.5})
     write_results(tmp_path / "bent.json", header, [bent])

@@ -2,7 +2,7 @@
 import json
 from pathlib import Path
 
-from gem_platform.sweep.results import TrialRun, load_results, write_results
+from gem_platform.sweep.results import TrialRun, load_results, looks_of, rounds_of, write_results
 
 
 def test_a_resumed_file_lists_every_seed_it_holds(tmp_path: Path):
@@ -23,3 +23,21 @@ def test_a_resumed_file_lists_every_seed_it_holds(tmp_path: Path):
     assert written["provenance"] == header["provenance"]  # the last call's own record
     empty = json.loads(write_results(tmp_path / "empty.json", header, []).read_text())
     assert empty["seeds"] == [2, 3]  # nothing trained yet: the plan's
+
+
+def test_the_looks_are_the_paired_counts_after_each_round():
+    """A round that adds no pair (or only trials of other arms) is no new look; seeds the gate
+    does not pair (another device) don't count; under 2 pairs there is no interval to read."""
+    rounds = [["base/0", "arm/0"], ["base/1", "arm/1", "base/2", "other/2"], ["arm/2"],
+              ["arm/3"], ["base/4", "arm/4"]]
+    assert looks_of(rounds, "arm", "base", ["0", "1", "2", "3", "4"]) == [2, 3, 4]
+    assert looks_of(rounds, "arm", "base", ["0", "1", "2"]) == [2, 3]  # 4 trained apart
+    assert looks_of(rounds, "other", "base", ["2"]) == []
+
+
+def test_a_file_without_rounds_is_one_round():
+    trials = [TrialRun(f"{a}{s}", a, s, {}) for s in ("0", "1") for a in ("base", "arm")]
+    assert rounds_of({}, trials) == [["base/0", "arm/0", "base/1", "arm/1"]]
+    assert rounds_of({"rounds": [["arm/0"], [3]]}, trials) == rounds_of({}, trials)  # malformed
+    assert rounds_of({"rounds": [["arm/0"], []]}, trials) == [["arm/0"], []]
+    assert rounds_of({}) == []

@@ -14,7 +14,8 @@ The file records where each result came from: the header's ``provenance`` (the s
 fingerprint, code version, datasets' fingerprints, device and library versions, every arm's
 resolved recipe and whether it trained deterministically), and per trial its commit, its
 ``train/deterministic`` flag and its step history (the NE-vs-step chart of ``gemctl compare
---plot``). A file whose trials came from another commit is resumed only with
+--plot``), and its ``rounds``: the trials each call added, the points at which its gates could
+have been read (``gemctl bench looks`` reads a gate at the level for all of them). A file whose trials came from another commit is resumed only with
 ``--allow-code-change``, one whose trials trained on another device (each records its own)
 only with ``--allow-device-change``. Nothing here imports Ray or MLflow.
 
@@ -65,7 +66,9 @@ from gem_platform.sweep.results import (
     cross_device_seeds,
     finite_metrics,
     load_results,
+    rounds_of,
     seed_devices,
+    trial_key,
     write_results,
 )
 
@@ -163,8 +166,10 @@ def run_in_process(plan: SweepPlan, out: str | Path, echo: Echo = print,
     recipes = plan.arm_fingerprints()
     arms: dict[str, Any] = {a.name: a.overrides for a in plan.arms}
     done: list[TrialRun] = []
+    rounds: list[list[str]] = []  # this call's trials join them as one more round
     if resume and out.exists():
         done, before = _resumable(plan, out, recipes)
+        rounds = rounds_of(before, done)
         _check_origin(done, _CODE, commit, out, allow_code_change, echo)
         _check_origin(done, _DEVICE, device, out, allow_device_change, echo)
         recipes = {**before.get("recipes", {}), **recipes}
@@ -176,7 +181,8 @@ def run_in_process(plan: SweepPlan, out: str | Path, echo: Echo = print,
     header = {"sweep": plan.name, "spec": plan.spec_path, "base": plan.base_path,
               "baseline": plan.baseline, "seeds": plan.seeds,
               "arms": arms, "device": env,
-              "recipes": recipes, "provenance": record}
+              "recipes": recipes, "provenance": record, "rounds": rounds}
+    this_round: list[str] = []
     todo = []
     for arm, seed in plan.trials():
         if (arm, str(seed)) in have:
@@ -193,6 +199,9 @@ def run_in_process(plan: SweepPlan, out: str | Path, echo: Echo = print,
         done.append(TrialRun(run_id=f"{plan.name}/{arm}/seed{seed}", arm=arm, seed=str(seed),
                              metrics=metrics, sweep_id=plan.name, commit=commit,
                              device=device, history=points))
+        if not this_round:
+            rounds.append(this_round)
+        this_round.append(trial_key(arm, seed))
         write_results(out, header, done)
         echo(TrialDone(f"{arm} seed {seed}", "finished", metrics.get("eval/ne_ctr", math.nan),
                        metrics.get("eval/auc_ctr", math.nan), f"in {out}"))

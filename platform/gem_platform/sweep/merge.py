@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gem_platform.errors import GemError
-from gem_platform.sweep.results import TrialRun, load_results, write_results
+from gem_platform.sweep.results import TrialRun, load_results, rounds_of, write_results
 
 _FIX = "Merge only the results files of one sweep, trained on the same data and recipes."
 
@@ -45,7 +45,15 @@ def _same_result(a: TrialRun, b: TrialRun) -> bool:
     return all(a.metrics.get(k) == b.metrics.get(k) for k in keys)
 
 
-def _union_header(into: dict[str, Any], header: dict[str, Any]) -> None:
+def _union_header(into: dict[str, Any], header: dict[str, Any], into_trials: list[TrialRun],
+                  trials: list[TrialRun]) -> None:
+    """``header``'s arms, recipes, determinism record and rounds (those of its trials not
+    already in ``into``'s) added to ``into``'s."""
+    rounds = rounds_of(into, into_trials)
+    seen = {k for r in rounds for k in r}
+    rounds += [fresh for r in rounds_of(header, trials) if (fresh := [k for k in r
+                                                                      if k not in seen])]
+    into["rounds"] = rounds
     for key in ("arms", "recipes"):
         into[key] = {**(header.get(key) or {}), **(into.get(key) or {})}
     prov, more = into.setdefault("provenance", {}), header.get("provenance") or {}
@@ -73,7 +81,7 @@ def merge_results(paths: list[str | Path], out: str | Path) -> list[TrialRun]:
                                "trial in an earlier file (eval metrics not identical).",
                                "Keep one of the two files' trial; deterministic trials of "
                                "the same code agree bit for bit.")
-        _union_header(header, more_header)
+        _union_header(header, more_header, trials, more)
     header.setdefault("provenance", {})["seeds"] = sorted({int(s) for _, s in kept})
     merged = list(kept.values())
     write_results(out, header, merged)

@@ -66,6 +66,40 @@ def write_results(path: str | Path, header: dict[str, Any], trials: list[TrialRu
     return write_json(path, body)
 
 
+def trial_key(arm: str, seed: str | int) -> str:
+    """'arm/seed': a trial's name in a results file's ``rounds``."""
+    return f"{arm}/{seed}"
+
+
+def rounds_of(header: Mapping[str, Any], trials: Iterable[TrialRun] = ()) -> list[list[str]]:
+    """A results file's ``rounds``: the trials (``trial_key``) each call that trained into it
+    added, in order; each is a point at which its gates could have been read. A file written
+    before rounds were recorded, or whose rounds are malformed, gets its ``trials`` as one
+    round."""
+    raw = header.get("rounds")
+    if isinstance(raw, list) and all(isinstance(r, list) and all(isinstance(k, str) for k in r)
+                                     for r in raw):
+        return [list(r) for r in raw]
+    earlier = [trial_key(t.arm, t.seed) for t in trials]
+    return [earlier] if earlier else []
+
+
+def looks_of(rounds: Iterable[Iterable[str]], arm: str, baseline: str,
+             seeds: Iterable[str]) -> list[int]:
+    """The paired seed counts of ``arm`` against ``baseline`` after each round (counting only
+    ``seeds``, those the gate pairs): the counts at which its gate could have been read."""
+    pairable, have, looks = set(seeds), {arm: set(), baseline: set()}, []
+    for keys in rounds:
+        for key in keys:
+            name, _, seed = key.rpartition("/")
+            if name in have and seed in pairable:
+                have[name].add(seed)
+        n = len(have[arm] & have[baseline])
+        if n >= 2 and (not looks or n != looks[-1]):
+            looks.append(n)
+    return looks
+
+
 def seed_devices(runs: Iterable[TrialRun]) -> dict[str, str]:
     """Seed -> the device its run trained on, for the runs that recorded one."""
     return {r.seed: r.device for r in runs if r.device}
