@@ -15,9 +15,10 @@ fingerprint, code version, datasets' fingerprints, device and library versions, 
 resolved recipe and whether it trained deterministically), and per trial its commit, its
 ``train/deterministic`` flag and its step history (the NE-vs-step chart of ``gemctl compare
 --plot``), and its ``rounds``: the trials each call added, the points at which its gates could
-have been read (``gemctl bench looks`` reads a gate at the level for all of them). A file whose trials came from another commit is resumed only with
-``--allow-code-change``, one whose trials trained on another device (each records its own)
-only with ``--allow-device-change``. Nothing here imports Ray or MLflow.
+have been read (``gemctl bench looks`` reads a gate at the level for all of them). A file
+whose trials came from another commit is resumed only with ``--allow-code-change``, one whose
+trials trained on another device (each records its own) only with ``--allow-device-change``.
+Nothing here imports Ray or MLflow.
 
     python -m gem_platform.sweep.inprocess recipes/ablations/precision_h200.yaml \\
         --out gem_runs/precision_h200.json
