@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -38,16 +37,16 @@ from rich.console import Console
 from rich.table import Table
 
 from gem_platform.errors import GemError
-from gem_platform.sweep.compare import parse_percent
+from gem_platform.sweep.compare import compare_trials, only_arms, parse_percent
+from gem_platform.sweep.gates import judge
 from gem_platform.sweep.results import (
     TrialRun,
     cross_device_seeds,
     load_results,
     looks_of,
     rounds_of,
-    seed_devices,
 )
-from gem_platform.sweep.stats import Delta, paired_delta, relative, t_quantile
+from gem_platform.sweep.stats import Delta, at_confidence, t_quantile
 
 ALPHA = 0.025  # one side of the gate's 95% interval
 DRAWS = 100_000
@@ -102,34 +101,33 @@ class Reading:
     verdict: str
 
 
-def _reading(rule: str, level: float, arm: list[float], base: list[float], limit: float
-             ) -> Reading:
-    confidence = 2 * level - 1
-    d: Delta = relative(paired_delta(arm, base, confidence), statistics.fmean(base))
-    verdict = "PASS" if d.high < limit else "FAIL" if d.low > limit else "INCONCLUSIVE"
-    return Reading(rule, confidence, d.value, d.low, d.high, verdict)
+def _reading(rule: str, level: float, gated: Delta, limit: float) -> Reading:
+    """The gate's own delta read at ``level`` (one-sided) and judged as the gate judges."""
+    d = at_confidence(gated, 2 * level - 1)
+    verdict = judge("", "", d, limit, 1, "%", "NE", "--max-regression").verdict.upper()
+    return Reading(rule, 2 * level - 1, d.value, d.low, d.high, verdict)
 
 
-def _paired(path: str, trials: list[TrialRun], arm: str, baseline: str, metric: str
-            ) -> tuple[list[str], list[float], list[float]]:
-    """(seeds, arm's values, baseline's values) of the seeds both hold, on one device (as
-    the gate pairs them)."""
+def _gated(path: str, trials: list[TrialRun], arm: str, baseline: str, metric: str
+           ) -> tuple[Delta, list[str]]:
+    """The gate's delta of ``arm`` against ``baseline`` on ``metric`` (as `gemctl compare`
+    computes it, in % of the baseline) and the seeds it may pair (not trained apart)."""
     key = metric if "/" in metric else f"eval/{metric}"
     if not key.startswith("eval/ne_"):
         raise GemError(f"bench looks reads NE gates (a regression in % of the baseline); "
                        f"got --metric {metric}.", "Pass --metric ne_ctr or another task's NE.")
-    values = {(t.arm, t.seed): t.metrics.get(key) for t in trials}
-    seeds = sorted({s for a, s in values if a == arm and (baseline, s) in values})
-    apart = set(cross_device_seeds(seed_devices(t for t in trials if t.arm == arm),
-                                   seed_devices(t for t in trials if t.arm == baseline)))
-    seeds = [s for s in seeds if values[arm, s] is not None and values[baseline, s] is not None
-             and s not in apart]
-    pairs = [(values[arm, s], values[baseline, s]) for s in seeds]
-    if len(pairs) < 2:
-        raise GemError(f"{path}: {len(pairs)} seed(s) of arm {arm!r} pair with {baseline!r} on "
-                       f"{key}; a gate's interval needs 2 or more.",
+    if arm == baseline:
+        raise GemError(f"--arm {arm} is the baseline; its gate has nothing to compare.",
+                       "Name a gated arm (gemctl compare FILE lists them).")
+    cmp = compare_trials(only_arms(trials, [arm], baseline), baseline)
+    res = next((r for r in cmp.arms if r.arm == arm), None)
+    d = res.deltas.get(key) if res is not None else None
+    if d is None or d.method != "paired" or d.n < 2:
+        raise GemError(f"{path}: arm {arm!r} does not pair 2 or more seeds with {baseline!r} on "
+                       f"{key}; a gate read at several looks needs a paired interval.",
                        "Name an arm and metric the file holds (gemctl compare FILE lists them).")
-    return seeds, [a for a, _ in pairs], [b for _, b in pairs]
+    base = next(r for r in cmp.arms if r.arm == baseline)
+    return d, sorted(set(res.seeds) - set(cross_device_seeds(res.devices, base.devices)))
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -150,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     trials, header = load_results(args.results)
     baseline = args.baseline or header.get("baseline")
     limit = parse_percent(args.max_regression)
-    seeds, arm, base = _paired(args.results, trials, args.arm, baseline, args.metric)
+    gated, seeds = _gated(args.results, trials, args.arm, baseline, args.metric)
     if args.looks is None:
         earlier = looks_of(rounds_of(header, trials), args.arm, baseline, seeds)
     else:
@@ -159,9 +157,9 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError:
             raise GemError(f"--looks {args.looks!r} is not a comma-separated list of seed "
                            "counts.", "Write e.g. --looks 5,8,20.") from None
-    looks = sorted({n for n in earlier if 2 <= n < len(arm)} | {len(arm)})
+    looks = sorted({n for n in earlier if 2 <= n < gated.n} | {gated.n})
     level, nominal = sequential_level(looks)
-    readings = [_reading(rule, lv, arm, base, limit) for rule, lv in (
+    readings = [_reading(rule, lv, gated, limit) for rule, lv in (
         ("one look (the gate)", 1 - ALPHA), (f"{len(looks)} looks, one level for all", level),
         (f"{len(looks)} looks, Bonferroni", 1 - ALPHA / len(looks)))]
     _show(args, baseline, looks, nominal, readings)

@@ -69,7 +69,7 @@ def test_the_committed_fp8_gates_read_after_their_looks(tmp_path):
 @pytest.mark.parametrize("args, words", [
     (["--arm", "fp8_b32", "--metric", "auc_ctr"], "reads NE gates"),
     (["--arm", "fp8_b32", "--looks", "5,x"], "comma-separated list of seed counts"),
-    (["--arm", "no_such_arm"], "0 seed(s) of arm 'no_such_arm'"),
+    (["--arm", "no_such_arm"], "--arms no_such_arm: not among"),
 ])
 def test_bad_arguments_name_what_is_wrong(tmp_path, args, words):
     result = CliRunner().invoke(app, ["bench", "looks", str(PRECISION), *args,

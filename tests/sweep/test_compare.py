@@ -19,6 +19,7 @@ from gem_platform.sweep.config import SweepError
 from gem_platform.sweep.report import quality_markdown
 from gem_platform.sweep.results import cross_device_seeds
 from gem_platform.sweep.stats import (
+    at_confidence,
     paired_delta,
     relative,
     summarize,
@@ -61,6 +62,20 @@ def test_paired_interval_matches_hand_computation():
     assert relative(d, 0.5).method == "paired"
     with pytest.raises(ValueError, match="one baseline value per arm value"):
         paired_delta([1.0, 2.0], [1.0])
+
+
+def test_a_paired_interval_read_at_another_confidence():
+    """The same differences at 99%: t(0.995, 2) = 9.925 standard errors each side, in percent
+    too (the gate's unit); an unpaired or one-seed delta has no such reading."""
+    d = paired_delta([1.0, 1.1, 1.2], [0.9, 1.0, 1.05])
+    wide = at_confidence(d, 0.99)
+    assert wide.value == d.value and wide.high - wide.value == pytest.approx(9.925 * 0.016667,
+                                                                          rel=1e-3)
+    assert at_confidence(d, 0.95) == d
+    assert at_confidence(relative(d, 0.5), 0.99).high == pytest.approx(relative(wide, 0.5).high)
+    for unpaired in (welch_delta([1.0, 1.1], [0.9, 1.0]), paired_delta([1.0], [0.9])):
+        with pytest.raises(ValueError, match="paired delta over 2 or more seeds"):
+            at_confidence(unpaired, 0.99)
 
 
 def run(arm: str, seed: int, ne: float, auc: float, qps: float) -> TrialRun:

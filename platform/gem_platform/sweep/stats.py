@@ -86,9 +86,18 @@ def paired_delta(arm: list[float], base: list[float], confidence: float = 0.95) 
     value = statistics.fmean(diffs)
     if len(diffs) < 2:
         return Delta(value, math.nan, math.nan, "paired", n=1)
-    sd = statistics.stdev(diffs)
-    half = t_quantile(0.5 + confidence / 2, len(diffs) - 1) * sd / math.sqrt(len(diffs))
-    return Delta(value, value - half, value + half, "paired", sd, len(diffs))
+    return at_confidence(Delta(value, math.nan, math.nan, "paired", statistics.stdev(diffs),
+                               len(diffs)), confidence)
+
+
+def at_confidence(delta: Delta, confidence: float) -> Delta:
+    """A paired delta with its t-interval at ``confidence``, from its mean, the spread of its
+    per-seed differences and their count (in whatever unit ``relative`` left them): the same
+    comparison read at another level, as a gate read after several looks needs."""
+    if delta.method != "paired" or delta.n < 2 or not math.isfinite(delta.sd):
+        raise ValueError("at_confidence needs a paired delta over 2 or more seeds")
+    half = t_quantile(0.5 + confidence / 2, delta.n - 1) * delta.sd / math.sqrt(delta.n)
+    return replace(delta, low=delta.value - half, high=delta.value + half)
 
 
 def relative(delta: Delta, base_mean: float) -> Delta:
