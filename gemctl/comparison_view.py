@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from gem_platform.sweep.gates import cost_words, effective, seeds_asked
+from gem_platform.sweep.gates import effective, settle_words
 from gem_platform.sweep.results import cross_device_seeds
 from gem_platform.sweep.stats import delta_text, mean_sd
 from gemctl import render
@@ -113,19 +113,12 @@ def verdict_table(cmp) -> Table:
                 f" (~{v.seeds_needed} seeds for a FAIL)" if v.seeds_needed else "")
             if v.unlearned else
             "a finite value in every run" if v.unmeasured else
-            _seeds_to_settle(v) if v.seeds_needed else
+            settle_words(v) if v.seeds_needed else
             "needs 2+ seeds" if math.isnan(v.low) else "unknown")
         t.add_row(render.esc(v.arm), render.esc(v.metric.removeprefix("eval/")), reg,
                   f"{v.limit:g}{v.unit}" if math.isfinite(v.limit) else "-",
                   _verdict_cell(v), str(v.seeds), settle)
     return t
-
-
-def _seeds_to_settle(v) -> str:
-    """The seeds per arm an inconclusive verdict asks (and as many a mean one standard error
-    closer to the limit would ask), with their trials' cost where known."""
-    text = seeds_asked(v)
-    return text if v.settle_cost is None else f"{text}: {cost_words(v.settle_cost)}"
 
 
 def _verdict_cell(v) -> str:

@@ -307,6 +307,13 @@ def seeds_asked(v: Verdict) -> str:
     return f"~{v.seeds_needed} seeds ({closer} if the mean moves 1 SE closer)"
 
 
+def settle_words(v: Verdict) -> str:
+    """``seeds_asked`` and, where known, what those seeds cost: the "to settle" text of an
+    inconclusive verdict in the table and the Markdown report."""
+    asked = seeds_asked(v)
+    return asked if v.settle_cost is None else f"{asked}: {cost_words(v.settle_cost)}"
+
+
 def cost_words(cost: tuple[int, float]) -> str:
     """``settle_cost``'s trials and machine time in words: minutes under an hour."""
     more, hours = cost

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from gem_platform.sweep.compare import ArmResult, Comparison
-from gem_platform.sweep.gates import FAIL, INCONCLUSIVE, PASS, Verdict, cost_words, seeds_asked
+from gem_platform.sweep.gates import FAIL, INCONCLUSIVE, PASS, Verdict, settle_words
 from gem_platform.sweep.stats import Delta, Summary, delta_text, mean_sd
 
 
@@ -28,8 +28,7 @@ def _verdict(v: Verdict | None, delta: Delta | None) -> str:
     if v is None:
         return ""
     if v.verdict == INCONCLUSIVE:
-        cost = "" if v.settle_cost is None else f": {cost_words(v.settle_cost)}"
-        return "INCONCLUSIVE" + (f", {seeds_asked(v)}{cost}" if v.seeds_needed else "")
+        return "INCONCLUSIVE" + (f", {settle_words(v)}" if v.seeds_needed else "")
     better = v.verdict == PASS and delta is not None and delta.high < 0
     word = {PASS: "PASS", FAIL: "FAIL"}[v.verdict]
     expected = ("" if v.expected is None else " (as expected)" if v.expected == v.verdict
