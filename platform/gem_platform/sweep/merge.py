@@ -45,15 +45,13 @@ def _same_result(a: TrialRun, b: TrialRun) -> bool:
     return all(a.metrics.get(k) == b.metrics.get(k) for k in keys)
 
 
-def _union_header(into: dict[str, Any], header: dict[str, Any], into_trials: list[TrialRun],
-                  trials: list[TrialRun]) -> None:
-    """``header``'s arms, recipes, determinism record and rounds (those of its trials not
-    already in ``into``'s) added to ``into``'s."""
-    rounds = rounds_of(into, into_trials)
-    seen = {k for r in rounds for k in r}
-    rounds += [fresh for r in rounds_of(header, trials) if (fresh := [k for k in r
-                                                                      if k not in seen])]
-    into["rounds"] = rounds
+def _union_header(into: dict[str, Any], header: dict[str, Any], trials: list[TrialRun]
+                  ) -> None:
+    """``header``'s arms, recipes, determinism record and rounds (the trials of each not
+    already in ``into``'s rounds; ``trials`` are its file's) added to ``into``'s."""
+    seen = {k for r in into["rounds"] for k in r}
+    into["rounds"] += [fresh for r in rounds_of(header, trials)
+                       if (fresh := [k for k in r if k not in seen])]
     for key in ("arms", "recipes"):
         into[key] = {**(header.get(key) or {}), **(into.get(key) or {})}
     prov, more = into.setdefault("provenance", {}), header.get("provenance") or {}
@@ -68,6 +66,7 @@ def merge_results(paths: list[str | Path], out: str | Path) -> list[TrialRun]:
         raise GemError("No results files to merge.", "Pass at least one --merge FILE.")
     trials, header = load_results(paths[0])
     header.pop("format", None)
+    header["rounds"] = rounds_of(header, trials)
     kept = {(t.arm, t.seed): t for t in trials}
     for path in map(Path, paths[1:]):
         more, more_header = load_results(path)
@@ -81,7 +80,7 @@ def merge_results(paths: list[str | Path], out: str | Path) -> list[TrialRun]:
                                "trial in an earlier file (eval metrics not identical).",
                                "Keep one of the two files' trial; deterministic trials of "
                                "the same code agree bit for bit.")
-        _union_header(header, more_header, trials, more)
+        _union_header(header, more_header, more)
     header.setdefault("provenance", {})["seeds"] = sorted({int(s) for _, s in kept})
     merged = list(kept.values())
     write_results(out, header, merged)
